@@ -1,0 +1,59 @@
+"""shmpool: multi-process gymnasium env pools whose parameters any process can change while they run.
+
+``import shmpool`` is cheap: it starts nothing and prints nothing; the pool machinery (numpy,
+gymnasium, multiprocess) is imported on first use of :func:`launch` or :class:`Pool`.
+
+Example:
+    >>> import shmpool
+    >>> with shmpool.launch("CartPole-v1", num_envs=8, num_workers=2, seed=0) as pool:
+    ...     observations, infos = pool.reset()
+    ...     observations, rewards, terminations, truncations, infos = pool.step(pool.action_space.sample())
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .errors import (
+    LayoutMismatchError,
+    PoolBrokenError,
+    PoolClosedError,
+    PoolExistsError,
+    PoolNotFoundError,
+    PoolTimeoutError,
+    RemoteTraceback,
+    ShmpoolError,
+    WorkerDiedError,
+    WorkerError,
+)
+
+if TYPE_CHECKING:
+    from .pool import Pool, launch
+
+__version__ = "0.1.0"
+
+_LAZY = {"launch": "pool", "Pool": "pool"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from importlib import import_module
+
+        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'shmpool' has no attribute {name!r}")
+
+
+__all__ = [
+    "LayoutMismatchError",
+    "Pool",
+    "PoolBrokenError",
+    "PoolClosedError",
+    "PoolExistsError",
+    "PoolNotFoundError",
+    "PoolTimeoutError",
+    "RemoteTraceback",
+    "ShmpoolError",
+    "WorkerDiedError",
+    "WorkerError",
+    "launch",
+]

@@ -1,0 +1,82 @@
+"""Exceptions raised by shmpool.
+
+Every error derives from :class:`ShmpoolError`; the specific ones also derive from the builtin they
+resemble, so ``except TimeoutError`` or ``except ValueError`` code keeps working. Each defines
+``__reduce__`` so it survives pickling across processes with its attributes intact.
+"""
+
+from __future__ import annotations
+
+
+class ShmpoolError(Exception):
+    """Base class of every error shmpool raises."""
+
+
+class RemoteTraceback(Exception):
+    """The traceback text of an exception raised in a worker process; set as ``__cause__``."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.text}"""'
+
+
+class WorkerError(ShmpoolError, RuntimeError):
+    """An env or worker-side code raised; the worker's traceback text is the ``__cause__``."""
+
+    def __init__(self, message: str, *, worker_id: int, env_id: int | None, traceback_text: str = "") -> None:
+        super().__init__(message)
+        self.worker_id = worker_id
+        self.env_id = env_id
+        self.traceback_text = traceback_text
+        if traceback_text:
+            self.__cause__ = RemoteTraceback(traceback_text)
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (_rebuild_worker_error, (self.args[0], self.worker_id, self.env_id, self.traceback_text))
+
+
+def _rebuild_worker_error(message: str, worker_id: int, env_id: int | None, text: str) -> WorkerError:
+    return WorkerError(message, worker_id=worker_id, env_id=env_id, traceback_text=text)
+
+
+class WorkerDiedError(ShmpoolError, RuntimeError):
+    """A worker process exited or was killed while the pool needed it."""
+
+    def __init__(self, message: str, *, worker_id: int, exitcode: int | None) -> None:
+        super().__init__(message)
+        self.worker_id = worker_id
+        self.exitcode = exitcode
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (_rebuild_worker_died, (self.args[0], self.worker_id, self.exitcode))
+
+
+def _rebuild_worker_died(message: str, worker_id: int, exitcode: int | None) -> WorkerDiedError:
+    return WorkerDiedError(message, worker_id=worker_id, exitcode=exitcode)
+
+
+class PoolClosedError(ShmpoolError, RuntimeError):
+    """A pool (or a handle on one) was used after it was closed."""
+
+
+class PoolTimeoutError(ShmpoolError, TimeoutError):
+    """A wait on workers passed its deadline; the message names the workers that did not answer."""
+
+
+class PoolBrokenError(ShmpoolError, RuntimeError):
+    """The pool failed earlier (see ``__cause__``) and can only be closed."""
+
+
+class LayoutMismatchError(ShmpoolError, ValueError):
+    """A shared-memory object is not a shmpool segment of this layout version, or is damaged."""
+
+
+class PoolNotFoundError(ShmpoolError, FileNotFoundError):
+    """No live pool has the given name."""
+
+
+class PoolExistsError(ShmpoolError, FileExistsError):
+    """A live pool already uses the given name."""

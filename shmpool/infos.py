@@ -1,0 +1,213 @@
+"""Env ``info`` dicts through shared memory, without pickling.
+
+Info keys are not known at launch, so each worker keeps a small *key table* in the segment: the first
+time one of its envs reports a key, the worker appends a record (the key's path as JSON, its numpy
+dtype and shape) and then publishes the new table length in its control row. Values go into a fixed
+number of bytes per env and key, with a per-env presence mask. The trainer decodes a worker's new
+table entries once and rebuilds gymnasium's vector convention: one array per key, a ``_key`` mask,
+nested dicts for nested infos.
+
+Numbers, bools and numeric arrays of at most ``info_bytes`` bytes travel; other values (strings,
+objects) are left out, and the trainer warns once per key. Keys beyond ``info_keys`` per worker are
+counted and warned about the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from typing import Any
+
+import numpy as np
+
+from .errors import LayoutMismatchError
+from .layout import CTL_INFO_KEYS, CTL_INFO_OVERFLOW, decode_dtype
+
+Path = tuple[Any, ...]
+MAX_PATH_BYTES = 120
+INFO_KEY_DTYPE = np.dtype([("path", f"S{MAX_PATH_BYTES}"), ("dtype", "S8"), ("ndim", "<i8"), ("shape", "<i8", (4,))])
+
+
+def info_format(value: Any, max_bytes: int) -> tuple[np.dtype[Any], tuple[int, ...]] | None:
+    """The dtype and shape a key is stored with, as gymnasium would batch it; None if it cannot travel."""
+    if isinstance(value, bool):
+        return np.dtype(np.bool_), ()
+    if isinstance(value, int):
+        return np.dtype(np.int64), ()
+    if isinstance(value, float):
+        return np.dtype(np.float64), ()
+    if isinstance(value, (np.number, np.bool_)):
+        return value.dtype, ()
+    if isinstance(value, np.ndarray) and value.dtype.kind in "biuf" and 0 < value.nbytes <= max_bytes and value.ndim <= 4:
+        return value.dtype, value.shape
+    return None
+
+
+def typed_view(values: np.ndarray, slot: int, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
+    """The values of key ``slot`` for every env of ``values``, as an array of ``(envs, *shape)``."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    return values[:, slot, :nbytes].view(dtype).reshape(values.shape[0], *shape)
+
+
+class InfoWriter:
+    """Worker side: writes the infos of one slot's envs."""
+
+    def __init__(self, key_table: np.ndarray, values: np.ndarray, mask: np.ndarray, control: np.ndarray) -> None:
+        self._table = key_table  # (info_keys,) records of this worker
+        self._values = values  # (slot envs, info_keys, info_bytes)
+        self._mask = mask  # (slot envs, info_keys)
+        self._control = control  # this worker's control row
+        self._slots: dict[Path, int] = {}
+        self._views: list[np.ndarray | None] = []
+        self.dirty = False  # whether any env of the slot reported info since begin()
+
+    def begin(self) -> None:
+        """Forgets the previous step's infos."""
+        if self.dirty:
+            self._mask[:] = False
+            self.dirty = False
+
+    def add(self, local_index: int, info: dict[str, Any], prefix: Path = ()) -> None:
+        """Stores the info of the env at ``local_index`` of the slot (nested dicts under ``prefix``)."""
+        self.dirty = True
+        for key, value in info.items():
+            path = (*prefix, key)
+            if isinstance(value, dict):
+                self.add(local_index, value, path)
+                continue
+            slot = self._slots.get(path)
+            if slot is None:
+                slot = self._register(path, value)
+            view = self._views[slot] if slot >= 0 else None
+            if view is None:
+                continue
+            try:
+                view[local_index] = value
+            except (TypeError, ValueError):
+                continue  # a value whose shape changed since the key was registered: left out
+            self._mask[local_index, slot] = True
+
+    def _register(self, path: Path, value: Any) -> int:
+        encoded = json.dumps(list(path), default=str).encode()
+        slot = len(self._views)
+        if slot >= len(self._table) or len(encoded) > MAX_PATH_BYTES:
+            self._slots[path] = -1
+            self._control[CTL_INFO_OVERFLOW] += 1
+            return -1
+        fmt = info_format(value, self._values.shape[2])
+        record = self._table[slot]
+        record["path"] = encoded
+        if fmt is None:
+            record["dtype"] = b""
+            self._views.append(None)
+        else:
+            dtype, shape = fmt
+            record["dtype"] = dtype.str.encode()
+            record["ndim"] = len(shape)
+            record["shape"][: len(shape)] = shape
+            self._views.append(typed_view(self._values, slot, dtype, shape))
+        self._slots[path] = slot
+        self._control[CTL_INFO_KEYS] = slot + 1  # publish after the record is complete
+        return slot
+
+
+class _Key:
+    __slots__ = ("path", "view", "dtype", "shape")
+
+    def __init__(self, path: Path, view: np.ndarray | None, dtype: np.dtype[Any] | None, shape: tuple[int, ...]):
+        self.path, self.view, self.dtype, self.shape = path, view, dtype, shape
+
+
+class InfoReader:
+    """Trainer side: rebuilds the vector info dict from the slots of the workers that reported."""
+
+    def __init__(
+        self,
+        key_tables: np.ndarray,
+        values: np.ndarray,
+        mask: np.ndarray,
+        control: np.ndarray,
+        slots: list[tuple[int, int]],
+    ) -> None:
+        self._tables = key_tables
+        self._values = values
+        self._mask = mask
+        self._control = control
+        self._slots = slots
+        self._num_envs = values.shape[0]
+        self._keys: list[list[_Key]] = [[] for _ in slots]
+        self._overflow_warned = [0] * len(slots)
+
+    def read_into(self, infos: dict[str, Any], worker_id: int) -> None:
+        """Adds the infos that ``worker_id`` reported this step to ``infos``."""
+        keys = self._refresh(worker_id)
+        start, stop = self._slots[worker_id]
+        mask = self._mask[start:stop, : len(keys)]
+        for slot in np.flatnonzero(mask.any(axis=0)):
+            key = keys[slot]
+            if key.view is None:
+                continue
+            env_ids = np.flatnonzero(mask[:, slot]) + start
+            self._put(infos, key, env_ids)
+
+    def _put(self, infos: dict[str, Any], key: _Key, env_ids: np.ndarray) -> None:
+        target = infos
+        for part in key.path[:-1]:
+            target = self._mark(target, part, env_ids, lambda: {})
+        array = self._mark(target, key.path[-1], env_ids, lambda: np.zeros((self._num_envs, *key.shape), key.dtype))
+        array[env_ids] = key.view[env_ids]  # type: ignore[index]
+
+    def _mark(self, target: dict[str, Any], part: Any, env_ids: np.ndarray, make: Any) -> Any:
+        value = target.get(part)
+        if value is None:
+            value = target[part] = make()
+        present = target.get(f"_{part}")
+        if present is None:
+            present = target[f"_{part}"] = np.zeros(self._num_envs, dtype=np.bool_)
+        present[env_ids] = True
+        return value
+
+    def _refresh(self, worker_id: int) -> list[_Key]:
+        keys = self._keys[worker_id]
+        published = min(int(self._control[worker_id, CTL_INFO_KEYS]), self._tables.shape[1])
+        for slot in range(len(keys), published):
+            keys.append(self._decode(worker_id, slot))
+        overflow = int(self._control[worker_id, CTL_INFO_OVERFLOW])
+        if overflow > self._overflow_warned[worker_id]:
+            self._overflow_warned[worker_id] = overflow
+            warnings.warn(
+                f"worker {worker_id} saw {overflow} info key(s) beyond its table of {self._tables.shape[1]} keys "
+                f"(or with a path over {MAX_PATH_BYTES} bytes); they are left out of info. Raise launch(info_keys=...).",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        return keys
+
+    def _decode(self, worker_id: int, slot: int) -> _Key:
+        record = self._tables[worker_id, slot]
+        try:
+            path = tuple(json.loads(bytes(record["path"]).decode()))
+            if not path:
+                raise ValueError("empty path")
+        except ValueError:
+            return _Key(("?",), None, None, ())
+        dtype_text = bytes(record["dtype"]).decode(errors="replace")
+        if dtype_text:
+            try:
+                dtype = decode_dtype(dtype_text)
+                ndim = int(record["ndim"])
+                shape = tuple(int(n) for n in record["shape"][:ndim])
+                if not 0 <= ndim <= 4 or min(shape, default=1) < 1:
+                    raise ValueError(f"bad shape {shape}")
+                if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize <= self._values.shape[2]:
+                    view = typed_view(self._values, slot, dtype, shape)
+                    return _Key(path, view, dtype, shape)
+            except (LayoutMismatchError, ValueError, TypeError):
+                pass
+        warnings.warn(
+            f"info key {'/'.join(map(str, path))!r} (worker {worker_id}) is not a number, bool or numeric array of at "
+            f"most {self._values.shape[2]} bytes; shmpool leaves it out of info (nothing is pickled per step)",
+            RuntimeWarning,
+            stacklevel=5,
+        )
+        return _Key(path, None, None, ())

@@ -1,0 +1,304 @@
+"""The byte map of a pool's segment, described as plain data and validated before use.
+
+A segment is one named POSIX shared-memory object (mode 0600)::
+
+    offset 0    ┌────────────────────────────────────────────────────────────────────┐
+                │ header: 16 little-endian int64 words                               │
+                │   0 magic b"SHMPOOL\\0" (written last: a half-made segment has none)│
+                │   1 layout version   2 total size   3 owner pid   4 owner start    │
+                │   5 owner uid        6 state        7 table offset 8 table length  │
+    128         ├────────────────────────────────────────────────────────────────────┤
+                │ field table: UTF-8 JSON {"meta": {...}, "fields": [{"name",        │
+                │   "dtype", "shape", "offset"}, ...]}; dtypes are numpy type strings │
+                │   or [name, dtype, shape] lists, never anything that unpickles      │
+                ├────────────────────────────────────────────────────────────────────┤
+                │ fields, each 64-byte aligned (one cache line), in table order:      │
+                │   control        int64 (num_workers, 16)  one row per worker        │
+                │   errors         uint8 (num_workers, 8192) traceback text           │
+                │   actions[/leaf] (num_envs, *leaf shape)  one field per space leaf  │
+                │   observations[/leaf], final_observations[/leaf] (same_step only)   │
+                │   rewards f8, terminations b1, truncations b1        (num_envs,)    │
+                │   episode_return f8, episode_length i8, episode_time f8,            │
+                │   episode_index i8                                   (num_envs,)    │
+                │   reset_seed i8, reset_flags u1 (num_envs,), reset_options u1 (4096)│
+                │   reset_options_length i8 (1,)                                      │
+                │   info_keys  record (num_workers, info_keys)  key table per worker  │
+                │   info_values u1 (num_envs, info_keys, info_bytes), info_mask b1    │
+                └────────────────────────────────────────────────────────────────────┘
+
+Each env belongs to one worker for the life of the pool; that worker's *slot* is a contiguous range
+of env ids, and it only ever writes its slot's rows (plus its own control row, error row and key
+table).
+
+The step handshake (control row of worker ``k``; words named ``CTL_*`` below)::
+
+    trainer                                      worker k
+    ───────                                      ────────
+    writes actions (all slots)                   waits until COMMAND changes
+    COMMAND = seq << 8 | STEP   (one store)  ──▶ reads actions of its slot, steps its envs,
+    rings worker k's doorbell                    writes observations, rewards, flags, episodes,
+                                                 infos, NUM_DONE, NUM_INFO (and STATUS, ERROR_*)
+    waits until DONE == seq for every k     ◀──  DONE = seq   (published last)
+    reads results                                rings the trainer's doorbell
+
+The command and its sequence number share one aligned 8-byte word, so a reader never pairs a new
+command with an old sequence number. Aligned 8-byte stores are atomic and, on x86-64, separate
+statements keep their store order, which is what "published last" relies on; a doorbell ring is a
+full barrier, so a waiter that sleeps is always ordered correctly.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import LayoutMismatchError
+
+MAGIC = b"SHMPOOL\x00"
+LAYOUT_VERSION = 1
+HEADER_WORDS = 16
+HEADER_BYTES = HEADER_WORDS * 8
+ALIGNMENT = 64
+MAX_TABLE_BYTES = 1 << 20
+
+# Header word indices.
+H_MAGIC, H_VERSION, H_SIZE, H_OWNER_PID, H_OWNER_START, H_OWNER_UID, H_STATE, H_TABLE_OFFSET, H_TABLE_LENGTH = range(9)
+
+# Pool states (header word H_STATE).
+STATE_STARTING, STATE_RUNNING, STATE_CLOSING = 1, 2, 3
+
+# Control row words, one row of CONTROL_WORDS int64 per worker.
+CONTROL_WORDS = 16
+(
+    CTL_COMMAND,  # trainer → worker: seq << 8 | command
+    CTL_DONE,  # worker → trainer: seq of the last finished command (published last)
+    CTL_STATUS,  # worker: WORKER_* below
+    CTL_ERROR_ENV,  # env id that raised, -1 for none
+    CTL_NUM_DONE,  # envs of the slot whose episode ended this step
+    CTL_NUM_INFO,  # envs of the slot that reported info this step
+    CTL_PID,  # the worker's pid
+    CTL_INFO_KEYS,  # number of published entries in this worker's info key table
+    CTL_ERROR_LENGTH,  # bytes of traceback text in this worker's errors row
+    CTL_INFO_OVERFLOW,  # info keys this worker could not register (table full or path too long)
+) = range(10)
+
+CMD_STEP, CMD_RESET, CMD_CLOSE = 1, 2, 3
+WORKER_STARTING, WORKER_READY, WORKER_FAILED, WORKER_CLOSED = 0, 1, 2, 3
+ERROR_BYTES = 8192
+RESET_OPTION_BYTES = 4096
+RESET_THIS_ENV, RESET_WITH_SEED = 1, 2
+
+_ALLOWED_KINDS = set("biufcSV")
+
+
+def command_word(seq: int, command: int) -> int:
+    """Packs a sequence number and a command into one control word."""
+    return (seq << 8) | command
+
+
+def split_command_word(word: int) -> tuple[int, int]:
+    """The (sequence number, command) of a control word."""
+    return word >> 8, word & 0xFF
+
+
+@dataclass(frozen=True)
+class Field:
+    """One array in the segment: its name, dtype, shape and byte offset."""
+
+    name: str
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+    offset: int
+
+    @property
+    def nbytes(self) -> int:
+        """The size of the array in bytes."""
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class Header:
+    """The decoded header words of a segment."""
+
+    version: int
+    size: int
+    owner_pid: int
+    owner_start_ticks: int
+    owner_uid: int
+    state: int
+
+
+def _align(value: int) -> int:
+    return (value + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+
+
+def _encode_dtype(dtype: np.dtype[Any]) -> Any:
+    if dtype.fields is None:
+        return dtype.str
+    entries = []
+    for field_name in dtype.names or ():
+        sub = dtype.fields[field_name][0]
+        entries.append([field_name, _encode_dtype(sub.base), list(sub.shape)] if sub.shape else [field_name, _encode_dtype(sub)])
+    return entries
+
+
+def decode_dtype(description: Any) -> np.dtype[Any]:
+    """Builds a dtype from its plain-data description, refusing anything that holds Python objects."""
+    if isinstance(description, str):
+        dtype = np.dtype(description)
+    elif isinstance(description, list):
+        parts = []
+        for item in description:
+            if not isinstance(item, list) or len(item) not in (2, 3) or not isinstance(item[0], str):
+                raise LayoutMismatchError(f"bad structured dtype entry {item!r}")
+            sub = decode_dtype(item[1])
+            if len(item) == 3:
+                parts.append((item[0], sub, tuple(_check_shape(item[2]))))
+            else:
+                parts.append((item[0], sub))
+        dtype = np.dtype(parts)
+    else:
+        raise LayoutMismatchError(f"bad dtype description {description!r}")
+    if dtype.hasobject or any(np.dtype(t).kind not in _ALLOWED_KINDS for t in _leaf_types(dtype)):
+        raise LayoutMismatchError(f"dtype {dtype} is not plain data")
+    return dtype
+
+
+def _leaf_types(dtype: np.dtype[Any]) -> Iterable[np.dtype[Any]]:
+    if dtype.fields is None:
+        yield dtype.base
+        return
+    for sub, *_ in dtype.fields.values():
+        yield from _leaf_types(sub)
+
+
+def _check_shape(shape: Any) -> list[int]:
+    if not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape):
+        raise LayoutMismatchError(f"bad shape {shape!r}")
+    return shape
+
+
+class Layout:
+    """Where every field lives in a segment, plus plain-data metadata about the pool."""
+
+    def __init__(self, fields: Mapping[str, Field], meta: Mapping[str, Any], size: int, table: bytes) -> None:
+        self.fields = dict(fields)
+        self.meta = dict(meta)
+        self.size = size
+        self._table = table
+
+    @classmethod
+    def plan(cls, specs: Iterable[tuple[str, npt.DTypeLike, tuple[int, ...]]], meta: Mapping[str, Any]) -> Layout:
+        """Places the given (name, dtype, shape) fields after the header and the field table."""
+        specs = [(name, np.dtype(dtype), tuple(int(n) for n in shape)) for name, dtype, shape in specs]
+        names = [name for name, _, _ in specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate field names in {names}")
+        # The table's length depends on the offsets it records: size it with placeholder offsets of
+        # the largest width first, then place the fields after it.
+        fields_json = [{"name": n, "dtype": _encode_dtype(d), "shape": list(s), "offset": 0} for n, d, s in specs]
+        placeholder = json.dumps({"meta": dict(meta), "fields": fields_json}).encode()
+        table_room = _align(len(placeholder) + 20 * len(specs) + 64)
+        offset = HEADER_BYTES + table_room
+        fields: dict[str, Field] = {}
+        for entry, (name, dtype, shape) in zip(fields_json, specs):
+            offset = _align(offset)
+            field = Field(name, dtype, shape, offset)
+            fields[name] = field
+            entry["offset"] = offset
+            offset += field.nbytes
+        size = _align(max(offset, HEADER_BYTES + table_room))
+        table = json.dumps({"meta": dict(meta), "fields": fields_json}).encode()
+        if len(table) > table_room:  # cannot happen: offsets are at most 20 digits each
+            raise RuntimeError("the field table outgrew the room reserved for it")
+        return cls(fields, meta, size, table)
+
+    def write_header(self, buffer: Any, *, owner_pid: int, owner_start_ticks: int, owner_uid: int) -> None:
+        """Writes the table and the header words, the magic last."""
+        buffer[HEADER_BYTES : HEADER_BYTES + len(self._table)] = self._table
+        words = memoryview(buffer)[:HEADER_BYTES].cast("q")
+        words[H_VERSION] = LAYOUT_VERSION
+        words[H_SIZE] = self.size
+        words[H_OWNER_PID] = owner_pid
+        words[H_OWNER_START] = owner_start_ticks
+        words[H_OWNER_UID] = owner_uid
+        words[H_STATE] = STATE_STARTING
+        words[H_TABLE_OFFSET] = HEADER_BYTES
+        words[H_TABLE_LENGTH] = len(self._table)
+        words.release()
+        buffer[0:8] = MAGIC
+
+    @staticmethod
+    def read_header(buffer: Any) -> Header:
+        """Validates magic, version and size and decodes the header words."""
+        if len(buffer) < HEADER_BYTES:
+            raise LayoutMismatchError(f"segment is {len(buffer)} bytes, smaller than a shmpool header")
+        if bytes(buffer[0:8]) != MAGIC:
+            raise LayoutMismatchError("not a shmpool segment (bad magic), or one still being created")
+        version, size, pid, start, uid, state = struct.unpack_from("<6q", buffer, 8)
+        if version != LAYOUT_VERSION:
+            raise LayoutMismatchError(
+                f"segment has layout version {version}; this shmpool reads version {LAYOUT_VERSION}"
+            )
+        if size != len(buffer):
+            raise LayoutMismatchError(f"segment header says {size} bytes but the object has {len(buffer)}")
+        return Header(version, size, pid, start, uid, state)
+
+    @classmethod
+    def read(cls, buffer: Any) -> tuple[Layout, Header]:
+        """Validates a mapped segment and decodes its layout; trusts no offset before checking it."""
+        header = cls.read_header(buffer)
+        table_offset, table_length = struct.unpack_from("<2q", buffer, H_TABLE_OFFSET * 8)
+        if (
+            table_offset < HEADER_BYTES
+            or not 0 < table_length <= MAX_TABLE_BYTES
+            or table_offset + table_length > header.size
+        ):
+            raise LayoutMismatchError(f"field table at {table_offset}+{table_length} is outside the segment")
+        table = bytes(buffer[table_offset : table_offset + table_length])
+        try:
+            document = json.loads(table)
+            meta = document["meta"]
+            entries = document["fields"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise LayoutMismatchError(f"field table is not valid: {exc}") from exc
+        if not isinstance(meta, dict) or not isinstance(entries, list):
+            raise LayoutMismatchError("field table is not valid: wrong types")
+        fields: dict[str, Field] = {}
+        end_of_table = table_offset + table_length
+        for entry in entries:
+            try:
+                name, offset = entry["name"], entry["offset"]
+                dtype = decode_dtype(entry["dtype"])
+                shape = tuple(_check_shape(entry["shape"]))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise LayoutMismatchError(f"bad field entry {entry!r}: {exc}") from exc
+            if not isinstance(name, str) or not isinstance(offset, int) or offset % ALIGNMENT:
+                raise LayoutMismatchError(f"bad field entry {entry!r}")
+            field = Field(name, dtype, shape, offset)
+            if offset < end_of_table or offset + field.nbytes > header.size:
+                raise LayoutMismatchError(f"field {name!r} at {offset}+{field.nbytes} is outside the segment")
+            fields[name] = field
+        ordered = sorted(fields.values(), key=lambda f: f.offset)
+        for before, after in zip(ordered, ordered[1:]):
+            if before.offset + before.nbytes > after.offset:
+                raise LayoutMismatchError(f"fields {before.name!r} and {after.name!r} overlap")
+        return cls(fields, meta, header.size, table), header
+
+    def views(self, buffer: Any) -> dict[str, np.ndarray]:
+        """Numpy arrays over every field of a mapped segment."""
+        return {
+            name: np.ndarray(field.shape, dtype=field.dtype, buffer=buffer, offset=field.offset)
+            for name, field in self.fields.items()
+        }
+
+
+def header_words(buffer: Any) -> memoryview:
+    """The header as int64 words, for reading and setting the state word."""
+    return memoryview(buffer)[:HEADER_BYTES].cast("q")

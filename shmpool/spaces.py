@@ -1,0 +1,173 @@
+"""Gymnasium spaces as fixed-size shared-memory fields.
+
+A space is split into *leaves* (Box, Discrete, MultiDiscrete, MultiBinary), each stored as one field
+of shape ``(num_envs, *leaf shape)``; Dict and Tuple spaces are rebuilt from their leaves in the
+space's own order, so a batch has exactly the structure gymnasium's vector envs return.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import singledispatch
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+Path = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One array-valued part of a space: where it sits in the structure and how it is stored."""
+
+    path: Path
+    space: spaces.Space[Any]
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+
+    def field_name(self, prefix: str) -> str:
+        """The segment field that holds this leaf for every env, e.g. ``observations/image``."""
+        return "/".join([prefix, *map(str, self.path)])
+
+
+@singledispatch
+def leaves(space: spaces.Space[Any], path: Path = ()) -> list[Leaf]:
+    """The leaves of ``space`` in order; raises ``TypeError`` for a space shmpool cannot store."""
+    raise TypeError(
+        f"shmpool cannot place a {type(space).__name__} space in shared memory ({space}); supported are "
+        f"Box, Discrete, MultiDiscrete, MultiBinary and Dict/Tuple nestings of them. Wrap the env so that "
+        f"it uses one of those (for example gymnasium.wrappers.FlattenObservation)."
+    )
+
+
+@leaves.register
+def _(space: spaces.Box, path: Path = ()) -> list[Leaf]:
+    return [Leaf(path, space, np.dtype(space.dtype), tuple(space.shape))]
+
+
+@leaves.register
+def _(space: spaces.Discrete, path: Path = ()) -> list[Leaf]:
+    return [Leaf(path, space, np.dtype(space.dtype), ())]
+
+
+@leaves.register
+def _(space: spaces.MultiDiscrete, path: Path = ()) -> list[Leaf]:
+    return [Leaf(path, space, np.dtype(space.dtype), tuple(space.nvec.shape))]
+
+
+@leaves.register
+def _(space: spaces.MultiBinary, path: Path = ()) -> list[Leaf]:
+    return [Leaf(path, space, np.dtype(space.dtype), tuple(space.shape))]
+
+
+@leaves.register
+def _(space: spaces.Dict, path: Path = ()) -> list[Leaf]:
+    return [leaf for key, sub in space.spaces.items() for leaf in leaves(sub, (*path, key))]
+
+
+@leaves.register
+def _(space: spaces.Tuple, path: Path = ()) -> list[Leaf]:
+    return [leaf for index, sub in enumerate(space.spaces) for leaf in leaves(sub, (*path, index))]
+
+
+@singledispatch
+def flatten(space: spaces.Space[Any], value: Any) -> list[Any]:
+    """The leaf values of ``value`` (one env's, or a batch's) in the order of :func:`leaves`."""
+    return [value]
+
+
+@flatten.register
+def _(space: spaces.Dict, value: Any) -> list[Any]:
+    try:
+        return [part for key, sub in space.spaces.items() for part in flatten(sub, value[key])]
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"expected a dict with keys {list(space.spaces)}, got {value!r:.200}") from exc
+
+
+@flatten.register
+def _(space: spaces.Tuple, value: Any) -> list[Any]:
+    if not isinstance(value, (tuple, list)) or len(value) != len(space.spaces):
+        raise ValueError(f"expected a tuple of {len(space.spaces)} items, got {value!r:.200}")
+    return [part for sub, item in zip(space.spaces, value) for part in flatten(sub, item)]
+
+
+@singledispatch
+def assemble(space: spaces.Space[Any], parts: Iterator[Any]) -> Any:
+    """Rebuilds the structure of ``space`` from leaf values taken in order from ``parts``."""
+    return next(parts)
+
+
+@assemble.register
+def _(space: spaces.Dict, parts: Iterator[Any]) -> Any:
+    return {key: assemble(sub, parts) for key, sub in space.spaces.items()}
+
+
+@assemble.register
+def _(space: spaces.Tuple, parts: Iterator[Any]) -> Any:
+    return tuple(assemble(sub, parts) for sub in space.spaces)
+
+
+def _first_bad_env(bad: np.ndarray) -> int:
+    return int(np.flatnonzero(bad.reshape(bad.shape[0], -1).any(axis=1))[0])
+
+
+@singledispatch
+def _check_range(space: spaces.Space[Any], array: np.ndarray) -> np.ndarray | None:
+    """A mask of out-of-range entries, or None when every value is allowed."""
+    return None
+
+
+@_check_range.register
+def _(space: spaces.Discrete, array: np.ndarray) -> np.ndarray | None:
+    low = int(space.start)
+    if array.size and (array.min() < low or array.max() >= low + int(space.n)):
+        return (array < low) | (array >= low + int(space.n))
+    return None
+
+
+@_check_range.register
+def _(space: spaces.MultiDiscrete, array: np.ndarray) -> np.ndarray | None:
+    bad = (array < space.start) | (array >= space.start + space.nvec)
+    return bad if bad.any() else None
+
+
+@_check_range.register
+def _(space: spaces.MultiBinary, array: np.ndarray) -> np.ndarray | None:
+    bad = (array != 0) & (array != 1)
+    return bad if bad.any() else None
+
+
+def check_actions(
+    space: spaces.Space[Any], action_leaves: list[Leaf], actions: Any, num_envs: int, env_label: str
+) -> list[np.ndarray]:
+    """Validates a batch of actions and returns one array per leaf.
+
+    Raises ``ValueError`` naming the env and the value for a wrong shape, a dtype that cannot be cast
+    to the space's, or a discrete value out of range. Box bounds are not checked: gymnasium envs clip.
+    """
+    parts = flatten(space, actions) if len(action_leaves) > 1 else [actions]
+    checked = []
+    for leaf, part in zip(action_leaves, parts):
+        where = "actions" + "".join(f"[{p!r}]" for p in leaf.path)
+        array = np.asarray(part)
+        expected = (num_envs, *leaf.shape)
+        if array.shape != expected:
+            raise ValueError(
+                f"{env_label}: {where} has shape {array.shape}, expected {expected} "
+                f"({num_envs} envs of {leaf.space})"
+            )
+        if array.dtype != leaf.dtype and not np.can_cast(array.dtype, leaf.dtype, casting="same_kind"):
+            raise ValueError(
+                f"{env_label}: {where} has dtype {array.dtype}, which cannot be cast to {leaf.dtype} "
+                f"for {leaf.space}"
+            )
+        bad = _check_range(leaf.space, array)
+        if bad is not None:
+            env_id = _first_bad_env(bad)
+            raise ValueError(
+                f"{env_label} env {env_id}: action {array[env_id]!r} in {where} is outside {leaf.space}"
+            )
+        checked.append(array)
+    return checked

@@ -1,0 +1,183 @@
+"""A worker's slot of envs: stepping, resetting, autoreset and episode accounting."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import gymnasium
+import numpy as np
+
+from shmpool.config import WorkerConfig, make_env
+from shmpool.infos import InfoWriter
+from shmpool.layout import RESET_THIS_ENV, RESET_WITH_SEED
+from shmpool.spaces import assemble, flatten, leaves
+
+
+class EnvSlice:
+    """The envs of one slot and numpy views of the slot's rows in the segment.
+
+    ``current_env`` is the env id being worked on, so a failure can name it.
+    """
+
+    def __init__(self, config: WorkerConfig, views: dict[str, np.ndarray], info: InfoWriter) -> None:
+        self.start, self.stop = config.env_ids
+        self.same_step = config.same_step_autoreset
+        self.current_env: int | None = None
+        self._config = config
+        self._info = info
+        rows = slice(self.start, self.stop)
+        self._obs_space = config.observation_space
+        self._act_space = config.action_space
+        self._obs_leaves = leaves(self._obs_space)
+        self._act_leaves = leaves(self._act_space)
+        self._obs = [views[leaf.field_name("observations")][rows] for leaf in self._obs_leaves]
+        self._final_obs = (
+            [views[leaf.field_name("final_observations")][rows] for leaf in self._obs_leaves] if self.same_step else []
+        )
+        self._actions = [views[leaf.field_name("actions")][rows] for leaf in self._act_leaves]
+        self._rewards = views["rewards"][rows]
+        self._terminations = views["terminations"][rows]
+        self._truncations = views["truncations"][rows]
+        self._episode_return = views["episode_return"][rows]
+        self._episode_length = views["episode_length"][rows]
+        self._episode_time = views["episode_time"][rows]
+        self._episode_index = views["episode_index"][rows]
+        self._reset_seed = views["reset_seed"][rows]
+        self._reset_flags = views["reset_flags"][rows]
+        self._reset_options = views["reset_options"]
+        self._reset_options_length = views["reset_options_length"]
+
+        count = self.stop - self.start
+        self._needs_reset = [False] * count
+        self._returns = [0.0] * count
+        self._lengths = [0] * count
+        self._starts = [time.perf_counter()] * count
+        self._reward_row = [0.0] * count
+        self._termination_row = [False] * count
+        self._truncation_row = [False] * count
+        self.envs: list[gymnasium.Env] = []
+
+    def build(self) -> None:
+        """Makes the slot's envs and checks their spaces against the pool's."""
+        for env_id in range(self.start, self.stop):
+            self.current_env = env_id
+            self.envs.append(self._make(env_id))
+        self.current_env = None
+
+    def _make(self, env_id: int) -> gymnasium.Env:
+        env = make_env(self._config.env_factory, self._config.env_kwargs)
+        for what, got, expected in (
+            ("observation", env.observation_space, self._obs_space),
+            ("action", env.action_space, self._act_space),
+        ):
+            if got != expected:
+                env.close()
+                raise ValueError(
+                    f"env {env_id} has {what} space {got}, but the pool was launched with {expected}; "
+                    f"every env of a pool must have the same spaces"
+                )
+        return env
+
+    def close(self) -> None:
+        """Closes every env, ignoring errors (the worker is exiting)."""
+        for env in self.envs:
+            try:
+                env.close()
+            except Exception:  # noqa: BLE001 - an env failing to close must not stop the others
+                pass
+
+    # -- writing results -------------------------------------------------------------------------
+
+    def _write_observation(self, views: list[np.ndarray], index: int, observation: Any) -> None:
+        if len(views) == 1:
+            views[0][index] = observation
+        else:
+            for view, part in zip(views, flatten(self._obs_space, observation)):
+                view[index] = part
+
+    def _read_actions(self) -> Any:
+        if len(self._actions) == 1:
+            return self._actions[0].copy()  # a private copy: an env may keep its action
+        parts = [view.copy() for view in self._actions]
+        return [assemble(self._act_space, iter([part[i] for part in parts])) for i in range(len(self.envs))]
+
+    def _begin_episode(self, index: int) -> None:
+        self._returns[index] = 0.0
+        self._lengths[index] = 0
+        self._starts[index] = time.perf_counter()
+
+    def _end_episode(self, index: int) -> None:
+        self._episode_return[index] = self._returns[index]
+        self._episode_length[index] = self._lengths[index]
+        self._episode_time[index] = round(time.perf_counter() - self._starts[index], 6)
+        self._episode_index[index] += 1
+
+    # -- commands --------------------------------------------------------------------------------
+
+    def step(self) -> int:
+        """Steps every env of the slot with its action; returns how many episodes ended."""
+        info = self._info
+        info.begin()
+        actions = self._read_actions()
+        rewards, terminations, truncations = self._reward_row, self._termination_row, self._truncation_row
+        needs_reset, returns, lengths = self._needs_reset, self._returns, self._lengths
+        observations = self._obs
+        episodes_ended = 0
+        env_id = self.start
+        for index, env in enumerate(self.envs):
+            self.current_env = env_id
+            if needs_reset[index]:  # next-step autoreset: this step resets instead of stepping
+                observation, env_info = env.reset()
+                rewards[index], terminations[index], truncations[index] = 0.0, False, False
+                needs_reset[index] = False
+                self._begin_episode(index)
+            else:
+                observation, reward, terminated, truncated, env_info = env.step(actions[index])
+                rewards[index], terminations[index], truncations[index] = reward, terminated, truncated
+                returns[index] += float(reward)
+                lengths[index] += 1
+                if terminated or truncated:
+                    episodes_ended += 1
+                    self._end_episode(index)
+                    if self.same_step:
+                        self._write_observation(self._final_obs, index, observation)
+                        info.add(index, env_info, ("final_info",))
+                        observation, env_info = env.reset()
+                        self._begin_episode(index)
+                    else:
+                        needs_reset[index] = True
+            if len(observations) == 1:
+                observations[0][index] = observation
+            else:
+                self._write_observation(observations, index, observation)
+            if env_info:
+                info.add(index, env_info)
+            env_id += 1
+        self.current_env = None
+        self._rewards[:] = rewards
+        self._terminations[:] = terminations
+        self._truncations[:] = truncations
+        return episodes_ended
+
+    def reset(self) -> None:
+        """Resets the envs that the trainer flagged, with their seeds and the shared options."""
+        info = self._info
+        info.begin()
+        length = int(self._reset_options_length[0])
+        options = json.loads(bytes(self._reset_options[:length]).decode()) if length else None
+        for index, env in enumerate(self.envs):
+            flags = int(self._reset_flags[index])
+            if not flags & RESET_THIS_ENV:
+                continue
+            self.current_env = self.start + index
+            seed = int(self._reset_seed[index]) if flags & RESET_WITH_SEED else None
+            observation, env_info = env.reset(seed=seed, options=options)
+            self._needs_reset[index] = False
+            self._begin_episode(index)
+            self._write_observation(self._obs, index, observation)
+            if env_info:
+                info.add(index, env_info)
+        self.current_env = None
+
