@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import statistics
 import sys
 import time
@@ -54,28 +55,24 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         default = getattr(defaults, settings_field.name)
         if isinstance(default, bool):
             parser.add_argument(flag, action="store_true", help=_field_doc(settings_field.name))
-        elif isinstance(default, list):
-            parser.add_argument(flag, nargs="+", type=type(default[0]), default=default, help=_field_doc(settings_field.name))
+        elif isinstance(default, list):  # None marks "not given", so --quick can pick its own
+            parser.add_argument(flag, nargs="+", type=type(default[0]), default=None, help=_field_doc(settings_field.name))
         else:
             parser.add_argument(flag, type=type(default), default=default, help=_field_doc(settings_field.name))
-    settings = Settings(**vars(parser.parse_args(argv)))
-    if settings.quick:
-        settings.num_envs, settings.windows, settings.window_seconds = [32], 3, 0.2
-    return settings
+    given = vars(parser.parse_args(argv))
+    if given["quick"]:
+        given["windows"], given["window_seconds"] = 3, 0.2
+        given["num_envs"] = given["num_envs"] or [32]
+    return Settings(**{key: value for key, value in given.items() if value is not None})
 
 
 def _field_doc(name: str) -> str:
-    source = Settings.__doc__ or ""
-    try:
-        import inspect
-
-        lines = inspect.getsource(Settings).splitlines()
-        for index, line in enumerate(lines):
-            if line.strip().startswith(f"{name}:"):
-                return lines[index + 1].strip().strip('"')
-    except (OSError, TypeError):
-        pass
-    return source
+    """The attribute docstring written under a Settings field."""
+    lines = inspect.getsource(Settings).splitlines()
+    for index, line in enumerate(lines[:-1]):
+        if line.strip().startswith(f"{name}:"):
+            return lines[index + 1].strip().strip('"')
+    return ""
 
 
 # -- steppers: each yields a function that performs one batch step ------------------------------

@@ -167,7 +167,7 @@ def check_actions(
         if bad is not None:
             env_id = _first_bad_env(bad)
             raise ValueError(
-                f"{env_label} env {env_id}: action {array[env_id]!r} in {where} is outside {leaf.space}"
+                f"{env_label} env {env_id}: action {array[env_id].tolist()!r} in {where} is outside {leaf.space}"
             )
         checked.append(array)
     return checked

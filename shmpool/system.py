@@ -201,6 +201,10 @@ class Doorbell:
                 semaphore.acquire(poll_interval)
             except posix_ipc.BusyError:
                 on_idle()
+            except posix_ipc.SignalError:
+                # A signal arrived while asleep; its Python handler has run (and raised, if it
+                # wanted the wait to end). Anything else: go round and re-check.
+                on_idle()
             else:
                 if ready():
                     return

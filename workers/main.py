@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 import traceback
 from typing import Any
 
@@ -55,8 +56,12 @@ def run(config: WorkerConfig) -> None:
     owner = ProcessWatch(config.owner_pid, config.owner_start_ticks)
 
     def on_parent_death(signum: int, frame: Any) -> None:
-        if not owner.alive():
-            raise OwnerGone()
+        # The signal comes while the parent is still exiting: give it a moment to be gone. If it
+        # stays alive, the signal meant only that the thread which started us exited.
+        for _ in range(50):
+            if not owner.alive():
+                raise OwnerGone()
+            time.sleep(0.01)
 
     signal.signal(signal.SIGUSR1, on_parent_death)
     set_parent_death_signal(signal.SIGUSR1)

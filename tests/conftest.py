@@ -1,0 +1,82 @@
+"""Fixtures every test gets: a unique pool-name prefix, and a check that nothing is left behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+SHM_DIR = "/dev/shm"
+# Long-lived helpers that multiprocess starts once per test session and keeps: not leaks.
+_HELPERS = ("forkserver import main", "resource_tracker import main")
+
+
+def descendants(root: int) -> set[int]:
+    """Live (non-zombie) processes below ``root`` in the process tree, multiprocess helpers excluded."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as file:
+                data = file.read()
+        except OSError:
+            continue
+        fields = data[data.rindex(b")") + 2 :].split()
+        if fields[0] not in (b"Z", b"X"):
+            parents[int(entry)] = int(fields[1])
+    found: set[int] = set()
+    frontier = [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, ppid in parents.items():
+            if ppid == parent and pid not in found:
+                found.add(pid)
+                frontier.append(pid)
+    return {pid for pid in found if not _is_helper(pid)}
+
+
+def _is_helper(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as file:
+            command_line = file.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return False
+    return any(helper in command_line for helper in _HELPERS)
+
+
+def shm_entries(marker: str) -> list[str]:
+    """Entries of /dev/shm whose name contains ``marker``."""
+    return sorted(name for name in os.listdir(SHM_DIR) if marker in name)
+
+
+@pytest.fixture
+def pool_name(request: pytest.FixtureRequest) -> str:
+    """A pool name unique to this test; the leak check looks for it."""
+    return request.node.leak_marker + "-p"
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fails the test if it leaves a shared-memory object or a child process of its own behind."""
+    short = re.sub(r"[^A-Za-z0-9]+", "_", request.node.name)[-40:]
+    marker = f"t{uuid.uuid4().hex[:6]}-{short}"
+    request.node.leak_marker = marker
+    default_marker = f"shmpool-{os.getpid()}-"  # pools launched with a generated name
+    before_processes = descendants(os.getpid())
+    before_default = set(shm_entries(default_marker))
+    yield
+    deadline = time.monotonic() + 5.0
+    while True:
+        new_processes = descendants(os.getpid()) - before_processes
+        leaked = shm_entries(marker) + sorted(set(shm_entries(default_marker)) - before_default)
+        if not new_processes and not leaked:
+            return
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    pytest.fail(f"test left behind processes {sorted(new_processes)} and shared memory {leaked}")

@@ -1,0 +1,148 @@
+"""Tiny deterministic envs for tests, importable by spawned workers (the test folder is on sys.path)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+
+class CountingEnv(gym.Env):
+    """Observation = [steps so far, last action]; ends after ``length`` steps; reward = action.
+
+    Faults for tests: ``raise_at`` raises in step once that many steps were taken, in the env last
+    reset with seed ``raise_seed`` (all envs when it is None); ``raise_in_reset`` and
+    ``raise_in_init`` raise there; ``sleep`` slows every step.
+    """
+
+    def __init__(self, length: int = 5, raise_at: int | None = None, raise_seed: int | None = None,
+                 raise_in_reset: bool = False, sleep: float = 0.0, raise_in_init: bool = False) -> None:
+        if raise_in_init:
+            raise RuntimeError("CountingEnv refused to be built")
+        self.raise_seed, self.seed_used = raise_seed, None
+        self.observation_space = spaces.Box(-1e6, 1e6, (2,), np.float64)
+        self.action_space = spaces.Discrete(3)
+        self.length, self.raise_at, self.raise_in_reset, self.sleep = length, raise_at, raise_in_reset, sleep
+        self.t = 0
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        if seed is not None:
+            self.seed_used = seed
+        if self.raise_in_reset:
+            raise ValueError("reset exploded on purpose")
+        self.t = 0
+        offset = float(options.get("offset", 0)) if options else 0.0
+        return np.array([offset, -1.0]), {}
+
+    def step(self, action):
+        if self.sleep:
+            time.sleep(self.sleep)
+        self.t += 1
+        if self.raise_at is not None and self.t >= self.raise_at and self.raise_seed in (None, self.seed_used):
+            explode_here(self.t)
+        return np.array([float(self.t), float(action)]), float(action), self.t >= self.length, False, {}
+
+
+def explode_here(t: int) -> None:
+    """Raises with a recognisable name in the traceback."""
+    raise ZeroDivisionError(f"boom at step {t}")
+
+
+class InfoEnv(gym.Env):
+    """Reports numeric infos (nested too) on some steps, and a string that shmpool must leave out."""
+
+    def __init__(self, with_text: bool = False) -> None:
+        self.observation_space = spaces.Box(-1, 1, (1,), np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.with_text = with_text
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(1, np.float32), {"start": int(self.np_random.integers(0, 100))}
+
+    def step(self, action):
+        self.t += 1
+        info: dict[str, Any] = {}
+        if (self.t + int(action)) % 2:
+            info["count"] = self.t
+            info["ratio"] = self.t / 3.0
+            info["odd"] = True
+            info["vec"] = np.arange(3, dtype=np.float32) * self.t
+            info["nested"] = {"depth": np.int32(self.t)}
+        if self.with_text:
+            info["label"] = "text"
+        return np.full(1, self.t / 10, np.float32), 1.0, self.t >= 4, False, info
+
+
+class StructuredEnv(gym.Env):
+    """Dict/Tuple observation and action spaces with every leaf type; the observation echoes the action."""
+
+    def __init__(self) -> None:
+        leaf_spaces = {
+            "box": spaces.Box(-2.0, 2.0, (2, 3), np.float32),
+            "int_box": spaces.Box(0, 255, (4,), np.uint8),
+            "discrete": spaces.Discrete(5, start=-2),
+            "multi": spaces.MultiDiscrete([3, 4]),
+            "binary": spaces.MultiBinary(3),
+        }
+        self.action_space = spaces.Dict({"a": spaces.Tuple((leaf_spaces["box"], leaf_spaces["discrete"])),
+                                         "b": spaces.Dict({"m": leaf_spaces["multi"], "bin": leaf_spaces["binary"]})})
+        self.observation_space = spaces.Dict({
+            "echo": self.action_space,
+            "pixels": leaf_spaces["int_box"],
+            "t": spaces.Discrete(100),
+        })
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        self.action_space.seed(int(self.np_random.integers(1 << 30)))
+        return self._obs(self.action_space.sample()), {}
+
+    def _obs(self, action):
+        return {"echo": action, "pixels": self.np_random.integers(0, 255, 4, dtype=np.uint8), "t": self.t}
+
+    def step(self, action):
+        self.t += 1
+        return self._obs(action), float(self.t), self.t >= 3, False, {}
+
+
+class TextSpaceEnv(gym.Env):
+    """An env with a Text observation space, which shmpool cannot store."""
+
+    observation_space = spaces.Text(8)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        return "hello", {}
+
+    def step(self, action):
+        return "hello", 0.0, False, False, {}
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live, non-zombie process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            data = file.read()
+    except OSError:
+        return False
+    return data[data.rindex(b")") + 2 :].split()[0] not in (b"Z", b"X")
+
+
+def wait_gone(pids: list[int], seconds: float) -> list[int]:
+    """Waits until none of ``pids`` is alive; returns the ones still alive after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        alive = [pid for pid in pids if pid_alive(pid)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.02)
+

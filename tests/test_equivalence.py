@@ -1,0 +1,144 @@
+"""A pool returns exactly what gymnasium's SyncVectorEnv returns for the same seeds and actions."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from gymnasium.wrappers.vector import RecordEpisodeStatistics
+
+import shmpool
+
+# Shorter episodes than the registered ones, so a few hundred steps cross several of them; CartPole
+# keeps its own limit (random actions end its episodes within ~30 steps).
+ENVS = {
+    "CartPole-v1": {},
+    "Pendulum-v1": {"max_episode_steps": 40},
+    "MountainCar-v0": {"max_episode_steps": 40},
+    "Acrobot-v1": {"max_episode_steps": 40},
+}
+NUM_ENVS = 5
+
+
+def assert_same(ours, theirs, where: str) -> None:
+    if isinstance(theirs, dict):
+        assert set(ours) >= set(theirs), f"{where}: keys {set(ours)} lack {set(theirs) - set(ours)}"
+        for key in theirs:
+            assert_same(ours[key], theirs[key], f"{where}[{key!r}]")
+    elif isinstance(theirs, tuple):
+        assert isinstance(ours, tuple) and len(ours) == len(theirs), where
+        for index, (a, b) in enumerate(zip(ours, theirs)):
+            assert_same(a, b, f"{where}[{index}]")
+    elif isinstance(theirs, np.ndarray) and theirs.dtype == object:
+        assert ours.dtype == object and ours.shape == theirs.shape, where
+        for index, (a, b) in enumerate(zip(ours, theirs)):
+            if b is None:
+                assert a is None, f"{where}[{index}]"
+            else:
+                assert_same(a, b, f"{where}[{index}]")
+    else:
+        ours, theirs = np.asarray(ours), np.asarray(theirs)
+        assert ours.dtype == theirs.dtype, f"{where}: dtype {ours.dtype} != {theirs.dtype}"
+        np.testing.assert_array_equal(ours, theirs, err_msg=where)
+
+
+@pytest.mark.parametrize("num_workers", [1, 2, 3])
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+@pytest.mark.parametrize("env_id", list(ENVS))
+def test_matches_sync_vector_env(env_id: str, mode: AutoresetMode, num_workers: int, pool_name: str) -> None:
+    kwargs = ENVS[env_id]
+    steps = 150 if env_id == "CartPole-v1" else 100
+    reference = RecordEpisodeStatistics(
+        SyncVectorEnv([lambda: gym.make(env_id, **kwargs) for _ in range(NUM_ENVS)], autoreset_mode=mode)
+    )
+    with shmpool.launch(
+        env_id, NUM_ENVS, num_workers=num_workers, autoreset_mode=mode, env_kwargs=kwargs, name=pool_name
+    ) as pool:
+        assert pool.metadata["autoreset_mode"] == mode
+        assert pool.observation_space == reference.observation_space
+        assert pool.action_space == reference.action_space
+        observations, infos = pool.reset(seed=123)
+        expected_observations, expected_infos = reference.reset(seed=123)
+        assert_same(observations, expected_observations, "reset observations")
+        assert infos == expected_infos
+        pool.action_space.seed(7)
+        episodes_seen = 0
+        for t in range(steps):
+            actions = pool.action_space.sample()
+            ours = pool.step(actions)
+            theirs = reference.step(actions)
+            for index, label in enumerate(["observations", "rewards", "terminations", "truncations"]):
+                assert_same(ours[index], theirs[index], f"step {t} {label}")
+            our_infos, their_infos = ours[4], theirs[4]
+            if "episode" in their_infos:
+                episodes_seen += int(their_infos["_episode"].sum())
+                np.testing.assert_array_equal(our_infos["_episode"], their_infos["_episode"])
+                np.testing.assert_array_equal(our_infos["episode"]["l"], their_infos["episode"]["l"])
+                np.testing.assert_allclose(our_infos["episode"]["r"], their_infos["episode"]["r"], rtol=1e-12)
+                assert our_infos["episode"]["t"].dtype == np.float64
+                their_infos = {k: v for k, v in their_infos.items() if k not in ("episode", "_episode")}
+            else:
+                assert "episode" not in our_infos
+            assert_same(our_infos, their_infos, f"step {t} infos")
+            assert set(our_infos) - {"episode", "_episode"} == set(their_infos), f"step {t} info keys"
+        assert episodes_seen >= NUM_ENVS, "the run should cross several episode ends"
+    reference.close()
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
+def test_start_methods_and_closures(start_method: str, pool_name: str) -> None:
+    length = 20  # captured by the closure below: spawn and forkserver must ship it by value
+
+    def make() -> gym.Env:
+        return gym.make("CartPole-v1", max_episode_steps=length)
+
+    reference = SyncVectorEnv([make for _ in range(4)])
+    with shmpool.launch(make, 4, num_workers=2, start_method=start_method, name=pool_name, seed=3) as pool:
+        observations, _ = pool.reset()  # the launch seed applies to the first reset
+        expected, _ = reference.reset(seed=3)
+        np.testing.assert_array_equal(observations, expected)
+        for _ in range(60):
+            actions = np.array([0, 1, 1, 0])
+            ours, theirs = pool.step(actions), reference.step(actions)
+            for a, b in zip(ours[:4], theirs[:4]):
+                np.testing.assert_array_equal(a, b)
+    reference.close()
+
+
+def test_reset_seeds_list_mask_and_options(pool_name: str) -> None:
+    import helpers
+
+    reference = SyncVectorEnv([lambda: helpers.CountingEnv() for _ in range(4)])
+    with shmpool.launch(helpers.CountingEnv, 4, num_workers=2, name=pool_name) as pool:
+        observations, _ = pool.reset(seed=[1, None, 3, 4], options={"offset": 2.5})
+        expected, _ = reference.reset(seed=[1, None, 3, 4], options={"offset": 2.5})
+        np.testing.assert_array_equal(observations, expected)
+        for actions in ([1, 2, 0, 1], [2, 2, 2, 2]):
+            np.testing.assert_array_equal(pool.step(actions)[0], reference.step(actions)[0])
+        mask = np.array([False, True, True, False])
+        observations, _ = pool.reset(options={"reset_mask": mask, "offset": 7})
+        expected, _ = reference.reset(options={"reset_mask": mask, "offset": 7})
+        np.testing.assert_array_equal(observations, expected)
+        assert observations[1, 0] == 7 and observations[0, 0] == 2  # unmasked envs keep their state
+        for actions in ([1, 1, 1, 1], [0, 2, 1, 0]):
+            for a, b in zip(pool.step(actions)[:4], reference.step(actions)[:4]):
+                np.testing.assert_array_equal(a, b)
+        with pytest.raises(ValueError, match="reset_mask"):
+            pool.reset(options={"reset_mask": np.zeros(4, dtype=bool)})
+        with pytest.raises(TypeError, match="plain JSON"):
+            pool.reset(options={"offset": object()})
+        with pytest.raises(ValueError, match="3 seeds"):
+            pool.reset(seed=[1, 2, 3])
+    reference.close()
+
+
+def test_default_workers_and_name() -> None:
+    with shmpool.launch("CartPole-v1", 3) as pool:
+        assert 1 <= pool.num_workers <= 3
+        assert len(pool.worker_pids) == pool.num_workers
+        assert pool.name and pool.name in repr(pool)
+        pool.reset(seed=0)
+        observations, rewards, terminations, truncations, infos = pool.step([0, 1, 0])
+        assert observations.shape == (3, 4) and rewards.dtype == np.float64
+        assert terminations.dtype == np.bool_ and truncations.dtype == np.bool_

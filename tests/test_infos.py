@@ -1,0 +1,49 @@
+"""Numeric env infos reach the trainer in gymnasium's vector convention; others are left out loudly."""
+
+from __future__ import annotations
+
+import helpers
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+import shmpool
+from test_equivalence import assert_same
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_numeric_infos_match_sync(mode: AutoresetMode, pool_name: str) -> None:
+    reference = SyncVectorEnv([helpers.InfoEnv for _ in range(5)], autoreset_mode=mode)
+    with shmpool.launch(helpers.InfoEnv, 5, num_workers=2, autoreset_mode=mode, name=pool_name) as pool:
+        ours, theirs = pool.reset(seed=9)[1], reference.reset(seed=9)[1]
+        assert_same(ours, theirs, "reset infos")
+        assert set(ours) == set(theirs) == {"start", "_start"}
+        rng = np.random.default_rng(0)
+        for t in range(12):
+            actions = rng.integers(0, 2, 5)
+            our_infos = pool.step(actions)[4]
+            their_infos = reference.step(actions)[4]
+            our_infos.pop("episode", None), our_infos.pop("_episode", None)
+            assert set(our_infos) == set(their_infos), t
+            assert_same(our_infos, their_infos, f"step {t}")
+
+
+def test_non_numeric_info_is_left_out_with_one_warning(pool_name: str) -> None:
+    with shmpool.launch(lambda: helpers.InfoEnv(with_text=True), 2, num_workers=1, name=pool_name) as pool:
+        pool.reset(seed=0)
+        with pytest.warns(RuntimeWarning, match="info key 'label' .* leaves it out"):
+            infos = pool.step([0, 1])[4]
+        assert "label" not in infos and "count" in infos
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            pool.step([0, 1])  # warned once per key, not per step
+
+
+def test_too_many_info_keys_warns(pool_name: str) -> None:
+    with shmpool.launch(helpers.InfoEnv, 2, num_workers=1, name=pool_name, info_keys=2) as pool:
+        pool.reset(seed=0)
+        with pytest.warns(RuntimeWarning, match="beyond its table of 2 keys"):
+            infos = pool.step([1, 0])[4]
+        assert "count" in infos  # keys registered first still travel

@@ -1,0 +1,32 @@
+"""The runnable programs in scripts/ run and print what they promise."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bench_quick_prints_a_table() -> None:
+    result = subprocess.run(
+        [sys.executable, "scripts/bench.py", "--quick", "--envs", "CartPole-v1", "--num-envs", "8"],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "x Async" in lines[0] and "x Sync" in lines[0]
+    runners = [line for line in lines[2:] if line.startswith("CartPole-v1")]
+    assert len(runners) == 4 and any("shmpool" in line for line in runners)
+    sync_row = next(line for line in runners if "gymnasium Sync" in line)
+    assert sync_row.split()[-1] == "1.00"
+
+
+def test_demo_runs() -> None:
+    result = subprocess.run(
+        [sys.executable, "scripts/demo.py", "--num-envs", "8", "--seconds", "1.5"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "episodes" in result.stdout and "done:" in result.stdout

@@ -1,0 +1,75 @@
+"""Every supported space, nested in Dict and Tuple, crosses shared memory unchanged."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import helpers
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+import shmpool
+from test_equivalence import assert_same
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_structured_spaces_match_sync(mode: AutoresetMode, pool_name: str) -> None:
+    reference = SyncVectorEnv([helpers.StructuredEnv for _ in range(3)], autoreset_mode=mode)
+    with shmpool.launch(helpers.StructuredEnv, 3, num_workers=2, autoreset_mode=mode.value, name=pool_name) as pool:
+        assert pool.single_observation_space == reference.single_observation_space
+        assert pool.observation_space == reference.observation_space
+        assert pool.action_space == reference.action_space
+        observations, _ = pool.reset(seed=5)
+        expected, _ = reference.reset(seed=5)
+        assert_same(observations, expected, "reset")
+        pool.action_space.seed(1)
+        for t in range(8):
+            actions = pool.action_space.sample()
+            ours, theirs = pool.step(actions), reference.step(actions)
+            for index in range(4):
+                assert_same(ours[index], theirs[index], f"step {t} item {index}")
+            their_infos = dict(theirs[4])
+            if mode == AutoresetMode.SAME_STEP and "final_obs" in their_infos:
+                assert_same(ours[4]["final_obs"], their_infos["final_obs"], f"step {t} final_obs")
+                assert isinstance(ours[4]["final_obs"][0], dict)
+    reference.close()
+
+
+def test_structured_actions_are_validated(pool_name: str) -> None:
+    with shmpool.launch(helpers.StructuredEnv, 2, num_workers=1, name=pool_name) as pool:
+        pool.reset(seed=0)
+        actions = pool.action_space.sample()
+        actions["b"]["m"][1] = [0, 4]  # nvec is [3, 4]: 4 is out of range
+        with pytest.raises(ValueError, match=r"env 1: action \[0, 4\] in actions\['b'\]\['m'\] is outside MultiDiscrete"):
+            pool.step(actions)
+        actions = pool.action_space.sample()
+        actions["b"]["bin"][0, 2] = 2
+        with pytest.raises(ValueError, match=r"env 0: .* outside MultiBinary"):
+            pool.step(actions)
+        actions = pool.action_space.sample()
+        actions["a"] = (actions["a"][0], np.array([-3, 0]))  # Discrete(5, start=-2) allows -2..2
+        with pytest.raises(ValueError, match=r"env 0: action -3 in actions\['a'\]\[1\]"):
+            pool.step(actions)
+        with pytest.raises(ValueError, match="expected a dict with keys"):
+            pool.step({"a": actions["a"]})
+        pool.step(pool.action_space.sample())  # still usable
+
+
+def test_unsupported_space_fails_at_launch(pool_name: str) -> None:
+    with pytest.raises(TypeError, match="cannot place a Text space in shared memory.*FlattenObservation"):
+        shmpool.launch(helpers.TextSpaceEnv, 2, name=pool_name)
+
+
+def test_mismatched_worker_spaces_fail_at_launch(pool_name: str) -> None:
+    import os
+
+    trainer = os.getpid()
+
+    def factory() -> gym.Env:
+        size = 4 if os.getpid() == trainer else 5  # workers build a different space than the probe
+        env = helpers.CountingEnv()
+        env.observation_space = gym.spaces.Box(-1, 1, (size,))
+        return env
+
+    with pytest.raises(shmpool.WorkerError, match="every env of a pool must have the same spaces"):
+        shmpool.launch(factory, 2, num_workers=1, name=pool_name)
