@@ -53,7 +53,7 @@ from .layout import (
     header_words,
 )
 from .registry import sweep_stale
-from .spaces import assemble, check_actions, leaves
+from .spaces import ActionChecker, assemble, leaves
 from .system import (
     Doorbell,
     Segment,
@@ -301,6 +301,7 @@ class Pool(VectorEnv):
         self._act_leaves = leaves(self.single_action_space)
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.action_space = batch_space(self.single_action_space, num_envs)
+        self._check_actions = ActionChecker(self.single_action_space, num_envs, self._env_label)
         same_step = self.autoreset_mode == AutoresetMode.SAME_STEP
         self._slots = _slots(num_envs, self.num_workers)
 
@@ -522,7 +523,7 @@ class Pool(VectorEnv):
         """Steps every env with its action; returns observations, rewards, terminations, truncations, infos."""
         if not self._usable:
             self._enter()
-        parts = check_actions(self.single_action_space, self._act_leaves, actions, self.num_envs, self._env_label)
+        parts = self._check_actions(actions)
         for view, part in zip(self._action_views, parts):
             view[...] = part
         self._run(CMD_STEP, "step")

@@ -7,7 +7,7 @@ space's own order, so a batch has exactly the structure gymnasium's vector envs 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import singledispatch
 from typing import Any
@@ -114,60 +114,81 @@ def _first_bad_env(bad: np.ndarray) -> int:
 
 
 @singledispatch
-def _check_range(space: spaces.Space[Any], array: np.ndarray) -> np.ndarray | None:
-    """A mask of out-of-range entries, or None when every value is allowed."""
+def _range_check(space: spaces.Space[Any]) -> Callable[[np.ndarray], np.ndarray | None] | None:
+    """A function returning the mask of out-of-range entries (None when all are fine), or None
+    when every value of the dtype is allowed."""
     return None
 
 
-@_check_range.register
-def _(space: spaces.Discrete, array: np.ndarray) -> np.ndarray | None:
-    low = int(space.start)
-    if array.size and (array.min() < low or array.max() >= low + int(space.n)):
-        return (array < low) | (array >= low + int(space.n))
-    return None
+@_range_check.register
+def _(space: spaces.Discrete) -> Callable[[np.ndarray], np.ndarray | None]:
+    low, high = int(space.start), int(space.start) + int(space.n)
+
+    def check(array: np.ndarray) -> np.ndarray | None:
+        if array.min() < low or array.max() >= high:
+            return (array < low) | (array >= high)
+        return None
+
+    return check
 
 
-@_check_range.register
-def _(space: spaces.MultiDiscrete, array: np.ndarray) -> np.ndarray | None:
-    bad = (array < space.start) | (array >= space.start + space.nvec)
-    return bad if bad.any() else None
+@_range_check.register
+def _(space: spaces.MultiDiscrete) -> Callable[[np.ndarray], np.ndarray | None]:
+    low, high = space.start, space.start + space.nvec
+
+    def check(array: np.ndarray) -> np.ndarray | None:
+        bad = (array < low) | (array >= high)
+        return bad if bad.any() else None
+
+    return check
 
 
-@_check_range.register
-def _(space: spaces.MultiBinary, array: np.ndarray) -> np.ndarray | None:
-    bad = (array != 0) & (array != 1)
-    return bad if bad.any() else None
+@_range_check.register
+def _(space: spaces.MultiBinary) -> Callable[[np.ndarray], np.ndarray | None]:
+    def check(array: np.ndarray) -> np.ndarray | None:
+        bad = (array != 0) & (array != 1)
+        return bad if bad.any() else None
+
+    return check
 
 
-def check_actions(
-    space: spaces.Space[Any], action_leaves: list[Leaf], actions: Any, num_envs: int, env_label: str
-) -> list[np.ndarray]:
-    """Validates a batch of actions and returns one array per leaf.
+class ActionChecker:
+    """Validates batches of actions for one action space and pool size; built once per pool.
 
-    Raises ``ValueError`` naming the env and the value for a wrong shape, a dtype that cannot be cast
-    to the space's, or a discrete value out of range. Box bounds are not checked: gymnasium envs clip.
+    Calling it returns one array per leaf, or raises ``ValueError`` naming the env and the value for
+    a wrong shape, a dtype that cannot be cast to the space's, or a discrete value out of range. Box
+    bounds are not checked: gymnasium envs clip.
     """
-    parts = flatten(space, actions) if len(action_leaves) > 1 else [actions]
-    checked = []
-    for leaf, part in zip(action_leaves, parts):
-        where = "actions" + "".join(f"[{p!r}]" for p in leaf.path)
-        array = np.asarray(part)
-        expected = (num_envs, *leaf.shape)
-        if array.shape != expected:
-            raise ValueError(
-                f"{env_label}: {where} has shape {array.shape}, expected {expected} "
-                f"({num_envs} envs of {leaf.space})"
-            )
-        if array.dtype != leaf.dtype and not np.can_cast(array.dtype, leaf.dtype, casting="same_kind"):
-            raise ValueError(
-                f"{env_label}: {where} has dtype {array.dtype}, which cannot be cast to {leaf.dtype} "
-                f"for {leaf.space}"
-            )
-        bad = _check_range(leaf.space, array)
-        if bad is not None:
-            env_id = _first_bad_env(bad)
-            raise ValueError(
-                f"{env_label} env {env_id}: action {array[env_id].tolist()!r} in {where} is outside {leaf.space}"
-            )
-        checked.append(array)
-    return checked
+
+    def __init__(self, space: spaces.Space[Any], num_envs: int, env_label: str) -> None:
+        self._space = space
+        self._leaves = leaves(space)
+        self._label = env_label
+        self._checks = [
+            (leaf, (num_envs, *leaf.shape), _range_check(leaf.space), "actions" + "".join(f"[{p!r}]" for p in leaf.path))
+            for leaf in self._leaves
+        ]
+
+    def __call__(self, actions: Any) -> list[np.ndarray]:
+        parts = flatten(self._space, actions) if len(self._leaves) > 1 else [actions]
+        checked = []
+        for (leaf, expected, range_check, where), part in zip(self._checks, parts):
+            array = np.asarray(part)
+            if array.shape != expected:
+                raise ValueError(
+                    f"{self._label}: {where} has shape {array.shape}, expected {expected} "
+                    f"({expected[0]} envs of {leaf.space})"
+                )
+            if array.dtype != leaf.dtype and not np.can_cast(array.dtype, leaf.dtype, casting="same_kind"):
+                raise ValueError(
+                    f"{self._label}: {where} has dtype {array.dtype}, which cannot be cast to {leaf.dtype} "
+                    f"for {leaf.space}"
+                )
+            bad = range_check(array) if range_check is not None else None
+            if bad is not None:
+                env_id = _first_bad_env(bad)
+                raise ValueError(
+                    f"{self._label} env {env_id}: action {array[env_id].tolist()!r} in {where} is outside {leaf.space}"
+                )
+            checked.append(array)
+        return checked
