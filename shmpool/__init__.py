@@ -28,11 +28,13 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
+    from .params import Param, ParamBlock
+    from .handle import PoolHandle, attach
     from .pool import Pool, launch
 
 __version__ = "0.1.0"
 
-_LAZY = {"launch": "pool", "Pool": "pool"}
+_LAZY = {"launch": "pool", "Pool": "pool", "Param": "params", "ParamBlock": "params", "attach": "handle", "PoolHandle": "handle"}
 
 
 def __getattr__(name: str) -> Any:
@@ -45,7 +47,10 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "LayoutMismatchError",
+    "Param",
+    "ParamBlock",
     "Pool",
+    "PoolHandle",
     "PoolBrokenError",
     "PoolClosedError",
     "PoolExistsError",
@@ -55,5 +60,6 @@ __all__ = [
     "ShmpoolError",
     "WorkerDiedError",
     "WorkerError",
+    "attach",
     "launch",
 ]

@@ -8,6 +8,8 @@ from typing import Any
 
 import gymnasium
 
+from .params import ParamSpec
+
 EnvFactory = str | Callable[..., gymnasium.Env]
 
 #: The dotted name of the function every worker process runs; shmpool never imports it itself.
@@ -47,5 +49,7 @@ class WorkerConfig:
     doorbell: str  # this worker's
     trainer_doorbell: str
     all_doorbells: tuple[str, ...] = field(default=())  # removed by a worker that outlives the owner
+    params: tuple[ParamSpec, ...] = ()
+    param_seed: int = 0
     spin: int = 200
     poll_interval: float = 0.2

@@ -86,7 +86,8 @@ CONTROL_WORDS = 16
     CTL_INFO_KEYS,  # number of published entries in this worker's info key table
     CTL_ERROR_LENGTH,  # bytes of traceback text in this worker's errors row
     CTL_INFO_OVERFLOW,  # info keys this worker could not register (table full or path too long)
-) = range(10)
+    CTL_PARAM_REFUSALS,  # raw parameter writes this worker refused (details in param_refusal_*)
+) = range(11)
 
 CMD_STEP, CMD_RESET, CMD_CLOSE = 1, 2, 3
 WORKER_STARTING, WORKER_READY, WORKER_FAILED, WORKER_CLOSED = 0, 1, 2, 3

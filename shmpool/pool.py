@@ -8,8 +8,9 @@ import os
 import re
 import secrets
 import signal
+import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import multiprocess
@@ -38,6 +39,7 @@ from .layout import (
     CTL_ERROR_LENGTH,
     CTL_NUM_DONE,
     CTL_NUM_INFO,
+    CTL_PARAM_REFUSALS,
     CTL_STATUS,
     ERROR_BYTES,
     H_STATE,
@@ -52,11 +54,22 @@ from .layout import (
     command_word,
     header_words,
 )
+from .params import (
+    REFUSAL_TEXT_DTYPE,
+    Param,
+    ParamBlock,
+    applied_dtype,
+    block_dtype,
+    compile_specs,
+    constructor_defaults,
+    initial_records,
+)
 from .registry import sweep_stale
 from .spaces import ActionChecker, assemble, leaves
 from .system import (
     Doorbell,
     Segment,
+    WriterLock,
     doorbell_path,
     monotonic,
     process_start_ticks,
@@ -89,6 +102,8 @@ def launch(
     launch_timeout: float = 120.0,
     info_keys: int = 16,
     info_bytes: int = 64,
+    params: Mapping[str, Param] | None = None,
+    info_params: bool = False,
 ) -> Pool:
     """Starts ``num_workers`` processes that together run ``num_envs`` copies of ``env``.
 
@@ -108,6 +123,9 @@ def launch(
         launch_timeout: seconds the workers may take to start and build their envs.
         info_keys: distinct info keys each worker can report.
         info_bytes: the largest numeric info value, in bytes.
+        params: env parameters that any process can change while the pool runs, by name (see
+            :class:`shmpool.Param`); ``pool.params`` and ``pool.applied`` hold them.
+        info_params: also return the applied parameter values as ``infos["params"]``.
 
     Example:
         >>> import shmpool
@@ -131,6 +149,8 @@ def launch(
         launch_timeout=launch_timeout,
         info_keys=info_keys,
         info_bytes=info_bytes,
+        params=params,
+        info_params=info_params,
     )
 
 
@@ -248,6 +268,8 @@ class Pool(VectorEnv):
         launch_timeout: float,
         info_keys: int,
         info_bytes: int,
+        params: Mapping[str, Param] | None = None,
+        info_params: bool = False,
     ) -> None:
         self._usable = False
         self._resources: _Resources | None = None
@@ -276,6 +298,10 @@ class Pool(VectorEnv):
             raise ValueError(f"info_keys must be >= 1 and info_bytes a multiple of 8, got {info_keys}, {info_bytes}")
         env_kwargs = dict(env_kwargs or {})
         context = multiprocess.get_context(start_method)
+        declared = dict(params or {})
+        self._param_specs = compile_specs(declared)
+        self._info_params = info_params and bool(self._param_specs)
+        self._param_seed = secrets.randbits(63) if seed is None else int(seed)
 
         self.num_envs = num_envs
         self.num_workers = int(num_workers)
@@ -288,12 +314,13 @@ class Pool(VectorEnv):
         self._pending: int | None = None
         self._reset_once = False
 
-        probe = make_env(env, env_kwargs)
+        probe = make_env(env, {**env_kwargs, **constructor_defaults(self._param_specs, declared)})
         try:
             self.metadata = dict(probe.metadata)
             self.render_mode = probe.render_mode
             self.single_observation_space = probe.observation_space
             self.single_action_space = probe.action_space
+            initial = initial_records(self._param_specs, declared, probe, self._env_label, num_envs) if declared else None
         finally:
             probe.close()
         self.metadata["autoreset_mode"] = self.autoreset_mode
@@ -310,7 +337,7 @@ class Pool(VectorEnv):
         resources = self._resources = _Resources(name)
         self._finalizer = weakref.finalize(self, resources.close)
         try:
-            self._create(resources, layout)
+            self._create(resources, layout, initial)
             self._start_workers(resources, context, env, env_kwargs, same_step)
             self._wait_ready(launch_timeout)
         except BaseException:
@@ -346,16 +373,26 @@ class Pool(VectorEnv):
             ("info_values", np.uint8, (n, info_keys, info_bytes)),
             ("info_mask", np.bool_, (n, info_keys)),
         ]
+        if self._param_specs:
+            specs += [
+                ("params", block_dtype(self._param_specs), (n,)),
+                ("params_seq", np.int64, (n,)),
+                ("applied", applied_dtype(self._param_specs), (n,)),
+                ("param_refusals", np.int64, (w, len(self._param_specs))),
+                ("param_refusal_text", REFUSAL_TEXT_DTYPE, (w, len(self._param_specs))),
+            ]
         meta = {
             "num_envs": n,
             "num_workers": w,
             "slots": [list(slot) for slot in self._slots],
             "env": self._env_label,
             "autoreset_mode": self.autoreset_mode.value,
+            "params": [spec.to_json() for spec in self._param_specs],
+            "param_seed": self._param_seed,
         }
         return Layout.plan(specs, meta)
 
-    def _create(self, resources: _Resources, layout: Layout) -> None:
+    def _create(self, resources: _Resources, layout: Layout, initial: tuple[np.ndarray, np.ndarray] | None) -> None:
         resources.segment = Segment.create(self._name, layout.size)
         start_ticks = process_start_ticks(os.getpid()) or 0
         layout.write_header(
@@ -373,6 +410,22 @@ class Pool(VectorEnv):
         self._final_obs_views = [views.get(leaf.field_name("final_observations")) for leaf in self._obs_leaves]
         self._action_views = [views[leaf.field_name("actions")] for leaf in self._act_leaves]
         self._infos = InfoReader(views["info_keys"], views["info_values"], views["info_mask"], self._control, self._slots)
+        if initial is not None:
+            views["params"][:], views["applied"][:] = initial
+            self._lock = WriterLock(self._name)
+            self.params = ParamBlock(
+                self._param_specs,
+                views["params"],
+                views["params_seq"],
+                self._lock,
+                self._env_label,
+                self._check_open,
+                lambda: self._views["param_refusals"].sum(axis=0),
+            )
+            self._applied = views["applied"].view()
+            self._applied.flags.writeable = False
+            self._refusals_seen = [0] * self.num_workers
+            self._refusals_warned: set[int] = set()
 
     def _start_workers(
         self, resources: _Resources, context: Any, env: EnvFactory, env_kwargs: dict[str, Any], same_step: bool
@@ -400,6 +453,8 @@ class Pool(VectorEnv):
                     doorbell=resources.worker_doorbells[worker_id].path,
                     trainer_doorbell=resources.trainer_doorbell.path,  # type: ignore[union-attr]
                     all_doorbells=all_doorbells,
+                    params=tuple(self._param_specs),
+                    param_seed=self._param_seed,
                     spin=WORKER_SPIN,
                     poll_interval=WORKER_POLL_INTERVAL,
                 )
@@ -433,6 +488,18 @@ class Pool(VectorEnv):
     def name(self) -> str:
         """The pool's name, by which other processes attach to it."""
         return self._name
+
+    @property
+    def applied(self) -> np.ndarray:
+        """What each env uses now, one read-only record per env (a drawn value for a ``dist`` one)."""
+        self._check_open()
+        if not self._param_specs:
+            raise AttributeError(f"pool {self._name!r} was launched without params")
+        return self._applied
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise PoolClosedError(f"pool {self._name!r} is closed")
 
     @property
     def worker_pids(self) -> list[int]:
@@ -506,6 +573,8 @@ class Pool(VectorEnv):
         self._reset_once = True
         infos: dict[str, Any] = {}
         self._read_infos(infos)
+        if self._info_params:
+            self._add_param_infos(infos)
         return self._observations(), infos
 
     def _check_reset_mask(self, mask: Any) -> np.ndarray:
@@ -537,7 +606,13 @@ class Pool(VectorEnv):
             self._read_infos(infos)
         if any(words[k * CONTROL_WORDS + CTL_NUM_DONE] for k in range(self.num_workers)):
             self._add_episode_infos(infos, terminations | truncations)
+        if self._info_params:
+            self._add_param_infos(infos)
         return self._observations(), rewards, terminations, truncations, infos
+
+    def _add_param_infos(self, infos: dict[str, Any]) -> None:
+        applied = self._views["applied"]
+        infos["params"] = {spec.name: applied[spec.name].copy() for spec in self._param_specs}
 
     def _observations(self) -> Any:
         arrays = [view.copy() for view in self._obs_views] if self._copy else self._obs_views
@@ -581,6 +656,27 @@ class Pool(VectorEnv):
         self._pending = None
         self._usable = True
         self._raise_failures(phase)
+        if self._param_specs:
+            self._warn_refusals()
+
+    def _warn_refusals(self) -> None:
+        """One warning per parameter the first time a worker refuses a raw write of it."""
+        words = self._words
+        for worker_id in range(self.num_workers):
+            count = words[worker_id * CONTROL_WORDS + CTL_PARAM_REFUSALS]
+            if count == self._refusals_seen[worker_id]:
+                continue
+            self._refusals_seen[worker_id] = count
+            for spec in self._param_specs:
+                if spec.index in self._refusals_warned or not self._views["param_refusals"][worker_id, spec.index]:
+                    continue
+                self._refusals_warned.add(spec.index)
+                text = bytes(self._views["param_refusal_text"][worker_id, spec.index]).decode(errors="replace")
+                warnings.warn(
+                    f"{text} (further refusals of {spec.name!r} are counted in pool.params.refusals, not warned)",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
 
     def _wait(self, seq: int, phase: str) -> None:
         words = self._words
@@ -680,6 +776,8 @@ class Pool(VectorEnv):
         self._control = self._words = None  # type: ignore[assignment]
         self._obs_views = self._final_obs_views = self._action_views = []
         self._infos = None  # type: ignore[assignment]
+        if getattr(self, "_lock", None) is not None:
+            self._lock.close()
         if getattr(self, "_finalizer", None) is not None:
             self._finalizer()
 

@@ -12,6 +12,7 @@ created first and unlinked last, so a semaphore whose segment is gone is a lefto
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import mmap
 import os
 import select
@@ -20,6 +21,7 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import posix_ipc
 
@@ -222,6 +224,40 @@ class Doorbell:
             self._semaphore.close()
         except posix_ipc.ExistentialError:
             pass
+
+
+class WriterLock:
+    """Excludes writers of one pool's params block from each other, across processes.
+
+    A ``flock`` on the segment's file: the kernel drops it when its holder dies, so a writer killed
+    mid-write cannot wedge the others (a semaphore would stay taken). Each lock opens its own file
+    description, so two handles in one process exclude each other too.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._path = os.path.join(SHM_DIR, SEGMENT_PREFIX + name)
+        self._fd: int | None = None
+
+    def __enter__(self) -> WriterLock:
+        if self._fd is None:
+            try:
+                self._fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError as exc:
+                from .errors import PoolClosedError
+
+                raise PoolClosedError(f"the pool's segment {self._path} is gone: the pool was closed") from exc
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        """Releases the file descriptor."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def unlink_doorbell(path: str) -> None:

@@ -146,3 +146,20 @@ def wait_gone(pids: list[int], seconds: float) -> list[int]:
             return alive
         time.sleep(0.02)
 
+
+
+class PairEnv(gym.Env):
+    """Observation = its attributes [a, b] as they are when it steps: shows which values it applied."""
+
+    observation_space = spaces.Box(-np.inf, np.inf, (2,), np.float64)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self) -> None:
+        self.a, self.b = 0.0, 0.0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.array([self.a, self.b]), {}
+
+    def step(self, action):
+        return np.array([self.a, self.b]), 0.0, False, False, {}

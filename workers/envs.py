@@ -13,6 +13,7 @@ from shmpool.config import WorkerConfig, make_env
 from shmpool.infos import InfoWriter
 from shmpool.layout import RESET_THIS_ENV, RESET_WITH_SEED
 from shmpool.spaces import assemble, flatten, leaves
+from workers.params import ParamApplier
 
 
 class EnvSlice:
@@ -21,12 +22,15 @@ class EnvSlice:
     ``current_env`` is the env id being worked on, so a failure can name it.
     """
 
-    def __init__(self, config: WorkerConfig, views: dict[str, np.ndarray], info: InfoWriter) -> None:
+    def __init__(
+        self, config: WorkerConfig, views: dict[str, np.ndarray], info: InfoWriter, params: ParamApplier | None
+    ) -> None:
         self.start, self.stop = config.env_ids
         self.same_step = config.same_step_autoreset
         self.current_env: int | None = None
         self._config = config
         self._info = info
+        self._params = params
         rows = slice(self.start, self.stop)
         self._obs_space = config.observation_space
         self._act_space = config.action_space
@@ -61,13 +65,18 @@ class EnvSlice:
 
     def build(self) -> None:
         """Makes the slot's envs and checks their spaces against the pool's."""
+        self._episode_index[:] = -1  # no episode until the first reset
         for env_id in range(self.start, self.stop):
             self.current_env = env_id
             self.envs.append(self._make(env_id))
         self.current_env = None
 
     def _make(self, env_id: int) -> gymnasium.Env:
-        env = make_env(self._config.env_factory, self._config.env_kwargs)
+        local = env_id - self.start
+        kwargs = self._config.env_kwargs
+        if self._params is not None:
+            kwargs = {**kwargs, **self._params.constructor_kwargs(local)}
+        env = make_env(self._config.env_factory, kwargs)
         for what, got, expected in (
             ("observation", env.observation_space, self._obs_space),
             ("action", env.action_space, self._act_space),
@@ -78,6 +87,8 @@ class EnvSlice:
                     f"env {env_id} has {what} space {got}, but the pool was launched with {expected}; "
                     f"every env of a pool must have the same spaces"
                 )
+        if self._params is not None:
+            self._params.attach_env(local, env)
         return env
 
     def close(self) -> None:
@@ -103,16 +114,28 @@ class EnvSlice:
         parts = [view.copy() for view in self._actions]
         return [assemble(self._act_space, iter([part[i] for part in parts])) for i in range(len(self.envs))]
 
-    def _begin_episode(self, index: int) -> None:
+    def _begin_episode(self, index: int) -> tuple[gymnasium.Env, int | None]:
+        """Starts env ``index``'s next episode before its reset: advances its episode index, re-makes
+        it if a rebuild parameter changed, applies per-episode parameters. Returns the env and, for a
+        re-made env, the seed its reset needs."""
         self._returns[index] = 0.0
         self._lengths[index] = 0
         self._starts[index] = time.perf_counter()
+        self._episode_index[index] += 1
+        env, seed = self.envs[index], None
+        params = self._params
+        if params is not None:
+            if params.needs_rebuild(index):
+                env.close()
+                env = self.envs[index] = self._make(self.start + index)
+                seed = params.rebuilt_seed(index)
+            params.begin_episode(index, env)
+        return env, seed
 
     def _end_episode(self, index: int) -> None:
         self._episode_return[index] = self._returns[index]
         self._episode_length[index] = self._lengths[index]
         self._episode_time[index] = round(time.perf_counter() - self._starts[index], 6)
-        self._episode_index[index] += 1
 
     # -- commands --------------------------------------------------------------------------------
 
@@ -124,15 +147,19 @@ class EnvSlice:
         rewards, terminations, truncations = self._reward_row, self._termination_row, self._truncation_row
         needs_reset, returns, lengths = self._needs_reset, self._returns, self._lengths
         observations = self._obs
+        params = self._params
+        if params is not None:
+            params.sync(self.envs)
+            params.before_step(self.envs, needs_reset, lengths)
         episodes_ended = 0
         env_id = self.start
         for index, env in enumerate(self.envs):
             self.current_env = env_id
             if needs_reset[index]:  # next-step autoreset: this step resets instead of stepping
-                observation, env_info = env.reset()
+                env, seed = self._begin_episode(index)
+                observation, env_info = env.reset(seed=seed)
                 rewards[index], terminations[index], truncations[index] = 0.0, False, False
                 needs_reset[index] = False
-                self._begin_episode(index)
             else:
                 observation, reward, terminated, truncated, env_info = env.step(actions[index])
                 rewards[index], terminations[index], truncations[index] = reward, terminated, truncated
@@ -144,8 +171,8 @@ class EnvSlice:
                     if self.same_step:
                         self._write_observation(self._final_obs, index, observation)
                         info.add(index, env_info, ("final_info",))
-                        observation, env_info = env.reset()
-                        self._begin_episode(index)
+                        env, seed = self._begin_episode(index)
+                        observation, env_info = env.reset(seed=seed)
                     else:
                         needs_reset[index] = True
             if len(observations) == 1:
@@ -167,15 +194,17 @@ class EnvSlice:
         info.begin()
         length = int(self._reset_options_length[0])
         options = json.loads(bytes(self._reset_options[:length]).decode()) if length else None
-        for index, env in enumerate(self.envs):
+        if self._params is not None:
+            self._params.sync(self.envs)
+        for index in range(len(self.envs)):
             flags = int(self._reset_flags[index])
             if not flags & RESET_THIS_ENV:
                 continue
             self.current_env = self.start + index
-            seed = int(self._reset_seed[index]) if flags & RESET_WITH_SEED else None
+            env, rebuilt_seed = self._begin_episode(index)
+            seed = int(self._reset_seed[index]) if flags & RESET_WITH_SEED else rebuilt_seed
             observation, env_info = env.reset(seed=seed, options=options)
             self._needs_reset[index] = False
-            self._begin_episode(index)
             self._write_observation(self._obs, index, observation)
             if env_info:
                 info.add(index, env_info)

@@ -44,6 +44,7 @@ from shmpool.system import (
     unlink_doorbell,
 )
 from workers.envs import EnvSlice
+from workers.params import ParamApplier
 
 
 class OwnerGone(BaseException):
@@ -122,8 +123,15 @@ class Worker:
         """Builds the envs, reports ready (or the failure), then runs commands until close."""
         words = self._words
         words[CTL_PID] = os.getpid()
+        config = self._config
         try:
-            self.envs = EnvSlice(self._config, self._views, self._info)
+            params = (
+                ParamApplier(list(config.params), self._views, config.env_ids, config.worker_id, config.param_seed,
+                             self._control, config.env_label)
+                if config.params
+                else None
+            )
+            self.envs = EnvSlice(config, self._views, self._info, params)
             self.envs.build()
         except Exception:  # noqa: BLE001 - any failure is reported to the trainer, not lost
             self._fail(None if self.envs is None else self.envs.current_env)

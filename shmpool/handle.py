@@ -1,0 +1,136 @@
+"""Attaching to a running pool by name from any process of the same user."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from .errors import LayoutMismatchError, PoolClosedError, PoolNotFoundError
+from .layout import CONTROL_WORDS, CTL_PARAM_REFUSALS, H_STATE, STATE_CLOSING, Layout, header_words
+from .params import ParamBlock, ParamSpec, applied_dtype, block_dtype
+from .registry import list_pools
+from .system import Segment, WriterLock, process_alive
+
+
+class PoolHandle:
+    """A view of a running pool from another process: its ``params`` (writable, ``write()``
+    included) and ``applied`` values. Closing the handle never affects the pool.
+
+    Made by :func:`attach`; use it as a context manager or call :meth:`close`.
+    """
+
+    def __init__(self, name: str, segment: Segment, layout: Layout, owner_pid: int, owner_start_ticks: int) -> None:
+        self.name = name
+        self._segment = segment
+        self._owner = (owner_pid, owner_start_ticks)
+        self._closed = False
+        meta = layout.meta
+        self.num_envs = int(meta["num_envs"])
+        self.num_workers = int(meta["num_workers"])
+        self.env = str(meta.get("env", "?"))
+        specs = [ParamSpec.from_json(index, data) for index, data in enumerate(meta.get("params") or [])]
+        self.param_specs: dict[str, ParamSpec] = {spec.name: spec for spec in specs}
+        views = layout.views(segment.buffer)
+        self._views = views
+        self._control = views["control"]
+        self._lock: WriterLock | None = None
+        if specs:
+            for field, expected in (("params", block_dtype(specs)), ("applied", applied_dtype(specs))):
+                if field not in views or views[field].dtype != expected or views[field].shape != (self.num_envs,):
+                    raise LayoutMismatchError(f"pool {name!r}: field {field!r} does not match its parameter table")
+            self._lock = WriterLock(name)
+            self.params = ParamBlock(
+                specs, views["params"], views["params_seq"], self._lock, self.env, self._check_open,
+                lambda: views["param_refusals"].sum(axis=0),
+            )
+            self._applied = views["applied"].view()
+            self._applied.flags.writeable = False
+
+    @property
+    def alive(self) -> bool:
+        """Whether the pool's owner still runs and has not begun closing the pool."""
+        if self._closed:
+            return False
+        return process_alive(*self._owner) and header_words(self._segment.buffer)[H_STATE] != STATE_CLOSING
+
+    @property
+    def applied(self) -> np.ndarray:
+        """What each env uses now: one read-only record per env."""
+        self._check_open()
+        return self._applied
+
+    @property
+    def refusals(self) -> int:
+        """Raw parameter writes that the workers refused, all parameters together."""
+        return int(sum(self._control[k, CTL_PARAM_REFUSALS] for k in range(self.num_workers)))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PoolClosedError(f"this handle on pool {self.name!r} is closed")
+        if not self.alive:
+            raise PoolClosedError(f"pool {self.name!r} has closed (or its owner died)")
+
+    def close(self) -> None:
+        """Unmaps the segment (once no numpy view of it is alive); the pool goes on."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._lock is not None:
+            self._lock.close()
+        self._views = {}
+        self.__dict__.pop("params", None)
+        self.__dict__.pop("_applied", None)
+        self._segment.close()
+
+    def __enter__(self) -> PoolHandle:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"PoolHandle({self.name!r}, env={self.env!r}, num_envs={self.num_envs}, alive={self.alive})"
+
+
+def attach(name: str, *, timeout: float | None = None) -> PoolHandle:
+    """Finds the running pool called ``name`` and maps it, after validating its segment.
+
+    Waits up to ``timeout`` seconds for the pool to appear (None: do not wait). Raises
+    ``PoolNotFoundError`` (listing the pools that exist, or saying the owner is dead),
+    ``LayoutMismatchError`` for a segment that is not a shmpool one of this layout version, and
+    ``PermissionError`` for another user's pool. Nothing in the segment is unpickled.
+
+    Example:
+        >>> import shmpool
+        >>> with shmpool.launch("CartPole-v1", 4, params={"length": shmpool.Param()}) as pool:
+        ...     with shmpool.attach(pool.name) as handle:
+        ...         handle.params.write([0, 1], length=0.8)
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        try:
+            segment = Segment.open(name)
+            break
+        except PoolNotFoundError:
+            if deadline is None or time.monotonic() > deadline:
+                others = [record.name for record in list_pools() if record.alive]
+                raise PoolNotFoundError(
+                    f"no pool named {name!r}; running pools: {others or 'none'}"
+                ) from None
+            time.sleep(0.05)
+    try:
+        layout, header = Layout.read(segment.buffer)
+        if "num_envs" not in layout.meta or "control" not in layout.fields:
+            raise LayoutMismatchError(f"segment {name!r} is not a shmpool pool")
+        if not process_alive(header.owner_pid, header.owner_start_ticks):
+            raise PoolNotFoundError(
+                f"pool {name!r} is stale: its owner (pid {header.owner_pid}) is dead; `shmpool gc` removes it"
+            )
+        if layout.fields["control"].shape != (int(layout.meta["num_workers"]), CONTROL_WORDS):
+            raise LayoutMismatchError(f"pool {name!r}: control field does not match its worker count")
+        return PoolHandle(name, segment, layout, header.owner_pid, header.owner_start_ticks)
+    except BaseException:
+        segment.close()
+        raise

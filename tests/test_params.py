@@ -1,0 +1,285 @@
+"""Parameters written in the shared block reach the envs when their ``when`` says, exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import gymnasium as gym
+import helpers
+import numpy as np
+import pytest
+
+import shmpool
+from shmpool import Param
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The documented table: every classic-control parameter shmpool is tested to bind correctly, with a
+# value far enough from nominal to change the trajectory.
+CLASSIC_PARAMS = [
+    ("CartPole-v1", "gravity", 15.0),
+    ("CartPole-v1", "masscart", 2.0),
+    ("CartPole-v1", "masspole", 0.5),
+    ("CartPole-v1", "length", 0.9),
+    ("CartPole-v1", "force_mag", 5.0),
+    ("CartPole-v1", "tau", 0.03),
+    ("Pendulum-v1", "g", 4.0),
+    ("Pendulum-v1", "m", 2.0),
+    ("Pendulum-v1", "l", 0.5),
+    ("Pendulum-v1", "max_speed", 2.0),
+    ("Pendulum-v1", "max_torque", 0.5),
+    ("Pendulum-v1", "dt", 0.1),
+    ("MountainCar-v0", "force", 0.003),
+    ("MountainCar-v0", "gravity", 0.004),
+    ("MountainCarContinuous-v0", "power", 0.003),
+    ("Acrobot-v1", "LINK_LENGTH_1", 1.5),
+    ("Acrobot-v1", "LINK_MASS_1", 2.0),
+    ("Acrobot-v1", "LINK_MASS_2", 0.5),
+    ("Acrobot-v1", "LINK_COM_POS_1", 0.3),
+    ("Acrobot-v1", "LINK_COM_POS_2", 0.7),
+    ("Acrobot-v1", "LINK_MOI", 2.0),
+]
+
+
+def configured(env_id: str, name: str, value: float) -> gym.Env:
+    """A plain gymnasium env with the parameter set by hand, derived quantities included."""
+    env = gym.make(env_id)
+    setattr(env.unwrapped, name, value)
+    if env_id.startswith("CartPole"):
+        env.unwrapped.total_mass = env.unwrapped.masspole + env.unwrapped.masscart
+        env.unwrapped.polemass_length = env.unwrapped.masspole * env.unwrapped.length
+    return env
+
+
+@pytest.mark.parametrize("env_id, name, value", CLASSIC_PARAMS)
+def test_classic_control_parameter_changes_dynamics_exactly(env_id: str, name: str, value: float, pool_name: str) -> None:
+    references = [gym.make(env_id), configured(env_id, name, value)]
+    with shmpool.launch(env_id, 2, num_workers=2, name=pool_name, params={name: Param(low=0, high=100)}) as pool:
+        nominal = float(pool.params[name][0])
+        assert nominal == getattr(references[0].unwrapped, name)
+        pool.params[name][1] = value
+        observations, _ = pool.reset(seed=10)
+        expected = [ref.reset(seed=10 + i)[0] for i, ref in enumerate(references)]
+        np.testing.assert_array_equal(observations, np.stack(expected))
+        assert pool.applied[name].tolist() == [nominal, value]
+        pool.action_space.seed(0)
+        differs = False
+        for t in range(40):
+            actions = pool.action_space.sample()
+            observations, rewards, terminations, truncations, _ = pool.step(actions)
+            for i, ref in enumerate(references):
+                expected_obs, expected_reward, terminated, truncated, _ = ref.step(actions[i])
+                np.testing.assert_array_equal(observations[i], expected_obs, err_msg=f"step {t} env {i}")
+                assert rewards[i] == expected_reward
+            differs |= not np.array_equal(observations[0], observations[1])
+            if terminations.any() or truncations.any():
+                break
+        assert differs, "the parameter should change the trajectory"
+
+
+@pytest.mark.parametrize("num_workers", [1, 2, 3])
+def test_step_and_reset_params_take_effect_when_declared(num_workers: int, pool_name: str) -> None:
+    params = {"a": Param(0.0, low=-10, high=10), "b": Param(0.0, low=-10, high=10, when="reset")}
+    with shmpool.launch(helpers.PairEnv, 5, num_workers=num_workers, name=pool_name, params=params) as pool:
+        pool.reset(seed=0)
+        pool.params["a"][:] = np.arange(5)
+        pool.params["b"][:] = -np.arange(5)
+        observations = pool.step(np.zeros(5, int))[0]
+        assert observations[:, 0].tolist() == list(range(5))  # step params: this very step
+        assert observations[:, 1].tolist() == [0] * 5  # reset params: not before a reset
+        assert pool.applied["b"].tolist() == [0] * 5
+        mask = np.array([False, True, False, True, False])
+        observations, _ = pool.reset(options={"reset_mask": mask})
+        assert observations[:, 1].tolist() == [0, -1, 0, -3, 0]
+        assert pool.applied["b"].tolist() == [0, -1, 0, -3, 0]
+
+
+def test_reset_params_apply_at_autoreset(pool_name: str) -> None:
+    params = {"length": Param(low=0.1, high=2.0, when="reset")}
+    with shmpool.launch("CartPole-v1", 4, num_workers=2, name=pool_name, params=params) as pool:
+        pool.reset(seed=0)
+        pool.params["length"][:] = 1.5
+        done_once = np.zeros(4, bool)
+        for _ in range(200):
+            _, _, terminations, truncations, _ = pool.step(np.ones(4, int))  # always push right: short episodes
+            applied = pool.applied["length"]
+            # NEXT_STEP: the step after a done is the reset, which applies the new length.
+            assert np.all(applied[~done_once] == 0.5)
+            done_once |= terminations | truncations
+            if done_once.all():
+                break
+        pool.step(np.ones(4, int))
+        assert pool.applied["length"].tolist() == [1.5] * 4
+
+
+DIST_PARAMS = {
+    "masscart": Param(dist="uniform", low=0.5, high=2.0, when="reset"),
+    "length": Param(dist="normal", default={"std": 0.1}, low=0.2, high=1.0, when="reset"),
+    "force_mag": Param(dist="loguniform", default={"low": 5.0, "high": 20.0}, low=1.0, high=50.0),
+    "gravity": Param(9.8, low=5, high=15),
+}
+
+
+def run_schedule(num_workers: int, name: str, seed: int = 42) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    trajectory, applied = [], []
+    with shmpool.launch("CartPole-v1", 6, num_workers=num_workers, seed=seed, name=name, params=DIST_PARAMS) as pool:
+        observations, _ = pool.reset()
+        trajectory.append(observations)
+        rng = np.random.default_rng(0)
+        for t in range(120):
+            if t % 10 == 0:
+                pool.params.write(rng.integers(0, 6, 2), gravity=rng.uniform(5, 15), masscart={"high": rng.uniform(1, 2)})
+            if t == 50:
+                pool.params["length"]["mean"][:3] = 0.8
+            trajectory.append(pool.step(rng.integers(0, 2, 6))[0])
+            applied.append(pool.applied.copy())
+    return trajectory, applied
+
+
+def test_same_seed_and_writes_give_the_same_run_for_any_worker_count(pool_name: str) -> None:
+    runs = [run_schedule(w, f"{pool_name}{w}") for w in (1, 2, 3)]
+    for trajectory, applied in runs[1:]:
+        for a, b in zip(runs[0][0], trajectory):
+            np.testing.assert_array_equal(a, b)
+        for a, b in zip(runs[0][1], applied):
+            assert a.tobytes() == b.tobytes()
+    masses = np.concatenate([a["masscart"] for a in runs[0][1]])
+    assert len(np.unique(masses)) > 6, "per-env, per-episode draws should differ"
+    assert masses.min() >= 0.5 and masses.max() <= 2.0
+    lengths = np.concatenate([a["length"] for a in runs[0][1]])
+    assert lengths.min() >= 0.2 and lengths.max() <= 1.0
+    other_seed = run_schedule(2, pool_name + "x", seed=43)[1]
+    assert other_seed[-1]["masscart"].tobytes() != runs[0][1][-1]["masscart"].tobytes()
+
+
+def test_refused_raw_writes_keep_the_last_good_value(pool_name: str) -> None:
+    params = {"length": Param(low=0.1, high=2.0), "gravity": Param(low=0.0, high=50.0)}
+    with shmpool.launch("CartPole-v1", 4, num_workers=2, name=pool_name, params=params) as pool:
+        pool.reset(seed=0)
+        pool.params["length"][1] = 0.8
+        pool.step(np.zeros(4, int))
+        pool.params["length"][1] = np.nan
+        pool.params["length"][2] = np.inf
+        pool.params["gravity"][3] = 99.0
+        with pytest.warns(RuntimeWarning) as caught:
+            pool.step(np.zeros(4, int))
+        messages = [str(w.message) for w in caught]
+        assert len(messages) == 2  # one per parameter
+        assert any("params['length']" in m and "rejected: not finite" in m for m in messages)
+        assert any("params['gravity'][3] = 99.0 rejected: outside [0.0, 50.0]; env 3 keeps 9.8" in m for m in messages)
+        assert pool.applied["length"].tolist() == [0.5, 0.8, 0.5, 0.5]
+        assert pool.applied["gravity"][3] == 9.8
+        assert pool.params.refusals == {"length": 2, "gravity": 1}
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            pool.step(np.zeros(4, int))  # no new write: nothing refused again
+        pool.params["length"][1] = 1.2  # a good write after a bad one is applied
+        pool.step(np.zeros(4, int))
+        assert pool.applied["length"][1] == 1.2
+        for bad in (np.nan, np.inf, 2.5, -1.0):
+            with pytest.raises(ValueError, match=r"params\['length'\]\[0\] = .* rejected"):
+                pool.params.write(0, length=bad)
+        with pytest.raises(ValueError, match="does not fit"):
+            pool.params.write([0, 1], length=[0.5, 0.6, 0.7])
+        with pytest.raises(KeyError, match="the pool has"):
+            pool.params.write(0, mass=1.0)
+
+
+def test_bad_declarations_fail_at_launch(pool_name: str) -> None:
+    with pytest.raises(AttributeError, match=r"has no 'not_there'.*never creates attributes"):
+        shmpool.launch("CartPole-v1", 2, name=pool_name, params={"not_there": Param(1.0)})
+    with pytest.raises(AttributeError, match=r"has no 'state\[9\]'"):
+        shmpool.launch("CartPole-v1", 2, name=pool_name, params={"x": Param(1.0, bind="state[9]")})
+    with pytest.raises(ValueError, match="initial value 9.8 is rejected: outside"):
+        shmpool.launch("CartPole-v1", 2, name=pool_name, params={"gravity": Param(low=0, high=5)})
+    with pytest.raises(ValueError, match="when must be one of"):
+        shmpool.launch("CartPole-v1", 2, name=pool_name, params={"gravity": Param(when="sometimes")})
+
+
+def test_bind_paths_and_callables(pool_name: str) -> None:
+    seen = []
+
+    def set_length(env, value) -> None:
+        env.length = value
+        seen.append(value)
+
+    params = {
+        "second": Param(bind="x_threshold", low=0, high=10),
+        "pole": Param(0.5, bind=set_length, low=0.1, high=2.0),
+    }
+    with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, params=params) as pool:
+        assert pool.params["second"].tolist() == [2.4, 2.4]
+        pool.params.write(1, second=3.0, pole=0.7)
+        pool.reset(seed=0)
+        assert pool.applied["pole"].tolist() == [0.5, 0.7] and pool.applied["second"].tolist() == [2.4, 3.0]
+
+
+def test_rebuild_params_remake_the_env(pool_name: str) -> None:
+    params = {"g": Param(10.0, when="rebuild", low=0, high=20)}
+    with shmpool.launch("Pendulum-v1", 2, num_workers=2, name=pool_name, params=params) as pool:
+        pool.params["g"][1] = 3.0
+        observations, _ = pool.reset(seed=5)
+        references = [gym.make("Pendulum-v1", g=10.0), gym.make("Pendulum-v1", g=3.0)]
+        np.testing.assert_array_equal(observations, np.stack([r.reset(seed=5 + i)[0] for i, r in enumerate(references)]))
+        for _ in range(10):
+            actions = np.full((2, 1), 1.5, np.float32)
+            observations = pool.step(actions)[0]
+            np.testing.assert_array_equal(observations, np.stack([r.step(actions[i])[0] for i, r in enumerate(references)]))
+        assert pool.applied["g"].tolist() == [10.0, 3.0]
+
+
+WRITER = """
+import sys, numpy as np, shmpool
+name, count = sys.argv[1], int(sys.argv[2])
+with shmpool.attach(name, timeout=10) as handle:
+    rng = np.random.default_rng(1)
+    print("attached", flush=True)
+    for i in range(count):
+        x = rng.uniform(-5, 5, handle.num_envs)
+        handle.params.write(None, a=x, b=-x)
+    print("wrote", count, flush=True)
+"""
+
+
+def test_writes_from_an_attached_process_are_atomic_per_env(pool_name: str) -> None:
+    params = {"a": Param(0.0, low=-10, high=10), "b": Param(0.0, low=-10, high=10)}
+    with shmpool.launch(helpers.PairEnv, 8, num_workers=2, name=pool_name, params=params) as pool:
+        pool.reset(seed=0)
+        writer = subprocess.Popen([sys.executable, "-c", WRITER, pool.name, "20000"], stdout=subprocess.PIPE, text=True,
+                                  env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert writer.stdout.readline().strip() == "attached"
+        steps, distinct = 0, set()
+        while writer.poll() is None or steps < 100:
+            observations = pool.step(np.zeros(8, int))[0]
+            np.testing.assert_array_equal(observations[:, 0] + observations[:, 1], 0.0)
+            applied = pool.applied.copy()
+            np.testing.assert_array_equal(applied["a"] + applied["b"], 0.0)
+            distinct.add(float(observations[0, 0]))
+            steps += 1
+        assert writer.wait(30) == 0 and "wrote 20000" in writer.stdout.read()
+        assert len(distinct) > 10, "the writer's values should reach the envs"
+
+
+def test_attach_sees_params_and_applied(pool_name: str) -> None:
+    with shmpool.launch("CartPole-v1", 4, num_workers=2, name=pool_name, params={"length": Param(low=0.1, high=2)}) as pool:
+        pool.reset(seed=0)
+        with shmpool.attach(pool.name) as handle:
+            assert handle.num_envs == 4 and handle.alive
+            assert handle.params.dtype == pool.params.dtype
+            assert handle.param_specs["length"].high == 2
+            handle.params["length"][2] = 1.1
+            handle.params.write(3, length=0.3)
+            with pytest.raises(ValueError, match="rejected"):
+                handle.params.write(3, length=3.0)
+            pool.step(np.zeros(4, int))
+            assert handle.applied["length"].tolist() == [0.5, 0.5, 1.1, 0.3]
+            with pytest.raises(ValueError, match="read-only"):
+                handle.applied["length"][0] = 1.0
+    with pytest.raises(shmpool.PoolNotFoundError, match="no pool named"):
+        shmpool.attach(pool_name)
