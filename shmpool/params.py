@@ -19,6 +19,7 @@ of workers or the order in which envs reset.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import threading
@@ -87,6 +88,11 @@ class ParamSpec:
     when: str
     bind: str | Binder | None
     dist: str | None
+
+    @functools.cached_property
+    def bounds(self) -> tuple[float, float]:
+        """The loosest (low, high) over the parameter's elements, for a quick first check."""
+        return float(self.low.min(initial=math.inf)), float(self.high.max(initial=-math.inf))
 
     @property
     def arguments(self) -> tuple[str, ...]:
@@ -234,7 +240,20 @@ def bad_rows(spec: ParamSpec, values: Any) -> np.ndarray:
         if spec.dist == "loguniform":
             bad |= (low <= 0).any(axis=1)
         return bad
-    array = _rows(values)
+    array = np.asarray(values, dtype=np.float64)
+    if array.size:
+        # Fast path: NaN propagates through min/max and fails every comparison.
+        smallest, largest = float(array.min()), float(array.max())
+        low, high = spec.bounds
+        if (
+            math.isfinite(smallest)
+            and math.isfinite(largest)
+            and smallest >= low
+            and largest <= high
+            and (spec.low.size <= 1 or not _outside_rows(spec, _rows(array)).any())
+        ):
+            return np.zeros(len(array), dtype=np.bool_)
+    array = _rows(array)
     return ~np.isfinite(array).all(axis=1) | _outside_rows(spec, array)
 
 
@@ -386,7 +405,10 @@ class ParamBlock:
             array = np.asarray(value, dtype=np.float64 if spec.dtype.kind == "f" else None)
             if array.dtype.kind not in "biuf":
                 raise TypeError(f"dtype {array.dtype}")
-            return np.broadcast_to(array, (len(ids), *spec.shape)).astype(spec.dtype)
+            shape = (len(ids), *spec.shape)
+            if array.shape != shape:
+                array = np.broadcast_to(array, shape)
+            return array.astype(spec.dtype, copy=False)
         except (TypeError, ValueError) as exc:
             raise ValueError(
                 f"{self._label}: params[{spec.name!r}]{where} = {value!r:.100} does not fit "
@@ -470,6 +492,7 @@ class Binding:
         self._root = env.unwrapped
         self._setter: Binder | None = None
         self._tokens: list[str | int] = []
+        self._simple: str | None = None  # a plain attribute of a scalar parameter: set directly
         if callable(spec.bind):
             self._setter = spec.bind
             return
@@ -485,6 +508,8 @@ class Binding:
                     f"params[{spec.name!r}]: {env_label} ({type(self._root).__name__}) has no {where.lstrip('.')!r} "
                     f"(bind path {path!r}); shmpool never creates attributes"
                 ) from exc
+        if len(self._tokens) == 1 and not spec.shape:
+            self._simple = str(self._tokens[0])
 
     def get(self) -> Any:
         """The current value on the env (None for a callable binding, which cannot be read)."""
@@ -495,35 +520,48 @@ class Binding:
             target = target[token] if isinstance(token, int) else getattr(target, token)
         return target
 
-    def set(self, value: np.ndarray) -> None:
-        """Applies one env's value: Python scalars for shape (), in place for a matching array."""
-        plain = value.item() if value.ndim == 0 else value
+    def set(self, value: Any) -> None:
+        """Applies one env's value: a Python scalar for shape (), an array assigned in place where the
+        env holds a matching array."""
         if self._setter is not None:
-            self._setter(self._root, plain)
+            self._setter(self._root, value)
+            return
+        if self._simple is not None:
+            setattr(self._root, self._simple, value)
             return
         parent = self._root
         for token in self._tokens[:-1]:
             parent = parent[token] if isinstance(token, int) else getattr(parent, token)
         last = self._tokens[-1]
         current = parent[last] if isinstance(last, int) else getattr(parent, last)
-        if isinstance(current, np.ndarray) and current.shape == np.shape(plain) and current.ndim:
-            current[...] = plain
+        if isinstance(current, np.ndarray) and current.ndim and current.shape == np.shape(value):
+            current[...] = value
         elif isinstance(last, int):
-            parent[last] = plain
+            parent[last] = value
         else:
-            setattr(parent, last, plain)
+            setattr(parent, last, value)
 
 
-def refresh_derived(env: Any) -> None:
-    """Recomputes quantities an env derives from its parameters only in ``__init__``.
+def plain_values(values: np.ndarray) -> list[Any]:
+    """Per-env values as :meth:`Binding.set` takes them: Python scalars, or arrays for shaped ones."""
+    return values.tolist() if values.ndim == 1 else list(values)
+
+
+def derived_refresher(env: Any) -> Callable[[], None] | None:
+    """A function recomputing what ``env`` derives from its parameters only in ``__init__``, or None.
 
     CartPole caches ``total_mass`` and ``polemass_length`` from ``masscart``, ``masspole`` and
     ``length``; the other classic-control envs read their parameters directly on every step.
     """
     unwrapped = env.unwrapped
     if type(unwrapped).__name__ == "CartPoleEnv":
-        unwrapped.total_mass = unwrapped.masspole + unwrapped.masscart
-        unwrapped.polemass_length = unwrapped.masspole * unwrapped.length
+
+        def refresh() -> None:
+            unwrapped.total_mass = unwrapped.masspole + unwrapped.masscart
+            unwrapped.polemass_length = unwrapped.masspole * unwrapped.length
+
+        return refresh
+    return None
 
 
 def constructor_defaults(specs: Sequence[ParamSpec], declared: Mapping[str, Param]) -> dict[str, Any]:

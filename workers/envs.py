@@ -129,7 +129,7 @@ class EnvSlice:
                 env.close()
                 env = self.envs[index] = self._make(self.start + index)
                 seed = params.rebuilt_seed(index)
-            params.begin_episode(index, env)
+            params.begin_episode(index)
         return env, seed
 
     def _end_episode(self, index: int) -> None:
@@ -149,8 +149,8 @@ class EnvSlice:
         observations = self._obs
         params = self._params
         if params is not None:
-            params.sync(self.envs)
-            params.before_step(self.envs, needs_reset, lengths)
+            params.sync()
+            params.before_step(needs_reset, lengths)
         episodes_ended = 0
         env_id = self.start
         for index, env in enumerate(self.envs):
@@ -195,7 +195,7 @@ class EnvSlice:
         length = int(self._reset_options_length[0])
         options = json.loads(bytes(self._reset_options[:length]).decode()) if length else None
         if self._params is not None:
-            self._params.sync(self.envs)
+            self._params.sync()
         for index in range(len(self.envs)):
             flags = int(self._reset_flags[index])
             if not flags & RESET_THIS_ENV:

@@ -3,12 +3,23 @@ each parameter when its ``when`` says, draw randomized ones, and publish what ea
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 
 from shmpool.layout import CTL_PARAM_REFUSALS
-from shmpool.params import Binding, ParamSpec, bad_rows, derive_seed, draw, problem, refresh_derived, show
+from shmpool.params import (
+    Binding,
+    ParamSpec,
+    bad_rows,
+    derive_seed,
+    derived_refresher,
+    draw,
+    plain_values,
+    problem,
+    show,
+)
 
 #: Reads of a record that a writer is changing are retried this often before the env keeps its
 #: values for this step (a writer killed mid-write leaves its records odd until the next write).
@@ -30,6 +41,7 @@ class ParamApplier:
         env_label: str,
     ) -> None:
         start, stop = env_ids
+        count = stop - start
         self._specs = specs
         self._seed = seed
         self._label = env_label
@@ -44,13 +56,16 @@ class ParamApplier:
         self._record = np.dtype((np.void, self._block.dtype.itemsize))
         self._seen = self._block.copy()
         self._seen = self._read()
+        self._seen_bytes = self._seen.tobytes()
         self._good = self._seen.copy()  # the last accepted values of every env
         self._step_values = [s for s in specs if s.when == "step" and not s.dist]
         self._step_draws = [s for s in specs if s.when == "step" and s.dist]
         self._episode_specs = [s for s in specs if s.when == "reset" or (s.when == "step" and s.dist)]
         self._rebuild = [s for s in specs if s.when == "rebuild"]
-        self._bindings: list[dict[int, Binding]] = [{} for _ in range(stop - start)]
-        self._built_with: list[bytes] = [b""] * (stop - start)
+        self._bindings: dict[int, list[Binding | None]] = {s.index: [None] * count for s in specs if s.when != "rebuild"}
+        self._scalars = _ScalarColumns.find(specs, self._block.dtype)
+        self._refreshers: list[Callable[[], None] | None] = [None] * count
+        self._built_with: list[bytes] = [b""] * count
 
     # -- consistent reads ------------------------------------------------------------------------
 
@@ -61,11 +76,12 @@ class ParamApplier:
             before = self._seq.copy()
             snapshot_now = self._block.copy()
             after = self._seq.copy()
+            if before.tobytes() == after.tobytes() and not (before & 1).any():
+                return snapshot_now
             whole = (before == after) & (before % 2 == 0)
             snapshot[whole] = snapshot_now[whole]
-            if whole.all():
-                return snapshot
         # Records still being written keep what this worker last saw.
+        whole = (self._seq == before) & (before % 2 == 0)
         snapshot[~whole] = self._seen[~whole]
         return snapshot
 
@@ -74,81 +90,114 @@ class ParamApplier:
     def constructor_kwargs(self, local: int) -> dict[str, Any]:
         """The ``rebuild`` parameters of env ``local`` as constructor keywords (noted as built with)."""
         self._built_with[local] = self._rebuild_key(local)
-        return {s.name: _plain(self._good[s.name][local]) for s in self._rebuild}
+        return {s.name: plain_values(self._good[s.name][local : local + 1])[0] for s in self._rebuild}
 
     def _rebuild_key(self, local: int) -> bytes:
         return b"".join(self._good[s.name][local].tobytes() for s in self._rebuild)
 
     def attach_env(self, local: int, env: Any) -> None:
         """Resolves the bindings of a (re)built env and applies the current step values to it."""
-        self._bindings[local] = {
-            s.index: Binding(env, s, self._label) for s in self._specs if s.when != "rebuild"
-        }
+        for spec in self._specs:
+            if spec.when != "rebuild":
+                self._bindings[spec.index][local] = Binding(env, spec, self._label)
+        self._refreshers[local] = derived_refresher(env)
+        rows = np.array([local])
         for spec in self._step_values:
-            self._apply(local, spec, self._good[spec.name][local])
+            self._apply(spec, rows, self._good[spec.name][rows])
         for spec in self._rebuild:
             self._applied[spec.name][local] = self._good[spec.name][local]
-        refresh_derived(env)
+        self._refresh(rows)
 
     def needs_rebuild(self, local: int) -> bool:
         """Whether a ``rebuild`` parameter of env ``local`` changed since it was built."""
         return bool(self._rebuild) and self._rebuild_key(local) != self._built_with[local]
 
-    def begin_episode(self, local: int, env: Any) -> None:
+    def begin_episode(self, local: int) -> None:
         """Applies the per-episode values (``reset`` ones, fresh draws) of env ``local``, whose
         episode index has just advanced."""
-        episode = int(self._episodes[local])
+        if not self._episode_specs:
+            return
+        rows = np.array([local])
         for spec in self._episode_specs:
             if spec.dist:
-                value = draw(spec, self._good[spec.name][local : local + 1], self._seed,
-                             self._env_ids[local : local + 1], np.array([episode]), 0)[0]
+                values = draw(spec, self._good[spec.name][rows], self._seed, self._env_ids[rows], self._episodes[rows], 0)
             else:
-                value = self._good[spec.name][local]
-            self._apply(local, spec, value)
-        if self._episode_specs:
-            refresh_derived(env)
+                values = self._good[spec.name][rows]
+            self._apply(spec, rows, values)
+        self._refresh(rows)
 
     def rebuilt_seed(self, local: int) -> int:
         """The reset seed of a rebuilt env (its fresh generator would otherwise make the run
         irreproducible), from the pool seed, its id and its episode."""
         return derive_seed(self._seed, int(self._env_ids[local]), int(self._episodes[local]))
 
-    def _apply(self, local: int, spec: ParamSpec, value: np.ndarray) -> None:
-        self._bindings[local][spec.index].set(np.asarray(value))
-        self._applied[spec.name][local] = value
+    def _apply(self, spec: ParamSpec, rows: np.ndarray, values: np.ndarray) -> None:
+        """Sets ``values`` (one per row) on the envs at local ``rows`` and publishes them."""
+        bindings = self._bindings[spec.index]
+        for local, value in zip(rows.tolist(), plain_values(values)):
+            bindings[local].set(value)  # type: ignore[union-attr]
+        self._applied[spec.name][rows] = values
+
+    def _refresh(self, rows: Iterable[int]) -> None:
+        for local in rows:
+            refresher = self._refreshers[int(local)]
+            if refresher is not None:
+                refresher()
 
     # -- per command -----------------------------------------------------------------------------
 
-    def sync(self, envs: list[Any]) -> None:
+    def sync(self) -> None:
         """Reads the block; validates what changed; applies changed ``step`` values now."""
         snapshot = self._read()
-        changed = snapshot.view(self._record) != self._seen.view(self._record)
-        if not changed.any():
+        snapshot_bytes = snapshot.tobytes()
+        if snapshot_bytes == self._seen_bytes:
             return
-        rows = np.flatnonzero(changed)
-        touched: set[int] = set()
-        for spec in self._specs:
-            new = snapshot[spec.name][rows]
-            differs = new.reshape(len(rows), -1).view(np.uint8) != self._seen[spec.name][rows].reshape(len(rows), -1).view(np.uint8)
-            differs = differs.any(axis=1)
+        rows = np.flatnonzero(snapshot.view(self._record) != self._seen.view(self._record))
+        touched = np.zeros(len(self._env_ids), dtype=np.bool_)
+        general = self._specs
+        if self._scalars is not None:
+            general = self._sync_scalars(snapshot, touched)
+        for spec in general:
+            new, old = snapshot[spec.name][rows], self._seen[spec.name][rows]
+            differs = (new.reshape(len(rows), -1).view(np.uint8) != old.reshape(len(rows), -1).view(np.uint8)).any(axis=1)
             if not differs.any():
                 continue
-            candidates = rows[differs]
-            values = snapshot[spec.name][candidates]
+            candidates, values = rows[differs], new[differs]
             refused = bad_rows(spec, values)
-            for local in candidates[refused]:
-                self._refuse(spec, int(local), snapshot[spec.name][local])
-            accepted = candidates[~refused]
-            self._good[spec.name][accepted] = snapshot[spec.name][accepted]
+            if refused.any():
+                for local, value in zip(candidates[refused], values[refused]):
+                    self._refuse(spec, int(local), value)
+                candidates, values = candidates[~refused], values[~refused]
+            self._good[spec.name][candidates] = values
             if spec.when == "step" and not spec.dist:
-                for local in accepted:
-                    self._apply(int(local), spec, self._good[spec.name][local])
-                    touched.add(int(local))
-        for local in touched:
-            refresh_derived(envs[local])
-        self._seen[rows] = snapshot[rows]
+                self._apply(spec, candidates, values)
+                touched[candidates] = True
+        self._refresh(np.flatnonzero(touched))
+        self._seen, self._seen_bytes = snapshot, snapshot_bytes
 
-    def before_step(self, envs: list[Any], resetting: list[bool], lengths: list[int]) -> None:
+    def _sync_scalars(self, snapshot: np.ndarray, touched: np.ndarray) -> list[ParamSpec]:
+        """The same as the general path for plain float64 scalars, as whole-slot 2-D array operations
+        (the case of a curriculum rewriting several values every step). Returns the other specs."""
+        columns = self._scalars
+        assert columns is not None
+        new, old, good = (columns.matrix(a) for a in (snapshot, self._seen, self._good))
+        changed = new.view(np.int64) != old.view(np.int64)  # bitwise, so NaN -> NaN is no change
+        if changed.any():
+            valid = (new >= columns.low) & (new <= columns.high)  # NaN fails both
+            if columns.needs_finite:
+                valid &= np.isfinite(new)
+            for local, column in zip(*np.nonzero(changed & ~valid)):
+                spec = columns.specs[column]
+                self._refuse(spec, int(local), snapshot[spec.name][local])
+            accepted = changed & valid
+            columns.store(self._good, np.where(accepted, new, good))
+            for column in np.flatnonzero(accepted.any(axis=0) & columns.step):
+                spec, rows = columns.specs[column], np.flatnonzero(accepted[:, column])
+                self._apply(spec, rows, new[rows, column])
+                touched[rows] = True
+        return columns.others
+
+    def before_step(self, resetting: list[bool], lengths: list[int]) -> None:
         """Draws and applies the ``when="step"`` randomized values of the envs about to step.
 
         ``resetting[i]``: env ``i`` resets instead of stepping now (it draws at its reset);
@@ -163,10 +212,8 @@ class ParamApplier:
         steps = np.asarray(lengths)[stepping] + 1
         for spec in self._step_draws:
             values = draw(spec, self._good[spec.name][stepping], self._seed, self._env_ids[stepping], episodes, steps)
-            for row, local in enumerate(stepping):
-                self._apply(int(local), spec, values[row])
-        for local in stepping:
-            refresh_derived(envs[int(local)])
+            self._apply(spec, stepping, values)
+        self._refresh(stepping)
 
     def _refuse(self, spec: ParamSpec, local: int, value: Any) -> None:
         env_id = int(self._env_ids[local])
@@ -179,6 +226,39 @@ class ParamApplier:
         self._control[CTL_PARAM_REFUSALS] += 1  # published after the text and the count
 
 
-def _plain(value: Any) -> Any:
-    array = np.asarray(value)
-    return array.item() if array.ndim == 0 else array.copy()
+class _ScalarColumns:
+    """Where a record made only of float64 values keeps its plain scalar parameters, as columns of
+    an ``(envs, values)`` matrix view."""
+
+    def __init__(self, specs: list[ParamSpec], others: list[ParamSpec], offsets: list[int], width: int) -> None:
+        self.specs = specs
+        self.others = others
+        self.columns = np.array(offsets)
+        self.width = width
+        self.low = np.array([s.low.item() for s in specs])
+        self.high = np.array([s.high.item() for s in specs])
+        self.needs_finite = bool(np.isinf(self.low).any() or np.isinf(self.high).any())
+        self.step = np.array([s.when == "step" for s in specs])
+
+    @classmethod
+    def find(cls, specs: list[ParamSpec], record: np.dtype[Any]) -> _ScalarColumns | None:
+        """The columns, or None when the record holds anything but float64 values."""
+        leaves = [record.fields[s.name][0] for s in specs]  # type: ignore[index]
+        if any(leaf.fields is not None and any(sub.base != np.float64 for sub, *_ in leaf.fields.values())
+               or leaf.fields is None and leaf.base != np.float64 for leaf in leaves):
+            return None
+        if record.itemsize % 8:
+            return None
+        scalar = [s for s in specs if not s.dist and not s.shape]
+        if not scalar:
+            return None
+        offsets = [record.fields[s.name][1] // 8 for s in scalar]  # type: ignore[index]
+        return cls(scalar, [s for s in specs if s not in scalar], offsets, record.itemsize // 8)
+
+    def matrix(self, records: np.ndarray) -> np.ndarray:
+        """A copy of the scalar columns of ``records``: an ``(envs, len(specs))`` float64 array."""
+        return records.view(np.float64).reshape(len(records), self.width)[:, self.columns]
+
+    def store(self, records: np.ndarray, matrix: np.ndarray) -> None:
+        """Writes a matrix of scalar columns back into ``records``."""
+        records.view(np.float64).reshape(len(records), self.width)[:, self.columns] = matrix
