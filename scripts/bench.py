@@ -113,10 +113,42 @@ def vector(make: Callable[[], gym.vector.VectorEnv], num_envs: int) -> Iterator[
         envs.close()
 
 
+#: The parameters rewritten every step in the "param writes" rows (CartPole-v1 only).
+UPDATED = {"length": (0.4, 0.6), "masspole": (0.08, 0.12), "force_mag": (8.0, 12.0)}
+#: Seconds spent in shmpool's params.write() and calls of it, over the whole run (for the note).
+WRITE_COST = {"seconds": 0.0, "calls": 0}
+
+
+@contextmanager
+def with_updates(make: Callable[[], gym.vector.VectorEnv], num_envs: int, how: str) -> Iterator[tuple[Callable[[Any], None], list[Any], int]]:
+    """A vector env whose three CartPole parameters get new values for every env before every step:
+    through shmpool's ``params.write`` (``how="write"``), or gymnasium's ``set_attr``."""
+    rng = np.random.default_rng(0)
+    updates = [{name: rng.uniform(low, high, num_envs) for name, (low, high) in UPDATED.items()} for _ in range(32)]
+    with vector(make, num_envs) as (step, actions, env_steps):
+        envs = step.__self__
+        counter = [0]
+
+        def step_with_updates(action: Any) -> None:
+            update = updates[counter[0] % len(updates)]
+            counter[0] += 1
+            if how == "write":
+                start = time.perf_counter()
+                envs.params.write(None, **update)
+                WRITE_COST["seconds"] += time.perf_counter() - start
+                WRITE_COST["calls"] += 1
+            else:
+                for name, values in update.items():
+                    envs.set_attr(name, list(values))
+            step(action)
+
+        yield step_with_updates, actions, env_steps
+
+
 def cases(env_id: str, num_envs: int, workers: int) -> list[tuple[str, Callable[[], Any]]]:
     """The rows measured for one env and one pool size: (label, context manager factory)."""
     fns = [lambda: gym.make(env_id) for _ in range(num_envs)]
-    return [
+    rows: list[tuple[str, Callable[[], Any]]] = [
         ("raw single-env loop", lambda: raw_loop(env_id, num_envs)),
         ("gymnasium Sync", lambda: vector(lambda: gym.vector.SyncVectorEnv(fns), num_envs)),
         ("gymnasium Async", lambda: vector(lambda: gym.vector.AsyncVectorEnv(fns, shared_memory=True), num_envs)),
@@ -125,6 +157,18 @@ def cases(env_id: str, num_envs: int, workers: int) -> list[tuple[str, Callable[
             lambda: vector(lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0), num_envs),
         ),
     ]
+    if env_id.startswith("CartPole"):
+        params = {name: shmpool.Param(low=0.01, high=100.0) for name in UPDATED}
+        pool = lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, params=params)  # noqa: E731
+        rows += [
+            ("shmpool, 3 params, no writes", lambda: vector(pool, num_envs)),
+            ("shmpool, 3 params written/step", lambda: with_updates(pool, num_envs, "write")),
+            (
+                "Async, set_attr x3 per step",
+                lambda: with_updates(lambda: gym.vector.AsyncVectorEnv(fns, shared_memory=True), num_envs, "set_attr"),
+            ),
+        ]
+    return rows
 
 
 def measure(stepper: Any, settings: Settings) -> float:
@@ -152,28 +196,39 @@ def main(argv: list[str] | None = None) -> None:
     """Runs every row and prints the table."""
     settings = parse_settings(argv)
     rows: list[tuple[str, int, str, float, float, float]] = []
-    total = len(settings.envs) * len(settings.num_envs) * 4
-    done = 0
-    for env_id in settings.envs:
-        for num_envs in settings.num_envs:
-            measured: dict[str, float] = {}
-            for label, stepper in cases(env_id, num_envs, settings.workers):
-                done += 1
-                print(f"[{done}/{total}] {env_id} x{num_envs}: {label}", file=sys.stderr, flush=True)
-                measured[label] = measure(stepper, settings)
-            sync, async_ = measured["gymnasium Sync"], measured["gymnasium Async"]
-            for label, rate in measured.items():
-                rows.append((env_id, num_envs, label, rate, rate / async_, rate / sync))
+    plan = [(env_id, n, case) for env_id in settings.envs for n in settings.num_envs for case in cases(env_id, n, settings.workers)]
+    measured: dict[tuple[str, int], dict[str, float]] = {}
+    for done, (env_id, num_envs, (label, stepper)) in enumerate(plan, 1):
+        print(f"[{done}/{len(plan)}] {env_id} x{num_envs}: {label}", file=sys.stderr, flush=True)
+        measured.setdefault((env_id, num_envs), {})[label] = measure(stepper, settings)
+    for (env_id, num_envs), results in measured.items():
+        sync, async_ = results["gymnasium Sync"], results["gymnasium Async"]
+        for label, rate in results.items():
+            rows.append((env_id, num_envs, label, rate, rate / async_, rate / sync))
     print_table(rows)
+    notes = []
+    for (env_id, num_envs), results in measured.items():
+        if "shmpool, 3 params written/step" in results:
+            written = results["shmpool, 3 params written/step"]
+            notes.append(
+                f"{env_id} x{num_envs}: param writes keep {written / results['shmpool, 3 params, no writes']:.2f} "
+                f"of no-write throughput; {written / results['Async, set_attr x3 per step']:.1f}x Async with set_attr"
+            )
+    if WRITE_COST["calls"]:
+        notes.append(
+            f"params.write(None, 3 params) costs the trainer {WRITE_COST['seconds'] / WRITE_COST['calls'] * 1e6:.1f} us "
+            f"per update (mean over all sizes)"
+        )
+    print("\n".join(notes))
 
 
 def print_table(rows: list[tuple[str, int, str, float, float, float]]) -> None:
     """Prints rows as a fixed-width table."""
-    header = f"{'env':<14} {'num_envs':>8}  {'runner':<24} {'steps/s':>12} {'x Async':>8} {'x Sync':>7}"
+    header = f"{'env':<14} {'num_envs':>8}  {'runner':<31} {'steps/s':>12} {'x Async':>8} {'x Sync':>7}"
     print(header)
     print("-" * len(header))
     for env_id, num_envs, label, rate, vs_async, vs_sync in rows:
-        print(f"{env_id:<14} {num_envs:>8}  {label:<24} {rate:>12,.0f} {vs_async:>8.2f} {vs_sync:>7.2f}")
+        print(f"{env_id:<14} {num_envs:>8}  {label:<31} {rate:>12,.0f} {vs_async:>8.2f} {vs_sync:>7.2f}")
 
 
 if __name__ == "__main__":

@@ -222,9 +222,10 @@ def test_bind_paths_and_callables(pool_name: str) -> None:
 
 def test_rebuild_params_remake_the_env(pool_name: str) -> None:
     params = {"g": Param(10.0, when="rebuild", low=0, high=20)}
-    with shmpool.launch("Pendulum-v1", 2, num_workers=2, name=pool_name, params=params) as pool:
+    with shmpool.launch("Pendulum-v1", 2, num_workers=2, name=pool_name, params=params, info_params=True) as pool:
         pool.params["g"][1] = 3.0
-        observations, _ = pool.reset(seed=5)
+        observations, infos = pool.reset(seed=5)
+        assert infos["params"]["g"].tolist() == [10.0, 3.0]
         references = [gym.make("Pendulum-v1", g=10.0), gym.make("Pendulum-v1", g=3.0)]
         np.testing.assert_array_equal(observations, np.stack([r.reset(seed=5 + i)[0] for i, r in enumerate(references)]))
         for _ in range(10):
