@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .errors import (
+    EventQueueFull,
     LayoutMismatchError,
     PoolBrokenError,
     PoolClosedError,
@@ -46,6 +47,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "EventQueueFull",
     "LayoutMismatchError",
     "Param",
     "ParamBlock",

@@ -51,5 +51,6 @@ class WorkerConfig:
     all_doorbells: tuple[str, ...] = field(default=())  # removed by a worker that outlives the owner
     params: tuple[ParamSpec, ...] = ()
     param_seed: int = 0
+    hooks: tuple[Any, ...] = ()
     spin: int = 200
     poll_interval: float = 0.2

@@ -7,6 +7,8 @@ resemble, so ``except TimeoutError`` or ``except ValueError`` code keeps working
 
 from __future__ import annotations
 
+import queue
+
 
 class ShmpoolError(Exception):
     """Base class of every error shmpool raises."""
@@ -80,3 +82,7 @@ class PoolNotFoundError(ShmpoolError, FileNotFoundError):
 
 class PoolExistsError(ShmpoolError, FileExistsError):
     """A live pool already uses the given name."""
+
+
+class EventQueueFull(ShmpoolError, queue.Full):
+    """A worker's event ring had no room for an event within the sender's timeout."""

@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from .errors import LayoutMismatchError, PoolClosedError, PoolNotFoundError
-from .layout import CONTROL_WORDS, CTL_PARAM_REFUSALS, H_STATE, STATE_CLOSING, Layout, header_words
+from .layout import CONTROL_WORDS, CTL_PARAM_REFUSALS, H_GLOBAL_STEP, H_STATE, STATE_CLOSING, Layout, header_words
+from .events import EventSender
 from .params import ParamBlock, ParamSpec, applied_dtype, block_dtype
 from .registry import list_pools
 from .system import Segment, WriterLock, process_alive
@@ -35,12 +36,18 @@ class PoolHandle:
         views = layout.views(segment.buffer)
         self._views = views
         self._control = views["control"]
-        self._lock: WriterLock | None = None
+        self._lock = WriterLock(name)
+        hook_names = [str(h) for h in meta.get("hooks") or []]
+        if hook_names:
+            for field in ("events", "event_heads", "event_tails"):
+                if field not in views:
+                    raise LayoutMismatchError(f"pool {name!r} has hooks but no {field!r} field")
+            slots = [tuple(int(v) for v in slot) for slot in meta["slots"]]
+            self.events = EventSender(hook_names, views, slots, self._lock, self.env, self._check_open)
         if specs:
             for field, expected in (("params", block_dtype(specs)), ("applied", applied_dtype(specs))):
                 if field not in views or views[field].dtype != expected or views[field].shape != (self.num_envs,):
                     raise LayoutMismatchError(f"pool {name!r}: field {field!r} does not match its parameter table")
-            self._lock = WriterLock(name)
             self.params = ParamBlock(
                 specs, views["params"], views["params_seq"], self._lock, self.env, self._check_open,
                 lambda: views["param_refusals"].sum(axis=0),
@@ -54,6 +61,12 @@ class PoolHandle:
         if self._closed:
             return False
         return process_alive(*self._owner) and header_words(self._segment.buffer)[H_STATE] != STATE_CLOSING
+
+    @property
+    def global_step(self) -> int:
+        """How many steps the pool's trainer has issued."""
+        self._check_open()
+        return int(header_words(self._segment.buffer)[H_GLOBAL_STEP])
 
     @property
     def applied(self) -> np.ndarray:
@@ -77,9 +90,9 @@ class PoolHandle:
         if self._closed:
             return
         self._closed = True
-        if self._lock is not None:
-            self._lock.close()
+        self._lock.close()
         self._views = {}
+        self.__dict__.pop("events", None)
         self.__dict__.pop("params", None)
         self.__dict__.pop("_applied", None)
         self._segment.close()

@@ -7,6 +7,7 @@ A segment is one named POSIX shared-memory object (mode 0600)::
                 │   0 magic b"SHMPOOL\\0" (written last: a half-made segment has none)│
                 │   1 layout version   2 total size   3 owner pid   4 owner start    │
                 │   5 owner uid        6 state        7 table offset 8 table length  │
+                │   9 global step (steps the trainer has issued)                      │
     128         ├────────────────────────────────────────────────────────────────────┤
                 │ field table: UTF-8 JSON {"meta": {...}, "fields": [{"name",        │
                 │   "dtype", "shape", "offset"}, ...]}; dtypes are numpy type strings │
@@ -24,6 +25,11 @@ A segment is one named POSIX shared-memory object (mode 0600)::
                 │   reset_options_length i8 (1,)                                      │
                 │   info_keys  record (num_workers, info_keys)  key table per worker  │
                 │   info_values u1 (num_envs, info_keys, info_bytes), info_mask b1    │
+                │   with hooks: events record (num_workers, capacity), event_heads,   │
+                │     event_tails i8 (num_workers,)           one ring per worker     │
+                │   with params: params record (num_envs,), params_seq i8,            │
+                │     applied record (num_envs,), param_refusals i8 and               │
+                │     param_refusal_text S240 (num_workers, num_params)               │
                 └────────────────────────────────────────────────────────────────────┘
 
 Each env belongs to one worker for the life of the pool; that worker's *slot* is a contiguous range
@@ -68,7 +74,10 @@ ALIGNMENT = 64
 MAX_TABLE_BYTES = 1 << 20
 
 # Header word indices.
-H_MAGIC, H_VERSION, H_SIZE, H_OWNER_PID, H_OWNER_START, H_OWNER_UID, H_STATE, H_TABLE_OFFSET, H_TABLE_LENGTH = range(9)
+(
+    H_MAGIC, H_VERSION, H_SIZE, H_OWNER_PID, H_OWNER_START, H_OWNER_UID, H_STATE, H_TABLE_OFFSET, H_TABLE_LENGTH,
+    H_GLOBAL_STEP,  # steps the trainer has issued, for attached processes
+) = range(10)
 
 # Pool states (header word H_STATE).
 STATE_STARTING, STATE_RUNNING, STATE_CLOSING = 1, 2, 3

@@ -55,7 +55,8 @@ class Param:
             when the value changed).
         bind: where the value goes: a dotted path on ``env.unwrapped`` with optional indexing
             (``"gravity"``, ``"model.opt.gravity[2]"``), or a callable ``bind(env, value)``. Default:
-            the parameter's name as an attribute of ``env.unwrapped``.
+            the parameter's name as an attribute of ``env.unwrapped``. False: nowhere on the env;
+            hooks read it from ``ctx.applied`` (the built-in hooks declare theirs this way).
         dist: None, ``"uniform"``, ``"loguniform"`` or ``"normal"``: the block then holds the
             distribution's arguments per env and a value is drawn at each reset of the env (each
             step with ``when="step"``).
@@ -71,7 +72,7 @@ class Param:
     dtype: str = field(default="float64", kw_only=True)
     shape: tuple[int, ...] = field(default=(), kw_only=True)
     when: str = field(default="step", kw_only=True)
-    bind: str | Binder | None = field(default=None, kw_only=True)
+    bind: str | Binder | bool | None = field(default=None, kw_only=True)
     dist: str | None = field(default=None, kw_only=True)
 
 
@@ -86,7 +87,7 @@ class ParamSpec:
     low: np.ndarray
     high: np.ndarray
     when: str
-    bind: str | Binder | None
+    bind: str | Binder | bool | None
     dist: str | None
 
     @functools.cached_property
@@ -109,7 +110,7 @@ class ParamSpec:
             "high": [None if math.isinf(v) else v for v in self.high.ravel().tolist()],
             "when": self.when,
             "dist": self.dist,
-            "bind": self.bind if isinstance(self.bind, str) or self.bind is None else getattr(self.bind, "__qualname__", "callable"),
+            "bind": self.bind if isinstance(self.bind, (str, bool)) or self.bind is None else getattr(self.bind, "__qualname__", "callable"),
         }
 
     @classmethod
@@ -164,8 +165,8 @@ def compile_specs(params: Mapping[str, Param]) -> list[ParamSpec]:
             raise ValueError(f"params[{name!r}]: low {param.low} must not exceed high {param.high}")
         if param.dist == "loguniform" and np.any(low <= 0) and param.low is not None:
             raise ValueError(f"params[{name!r}]: a loguniform parameter needs low > 0, got {param.low}")
-        if param.bind is not None and not isinstance(param.bind, str) and not callable(param.bind):
-            raise TypeError(f"params[{name!r}]: bind must be a path string or a callable, got {param.bind!r}")
+        if param.bind is not None and param.bind is not False and not isinstance(param.bind, str) and not callable(param.bind):
+            raise TypeError(f"params[{name!r}]: bind must be a path string, a callable or False, got {param.bind!r}")
         specs.append(ParamSpec(name, index, dtype, shape, low, high, param.when, param.bind, param.dist))
     return specs
 
@@ -484,6 +485,10 @@ def parse_path(path: str) -> list[str | int]:
     return tokens
 
 
+def _unbound(env: Any, value: Any) -> None:
+    """The setter of a parameter that only hooks read."""
+
+
 class Binding:
     """Reads and writes one parameter on one env, along a path resolved once."""
 
@@ -493,6 +498,9 @@ class Binding:
         self._setter: Binder | None = None
         self._tokens: list[str | int] = []
         self._simple: str | None = None  # a plain attribute of a scalar parameter: set directly
+        if spec.bind is False:
+            self._setter = _unbound
+            return
         if callable(spec.bind):
             self._setter = spec.bind
             return
@@ -582,9 +590,9 @@ def initial_records(
             binding = Binding(probe, spec, env_label)  # fails here, at launch, for a bad path
 
         def nominal() -> np.ndarray:
-            if callable(spec.bind):
+            if callable(spec.bind) or spec.bind is False:
                 raise ValueError(
-                    f"params[{spec.name!r}]: a callable bind cannot be read for a nominal value; give a default"
+                    f"params[{spec.name!r}]: bind={spec.bind!r} cannot be read for a nominal value; give a default"
                 )
             value = np.asarray(binding.get())
             if value.shape != spec.shape:

@@ -27,6 +27,8 @@ from .errors import (
     WorkerDiedError,
     WorkerError,
 )
+from .events import EventSender, event_dtype, mask_bytes
+from .hooks import hook_name
 from .infos import INFO_KEY_DTYPE, InfoReader
 from .layout import (
     CMD_CLOSE,
@@ -42,6 +44,7 @@ from .layout import (
     CTL_PARAM_REFUSALS,
     CTL_STATUS,
     ERROR_BYTES,
+    H_GLOBAL_STEP,
     H_STATE,
     RESET_OPTION_BYTES,
     RESET_THIS_ENV,
@@ -104,6 +107,9 @@ def launch(
     info_bytes: int = 64,
     params: Mapping[str, Param] | None = None,
     info_params: bool = False,
+    hooks: Sequence[Any] = (),
+    event_capacity: int = 1024,
+    event_payload: int = 8,
 ) -> Pool:
     """Starts ``num_workers`` processes that together run ``num_envs`` copies of ``env``.
 
@@ -126,6 +132,10 @@ def launch(
         params: env parameters that any process can change while the pool runs, by name (see
             :class:`shmpool.Param`); ``pool.params`` and ``pool.applied`` hold them.
         info_params: also return the applied parameter values as ``infos["params"]``.
+        hooks: objects whose ``before_step``/``after_step``/``on_reset`` run in the workers over each
+            slot (see :mod:`shmpool.hooks`); the parameters they declare join ``params``.
+        event_capacity: events each worker's ring holds before ``pool.events.send`` waits or raises.
+        event_payload: the most numbers one event's payload carries.
 
     Example:
         >>> import shmpool
@@ -151,6 +161,9 @@ def launch(
         info_bytes=info_bytes,
         params=params,
         info_params=info_params,
+        hooks=hooks,
+        event_capacity=event_capacity,
+        event_payload=event_payload,
     )
 
 
@@ -270,6 +283,9 @@ class Pool(VectorEnv):
         info_bytes: int,
         params: Mapping[str, Param] | None = None,
         info_params: bool = False,
+        hooks: Sequence[Any] = (),
+        event_capacity: int = 1024,
+        event_payload: int = 8,
     ) -> None:
         self._usable = False
         self._resources: _Resources | None = None
@@ -298,7 +314,17 @@ class Pool(VectorEnv):
             raise ValueError(f"info_keys must be >= 1 and info_bytes a multiple of 8, got {info_keys}, {info_bytes}")
         env_kwargs = dict(env_kwargs or {})
         context = multiprocess.get_context(start_method)
-        declared = dict(params or {})
+        self._hooks = list(hooks)
+        self._hook_names = [hook_name(hook) for hook in self._hooks]
+        if len(set(self._hook_names)) != len(self._hook_names):
+            raise ValueError(f"hook names must be unique (events address hooks by name), got {self._hook_names}")
+        if event_capacity < 1 or event_payload < 0:
+            raise ValueError(f"event_capacity must be >= 1 and event_payload >= 0, got {event_capacity}, {event_payload}")
+        self._event_capacity, self._event_payload = int(event_capacity), int(event_payload)
+        declared = {}
+        for hook in self._hooks:
+            declared.update(hook.params() if callable(getattr(hook, "params", None)) else {})
+        declared.update(params or {})  # the user's declarations win over a hook's defaults
         self._param_specs = compile_specs(declared)
         self._info_params = info_params and bool(self._param_specs)
         self._param_seed = secrets.randbits(63) if seed is None else int(seed)
@@ -373,6 +399,12 @@ class Pool(VectorEnv):
             ("info_values", np.uint8, (n, info_keys, info_bytes)),
             ("info_mask", np.bool_, (n, info_keys)),
         ]
+        if self._hooks:
+            specs += [
+                ("events", event_dtype(self._event_payload, mask_bytes(self._slots)), (w, self._event_capacity)),
+                ("event_heads", np.int64, (w,)),
+                ("event_tails", np.int64, (w,)),
+            ]
         if self._param_specs:
             specs += [
                 ("params", block_dtype(self._param_specs), (n,)),
@@ -389,6 +421,7 @@ class Pool(VectorEnv):
             "autoreset_mode": self.autoreset_mode.value,
             "params": [spec.to_json() for spec in self._param_specs],
             "param_seed": self._param_seed,
+            "hooks": self._hook_names,
         }
         return Layout.plan(specs, meta)
 
@@ -404,15 +437,19 @@ class Pool(VectorEnv):
         for worker_id in range(self.num_workers):
             resources.worker_doorbells.append(Doorbell.create(doorbell_path(self._name, f"w{worker_id}")))
         self._views = views
+        self._header = header_words(resources.segment.buffer)
+        self._global_step = 0
         self._control = views["control"]
         self._words = memoryview(views["control"]).cast("B").cast("q")
         self._obs_views = [views[leaf.field_name("observations")] for leaf in self._obs_leaves]
         self._final_obs_views = [views.get(leaf.field_name("final_observations")) for leaf in self._obs_leaves]
         self._action_views = [views[leaf.field_name("actions")] for leaf in self._act_leaves]
         self._infos = InfoReader(views["info_keys"], views["info_values"], views["info_mask"], self._control, self._slots)
+        self._lock = WriterLock(self._name)
+        if self._hooks:
+            self.events = EventSender(self._hook_names, views, self._slots, self._lock, self._env_label, self._check_open)
         if initial is not None:
             views["params"][:], views["applied"][:] = initial
-            self._lock = WriterLock(self._name)
             self.params = ParamBlock(
                 self._param_specs,
                 views["params"],
@@ -455,6 +492,7 @@ class Pool(VectorEnv):
                     all_doorbells=all_doorbells,
                     params=tuple(self._param_specs),
                     param_seed=self._param_seed,
+                    hooks=tuple(self._hooks),
                     spin=WORKER_SPIN,
                     poll_interval=WORKER_POLL_INTERVAL,
                 )
@@ -500,6 +538,11 @@ class Pool(VectorEnv):
     def _check_open(self) -> None:
         if self.closed:
             raise PoolClosedError(f"pool {self._name!r} is closed")
+
+    @property
+    def global_step(self) -> int:
+        """How many steps the pool has taken (``ctx.global_step`` of the next step)."""
+        return self._global_step
 
     @property
     def worker_pids(self) -> list[int]:
@@ -596,6 +639,8 @@ class Pool(VectorEnv):
         for view, part in zip(self._action_views, parts):
             view[...] = part
         self._run(CMD_STEP, "step")
+        self._global_step += 1
+        self._header[H_GLOBAL_STEP] = self._global_step
         views = self._views
         rewards = views["rewards"].copy()
         terminations = views["terminations"].copy()
@@ -736,10 +781,8 @@ class Pool(VectorEnv):
     def _worker_error(self, worker_id: int, phase: str) -> WorkerError:
         base = worker_id * CONTROL_WORDS
         length = min(int(self._words[base + CTL_ERROR_LENGTH]), ERROR_BYTES)
-        text = self._views["errors"][worker_id, :length].tobytes().decode("utf-8", errors="replace")
+        where, _, text = self._views["errors"][worker_id, :length].tobytes().decode("utf-8", errors="replace").partition("\n")
         env_id = int(self._words[base + CTL_ERROR_ENV])
-        start, stop = self._slots[worker_id]
-        where = f"env {env_id}" if env_id >= 0 else f"envs {start}..{stop - 1}"
         lines = text.strip().splitlines()
         summary = lines[-1] if lines else "unknown error"
         return WorkerError(
@@ -776,6 +819,10 @@ class Pool(VectorEnv):
         self._control = self._words = None  # type: ignore[assignment]
         self._obs_views = self._final_obs_views = self._action_views = []
         self._infos = None  # type: ignore[assignment]
+        self._header = None  # type: ignore[assignment]
+        self.__dict__.pop("events", None)
+        self.__dict__.pop("params", None)
+        self.__dict__.pop("_applied", None)
         if getattr(self, "_lock", None) is not None:
             self._lock.close()
         if getattr(self, "_finalizer", None) is not None:

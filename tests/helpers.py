@@ -163,3 +163,48 @@ class PairEnv(gym.Env):
 
     def step(self, action):
         return np.array([self.a, self.b]), 0.0, False, False, {}
+
+
+class EventLog:
+    """A hook that appends every event it receives to a file per worker: (payload..., global step)."""
+
+    name = "Log"
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self._file = None
+
+    def before_step(self, ctx) -> None:
+        if not ctx.events:
+            return
+        if self._file is None:
+            import os
+
+            self._file = open(f"{self.folder}/events-{os.getpid()}.txt", "a")
+        for event in ctx.events:
+            self._file.write(" ".join(str(int(v)) for v in event.payload) + f" {event.step} {list(event.env_ids)}\n")
+        self._file.flush()
+
+
+class SeesParams:
+    """Reports, as rewards, the value of parameter ``a`` that before_step saw."""
+
+    def __init__(self) -> None:
+        self.seen = None
+
+    def before_step(self, ctx) -> None:
+        self.seen = ctx.applied["a"].copy()
+
+    def after_step(self, ctx) -> None:
+        ctx.rewards[:] = self.seen
+
+
+class Explodes:
+    """A hook that raises in after_step from the given global step on."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def after_step(self, ctx) -> None:
+        if ctx.global_step >= self.at:
+            raise KeyError("hook went wrong on purpose")

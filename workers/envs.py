@@ -13,6 +13,7 @@ from shmpool.config import WorkerConfig, make_env
 from shmpool.infos import InfoWriter
 from shmpool.layout import RESET_THIS_ENV, RESET_WITH_SEED
 from shmpool.spaces import assemble, flatten, leaves
+from workers.hooks import HookRunner
 from workers.params import ParamApplier
 
 
@@ -61,6 +62,10 @@ class EnvSlice:
         self._reward_row = [0.0] * count
         self._termination_row = [False] * count
         self._truncation_row = [False] * count
+        self._stepped = [False] * count
+        self._step_infos: list[dict[str, Any] | None] = [None] * count
+        self.global_step = 0
+        self.hooks: HookRunner | None = None
         self.envs: list[gymnasium.Env] = []
 
     def build(self) -> None:
@@ -109,9 +114,16 @@ class EnvSlice:
                 view[index] = part
 
     def _read_actions(self) -> Any:
+        """A private copy of the slot's actions (an env may keep its action; hooks may edit it)."""
         if len(self._actions) == 1:
-            return self._actions[0].copy()  # a private copy: an env may keep its action
-        parts = [view.copy() for view in self._actions]
+            return self._actions[0].copy()
+        return assemble(self._act_space, iter([view.copy() for view in self._actions]))
+
+    def _per_env_actions(self, batch: Any) -> Any:
+        """Something that ``[i]`` indexes to env ``i``'s action."""
+        if len(self._actions) == 1:
+            return batch
+        parts = flatten(self._act_space, batch)
         return [assemble(self._act_space, iter([part[i] for part in parts])) for i in range(len(self.envs))]
 
     def _begin_episode(self, index: int) -> tuple[gymnasium.Env, int | None]:
@@ -139,53 +151,89 @@ class EnvSlice:
 
     # -- commands --------------------------------------------------------------------------------
 
+    def request_reset(self, rows: np.ndarray) -> None:
+        """Makes the envs at ``rows`` reset instead of stepping this step (hooks ask for it)."""
+        for row in np.atleast_1d(rows).tolist():
+            self._needs_reset[row] = True
+
     def step(self) -> int:
-        """Steps every env of the slot with its action; returns how many episodes ended."""
-        info = self._info
+        """Steps every env of the slot with its action; returns how many episodes ended.
+
+        Envs whose previous step ended an episode (next-step autoreset) or that a hook asked to
+        reset are reset instead. Hooks see the results before the episode accounting, so their
+        changes to rewards and terminations count.
+        """
+        info, params, hooks = self._info, self._params, self.hooks
         info.begin()
-        actions = self._read_actions()
-        rewards, terminations, truncations = self._reward_row, self._termination_row, self._truncation_row
         needs_reset, returns, lengths = self._needs_reset, self._returns, self._lengths
-        observations = self._obs
-        params = self._params
         if params is not None:
             params.sync()
+        batch = self._read_actions()
+        if hooks is not None:
+            hooks.begin_step(self.global_step)
+            hooks.before_step(batch, needs_reset, lengths)
+        actions = self._per_env_actions(batch)
+        if params is not None:
             params.before_step(needs_reset, lengths)
-        episodes_ended = 0
+        rewards, terminations, truncations = self._reward_row, self._termination_row, self._truncation_row
+        stepped, step_infos, observations = self._stepped, self._step_infos, self._obs
+        reset_rows = []
         env_id = self.start
         for index, env in enumerate(self.envs):
             self.current_env = env_id
-            if needs_reset[index]:  # next-step autoreset: this step resets instead of stepping
+            if needs_reset[index]:
                 env, seed = self._begin_episode(index)
                 observation, env_info = env.reset(seed=seed)
                 rewards[index], terminations[index], truncations[index] = 0.0, False, False
-                needs_reset[index] = False
+                needs_reset[index], stepped[index] = False, False
+                reset_rows.append(index)
+                if env_info:
+                    info.add(index, env_info)
             else:
-                observation, reward, terminated, truncated, env_info = env.step(actions[index])
-                rewards[index], terminations[index], truncations[index] = reward, terminated, truncated
-                returns[index] += float(reward)
-                lengths[index] += 1
-                if terminated or truncated:
-                    episodes_ended += 1
-                    self._end_episode(index)
-                    if self.same_step:
-                        self._write_observation(self._final_obs, index, observation)
-                        info.add(index, env_info, ("final_info",))
-                        env, seed = self._begin_episode(index)
-                        observation, env_info = env.reset(seed=seed)
-                    else:
-                        needs_reset[index] = True
+                observation, rewards[index], terminations[index], truncations[index], env_info = env.step(actions[index])
+                stepped[index], step_infos[index] = True, env_info
             if len(observations) == 1:
                 observations[0][index] = observation
             else:
                 self._write_observation(observations, index, observation)
-            if env_info:
-                info.add(index, env_info)
             env_id += 1
-        self.current_env = None
         self._rewards[:] = rewards
         self._terminations[:] = terminations
         self._truncations[:] = truncations
+        if hooks is not None:
+            hooks.on_reset(reset_rows, lengths)
+            hooks.after_step(stepped, lengths)
+            rewards, terminations, truncations = (
+                self._rewards.tolist(), self._terminations.tolist(), self._truncations.tolist()
+            )
+        episodes_ended, same_step_resets = 0, []
+        for index, did_step in enumerate(stepped):
+            if not did_step:
+                continue
+            self.current_env = self.start + index
+            returns[index] += float(rewards[index])
+            lengths[index] += 1
+            env_info = step_infos[index]
+            if terminations[index] or truncations[index]:
+                episodes_ended += 1
+                self._end_episode(index)
+                if self.same_step:
+                    for live, final in zip(observations, self._final_obs):
+                        final[index] = live[index]
+                    if env_info:
+                        info.add(index, env_info, ("final_info",))
+                    env, seed = self._begin_episode(index)
+                    observation, env_info = env.reset(seed=seed)
+                    self._write_observation(observations, index, observation)
+                    same_step_resets.append(index)
+                else:
+                    needs_reset[index] = True
+            if env_info:
+                info.add(index, env_info)
+        self.current_env = None
+        if hooks is not None:
+            hooks.on_reset(same_step_resets, lengths)
+        self.global_step += 1
         return episodes_ended
 
     def reset(self) -> None:
@@ -196,6 +244,7 @@ class EnvSlice:
         options = json.loads(bytes(self._reset_options[:length]).decode()) if length else None
         if self._params is not None:
             self._params.sync()
+        reset_rows = []
         for index in range(len(self.envs)):
             flags = int(self._reset_flags[index])
             if not flags & RESET_THIS_ENV:
@@ -206,7 +255,9 @@ class EnvSlice:
             observation, env_info = env.reset(seed=seed, options=options)
             self._needs_reset[index] = False
             self._write_observation(self._obs, index, observation)
+            reset_rows.append(index)
             if env_info:
                 info.add(index, env_info)
         self.current_env = None
-
+        if self.hooks is not None:
+            self.hooks.on_reset(reset_rows, self._lengths)

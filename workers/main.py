@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 import traceback
 from typing import Any
@@ -44,6 +45,7 @@ from shmpool.system import (
     unlink_doorbell,
 )
 from workers.envs import EnvSlice
+from workers.hooks import HookFailed, HookRunner
 from workers.params import ParamApplier
 
 
@@ -131,8 +133,14 @@ class Worker:
                 if config.params
                 else None
             )
-            self.envs = EnvSlice(config, self._views, self._info, params)
-            self.envs.build()
+            self.envs = envs = EnvSlice(config, self._views, self._info, params)
+            envs.build()
+            if config.hooks:
+                envs.hooks = HookRunner(
+                    list(config.hooks), self._views, config.worker_id, config.env_ids, config.param_seed, envs.envs,
+                    config.observation_space, config.action_space, envs.request_reset,
+                    lambda names, rows: self._resample(params, names, rows),
+                )
         except Exception:  # noqa: BLE001 - any failure is reported to the trainer, not lost
             self._fail(None if self.envs is None else self.envs.current_env)
         else:
@@ -167,13 +175,27 @@ class Worker:
             words[CTL_DONE] = seq  # published last: the trainer reads results after seeing it
             self._trainer_doorbell.ring()
 
+    def _resample(self, params: ParamApplier | None, names: list[str], rows: Any) -> None:
+        if params is None:
+            raise KeyError(f"the pool has no parameters to resample ({names})")
+        params.resample(names, rows, self.envs._lengths)  # type: ignore[union-attr]
+
     def _check_owner(self) -> None:
         if not self._owner.alive():
             raise OwnerGone()
 
     def _fail(self, env_id: int | None) -> None:
-        """Publishes the current exception's traceback; the trainer raises it as a WorkerError."""
-        text = traceback.format_exc().encode("utf-8", errors="replace")
+        """Publishes where it failed (first line) and the current exception's traceback; the
+        trainer raises them as a WorkerError."""
+        failure = sys.exc_info()[1]
+        if isinstance(failure, HookFailed):
+            where, env_id = f"hook {failure.name!r} (envs {failure.env_ids[0]}..{failure.env_ids[1] - 1})", None
+        elif env_id is not None:
+            where = f"env {env_id}"
+        else:
+            start, stop = self._config.env_ids
+            where = f"envs {start}..{stop - 1}"
+        text = (where + "\n" + traceback.format_exc()).encode("utf-8", errors="replace")
         errors_row = self._views["errors"][self._config.worker_id]
         if len(text) > len(errors_row):
             text = b"...(truncated)\n" + text[-(len(errors_row) - 16) :]

@@ -215,6 +215,20 @@ class ParamApplier:
             self._apply(spec, stepping, values)
         self._refresh(stepping)
 
+    def resample(self, names: list[str], rows: np.ndarray, lengths: list[int]) -> None:
+        """Draws and applies new values of the named ``dist`` parameters for the envs at ``rows``
+        now, keyed by each env's step in its episode (so a run stays reproducible)."""
+        by_name = {spec.name: spec for spec in self._specs}
+        for name in names:
+            spec = by_name.get(name)
+            if spec is None or not spec.dist:
+                raise KeyError(f"{name!r} is not a dist parameter of this pool; those are "
+                               f"{[s.name for s in self._specs if s.dist]}")
+            steps = np.asarray(lengths)[rows] + 1
+            values = draw(spec, self._good[spec.name][rows], self._seed, self._env_ids[rows], self._episodes[rows], steps)
+            self._apply(spec, rows, values)
+        self._refresh(rows)
+
     def _refuse(self, spec: ParamSpec, local: int, value: Any) -> None:
         env_id = int(self._env_ids[local])
         message = (

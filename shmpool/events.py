@@ -1,0 +1,170 @@
+"""One-shot events for hooks, through one ring per worker in the segment.
+
+A ring holds ``event_capacity`` fixed-size records (hook index, due step, payload, and a bitmask of
+the worker's envs it concerns). Senders (the trainer and attached processes) take the writers'
+lock (a ``flock`` the kernel drops if a sender dies), check that every ring the event touches has
+room, write the records, and only then advance each ring's ``head``: a sender killed mid-send never
+publishes a half-written record, and the next sender overwrites it. The worker alone advances
+``tail`` after copying the records out, so it reads every event exactly once, in send order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import EventQueueFull
+
+NOT_SCHEDULED = -1
+
+
+def event_dtype(payload_size: int, mask_bytes: int) -> np.dtype[Any]:
+    """The record of one event in a worker's ring."""
+    return np.dtype(
+        [
+            ("hook", "<i8"),
+            ("at_step", "<i8"),
+            ("payload_size", "<i8"),
+            ("payload", "<f8", (payload_size,)),
+            ("mask", "u1", (mask_bytes,)),
+        ]
+    )
+
+
+def mask_bytes(slots: Sequence[tuple[int, int]]) -> int:
+    """Bytes of the per-event env mask: one bit per env of the largest slot, rounded to 8 bytes."""
+    largest = max(stop - start for start, stop in slots)
+    return max(8, (largest + 63) // 64 * 8)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event as a hook sees it in ``ctx.events``."""
+
+    env_ids: np.ndarray  # the env ids (pool-wide) of this worker's slot that the event concerns
+    payload: np.ndarray  # float64, as sent
+    step: int  # the global step at which it is delivered
+
+
+class EventSender:
+    """Sends events to hooks by name; shared by a pool and the handles attached to it."""
+
+    def __init__(
+        self,
+        hook_names: Sequence[str],
+        views: dict[str, np.ndarray],
+        slots: Sequence[tuple[int, int]],
+        lock: Any,
+        env_label: str,
+        check_open: Callable[[], None],
+    ) -> None:
+        self.hook_names = list(hook_names)
+        self._records = views["events"]
+        self._heads = views["event_heads"]
+        self._tails = views["event_tails"]
+        self._slots = list(slots)
+        self._starts = np.array([start for start, _ in slots])
+        self._lock = lock
+        self._label = env_label
+        self._check_open = check_open
+        self.capacity = self._records.shape[1]
+        self.payload_size = self._records.dtype["payload"].shape[0]
+        self.num_envs = self._slots[-1][1]
+
+    def send(
+        self,
+        hook: str,
+        env_ids: int | Sequence[int] | np.ndarray | None,
+        payload: Any = None,
+        *,
+        at_step: int | None = None,
+        timeout: float | None = 0.0,
+    ) -> None:
+        """Queues a one-shot event for ``hook`` (its name) concerning ``env_ids`` (None: every env).
+
+        It is delivered once, in send order, to that hook's ``ctx.events`` at the next step, or at
+        global step ``at_step``. ``payload``: up to ``event_payload`` numbers. When a ring is full,
+        waits up to ``timeout`` seconds (0: not at all; None: as long as it takes), then raises
+        ``EventQueueFull``.
+        """
+        self._check_open()
+        try:
+            hook_index = self.hook_names.index(hook)
+        except ValueError:
+            raise KeyError(f"no hook named {hook!r}; the pool's hooks are {self.hook_names}") from None
+        ids = np.arange(self.num_envs) if env_ids is None else np.unique(np.atleast_1d(np.asarray(env_ids)))
+        if ids.dtype.kind not in "iu" or ids.ndim != 1 or not ids.size:
+            raise ValueError(f"env_ids must be one or more env ids (or None for all), got {env_ids!r:.100}")
+        if ids.min() < 0 or ids.max() >= self.num_envs:
+            raise ValueError(f"env_ids {ids.tolist()} out of range for num_envs={self.num_envs}")
+        values = np.zeros(0) if payload is None else np.asarray(payload, dtype=np.float64).ravel()
+        if values.size > self.payload_size:
+            raise ValueError(
+                f"payload has {values.size} numbers; launch(event_payload=...) allows {self.payload_size}"
+            )
+        if at_step is not None and (not isinstance(at_step, (int, np.integer)) or at_step < 0):
+            raise ValueError(f"at_step must be a non-negative int, got {at_step!r}")
+        owners = np.searchsorted(self._starts, ids, side="right") - 1
+        workers = np.unique(owners).tolist()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                full = [w for w in workers if self._heads[w] - self._tails[w] >= self.capacity]
+                if not full:
+                    for worker_id in workers:
+                        self._write(worker_id, hook_index, ids[owners == worker_id], values, at_step)
+                    return
+            if deadline is not None and time.monotonic() >= deadline:
+                raise EventQueueFull(
+                    f"{self._label}: the event ring of worker {full[0]} is full ({self.capacity} events "
+                    f"waiting); send with a timeout, or launch with a larger event_capacity"
+                )
+            time.sleep(0.0005)
+
+    def _write(self, worker_id: int, hook_index: int, ids: np.ndarray, values: np.ndarray, at_step: int | None) -> None:
+        head = int(self._heads[worker_id])
+        record = self._records[worker_id, head % self.capacity]
+        record["hook"] = hook_index
+        record["at_step"] = NOT_SCHEDULED if at_step is None else at_step
+        record["payload_size"] = values.size
+        record["payload"][: values.size] = values
+        bits = np.zeros(record["mask"].size * 8, dtype=np.bool_)
+        bits[ids - self._slots[worker_id][0]] = True
+        record["mask"] = np.packbits(bits, bitorder="little")
+        self._heads[worker_id] = head + 1  # published last: the worker reads only below head
+
+
+class EventReader:
+    """Worker side: takes this worker's events out of its ring and hands them out when due."""
+
+    def __init__(self, views: dict[str, np.ndarray], worker_id: int, slot: tuple[int, int]) -> None:
+        self._records = views["events"][worker_id]
+        self._heads = views["event_heads"]
+        self._tails = views["event_tails"]
+        self._worker_id = worker_id
+        self._start, stop = slot
+        self._count = stop - self._start
+        self._capacity = len(self._records)
+        self._waiting: list[tuple[int, int, np.ndarray, np.ndarray]] = []  # taken out, due later
+
+    def due(self, step: int) -> list[tuple[int, Event]]:
+        """The (hook index, event) pairs due at global step ``step``, in send order."""
+        head, tail = int(self._heads[self._worker_id]), int(self._tails[self._worker_id])
+        for position in range(tail, head):
+            record = self._records[position % self._capacity].copy()
+            bits = np.unpackbits(record["mask"], bitorder="little")[: self._count].astype(np.bool_)
+            payload = record["payload"][: int(record["payload_size"])].copy()
+            self._waiting.append((int(record["hook"]), int(record["at_step"]), np.flatnonzero(bits) + self._start, payload))
+        if head != tail:
+            self._tails[self._worker_id] = head  # after the copies: the slots may now be reused
+        if not self._waiting:
+            return []
+        ready, later = [], []
+        for item in self._waiting:
+            (ready if item[1] <= step else later).append(item)
+        self._waiting = later
+        return [(hook, Event(env_ids, payload, step)) for hook, _, env_ids, payload in ready]

@@ -1,0 +1,364 @@
+"""Hooks: code that runs inside the workers at fixed points of every step, over a worker's whole slot.
+
+A hook is any picklable object with any of these methods, each taking a :class:`HookContext`:
+
+- ``before_step(ctx)``: before the slot's envs step; ``ctx.actions`` is writable.
+- ``after_step(ctx)``: after they stepped; ``ctx.observations``, ``ctx.rewards``,
+  ``ctx.terminations`` and ``ctx.truncations`` are writable (a termination set here ends the
+  episode as if the env had ended it).
+- ``on_reset(ctx)``: after envs reset (commanded or automatic); ``ctx.reset_rows`` says which.
+
+and optionally ``params()`` returning ``{name: shmpool.Param}`` declarations that the hook reads
+(merged into the pool's parameters unless the user declared the same names). Hooks run once per
+step per worker, vectorized over the slot, in the order given to ``launch``; they are shipped to
+each worker once, at launch (closures work), and each worker keeps its own copy and its state.
+
+A hook's name (its ``name`` attribute, else its class name) addresses events to it: see
+``pool.events.send``. Events due at a step are in ``ctx.events`` during every phase of that step.
+
+The built-in hooks below each read a declared parameter per env, so a curriculum can change their
+strength per env while training runs. Their randomness comes from per-env streams keyed by the pool
+seed, so a run is the same whatever the number of workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+from gymnasium import spaces
+
+from .events import Event
+from .params import Param
+
+
+class HookContext:
+    """What a hook sees: numpy views of its worker's slot, and the slot's envs.
+
+    Attributes:
+        env_ids: the pool-wide ids of the slot's envs (row ``i`` of every array is env ``env_ids[i]``).
+        envs: the slot's gymnasium envs, for physics-level hooks.
+        actions: in ``before_step``, the slot's actions (a writable copy; structured like the action
+            space for Dict/Tuple spaces); None in the other phases.
+        observations, rewards, terminations, truncations: the slot's rows of the results.
+        resetting: in ``before_step``, which envs reset instead of stepping this step.
+        stepped: in ``after_step``, which envs stepped (False: they reset this step instead).
+        reset_rows: in ``on_reset``, the rows of the envs that just reset.
+        params, applied: the slot's rows of the params and applied blocks (None without params).
+        step_counts: steps taken in the current episode, per env.
+        episode_indices: the index of the current episode, per env.
+        global_step: the index of the current step of the pool (0 for the first step).
+        rng: a ``numpy.random.Generator`` per worker, seeded from the pool seed and the worker id.
+        seed: the pool's seed.
+        events: the events addressed to the running hook and due this step.
+    """
+
+    env_ids: np.ndarray
+    envs: list[Any]
+    actions: Any
+    observations: Any
+    rewards: np.ndarray
+    terminations: np.ndarray
+    truncations: np.ndarray
+    resetting: np.ndarray
+    stepped: np.ndarray
+    reset_rows: np.ndarray
+    params: np.ndarray | None
+    applied: np.ndarray | None
+    step_counts: np.ndarray
+    episode_indices: np.ndarray
+    global_step: int
+    rng: np.random.Generator
+    seed: int
+    events: list[Event]
+    action_space: spaces.Space[Any]
+    observation_space: spaces.Space[Any]
+
+    def __init__(self, request_reset: Callable[[np.ndarray], None], resample: Callable[[list[str], np.ndarray], None]) -> None:
+        self._request_reset = request_reset
+        self._resample = resample
+        self.events = []
+
+    def rows(self, env_ids: np.ndarray) -> np.ndarray:
+        """The rows of the slot's arrays that hold the given pool-wide env ids."""
+        return np.asarray(env_ids) - self.env_ids[0]
+
+    def request_reset(self, rows: np.ndarray) -> None:
+        """In ``before_step``: reset the envs at ``rows`` instead of stepping them this step."""
+        self._request_reset(np.asarray(rows))
+
+    def resample(self, names: list[str], rows: np.ndarray) -> None:
+        """Draws new values of the named ``dist`` parameters for the envs at ``rows``, now."""
+        self._resample(list(names), np.asarray(rows))
+
+
+class Hook(Protocol):
+    """The shape of a hook; every method is optional."""
+
+    def before_step(self, ctx: HookContext) -> None: ...  # pragma: no cover
+
+    def after_step(self, ctx: HookContext) -> None: ...  # pragma: no cover
+
+    def on_reset(self, ctx: HookContext) -> None: ...  # pragma: no cover
+
+
+PHASES = ("before_step", "after_step", "on_reset")
+
+
+def hook_name(hook: Any) -> str:
+    """The name that events use to address ``hook``."""
+    return str(getattr(hook, "name", None) or type(hook).__name__)
+
+
+class EnvStreams:
+    """Per-env random numbers indexed by global step: env ``e`` at step ``s`` gets the same numbers
+    whichever worker runs it. Each env has its own generator (seeded from the pool seed, a stream
+    id and the env id) that fills blocks of steps ahead, so a step costs one array index."""
+
+    BLOCK = 64
+
+    def __init__(self, seed: int, stream: int, env_ids: np.ndarray, shape: tuple[int, ...]) -> None:
+        self._generators = [np.random.default_rng([seed % (1 << 63), stream, int(e)]) for e in env_ids]
+        self._shape = shape
+        self._block = -1
+        self._normal = np.zeros((len(env_ids), self.BLOCK, *shape))
+        self._uniform = np.zeros((len(env_ids), self.BLOCK, *shape))
+
+    def _fill(self, step: int) -> None:
+        block = step // self.BLOCK
+        while self._block < block:  # blocks are made in order, so skipping steps changes nothing
+            self._block += 1
+            for row, generator in enumerate(self._generators):
+                self._normal[row] = generator.standard_normal((self.BLOCK, *self._shape))
+                self._uniform[row] = generator.random((self.BLOCK, *self._shape))
+
+    def normal(self, step: int) -> np.ndarray:
+        """Standard normal numbers of shape ``(envs, *shape)`` for global step ``step``."""
+        if step // self.BLOCK != self._block:
+            self._fill(step)
+        return self._normal[:, step % self.BLOCK]
+
+    def uniform(self, step: int) -> np.ndarray:
+        """Uniform numbers in [0, 1) of shape ``(envs, *shape)`` for global step ``step``."""
+        if step // self.BLOCK != self._block:
+            self._fill(step)
+        return self._uniform[:, step % self.BLOCK]
+
+
+def _stream_id(name: str) -> int:
+    return int.from_bytes(name.encode()[:8].ljust(8, b"\0"), "little") & ((1 << 62) - 1)
+
+
+def _box_leaf(space: spaces.Space[Any], what: str, hook: str) -> spaces.Box:
+    if not isinstance(space, spaces.Box) or space.dtype.kind != "f":
+        raise TypeError(f"{hook} needs a float Box {what} space, got {space}")
+    return space
+
+
+class ObservationNoise:
+    """Adds Gaussian noise to observations; std per env from the parameter ``param``.
+
+    Float Box observation spaces; noise is added to observations after each step and after resets.
+    """
+
+    def __init__(self, std: float = 0.0, *, param: str = "observation_noise", name: str | None = None) -> None:
+        self.std, self.param, self.name = std, param, name or "ObservationNoise"
+        self._streams: EnvStreams | None = None
+
+    def params(self) -> dict[str, Param]:
+        """Declares the noise std (``>= 0``)."""
+        return {self.param: Param(self.std, low=0.0, bind=False)}
+
+    def _noise(self, ctx: HookContext) -> np.ndarray:
+        if self._streams is None:
+            box = _box_leaf(ctx.observation_space, "observation", self.name)
+            self._streams = EnvStreams(ctx.seed, _stream_id(self.name), ctx.env_ids, box.shape)
+        std = ctx.applied[self.param]  # type: ignore[index]
+        return self._streams.normal(ctx.global_step) * std.reshape(-1, *([1] * (ctx.observations.ndim - 1)))
+
+    def after_step(self, ctx: HookContext) -> None:
+        """Noise on the observations of the envs that stepped."""
+        noise = self._noise(ctx)
+        ctx.observations[ctx.stepped] += noise[ctx.stepped].astype(ctx.observations.dtype)
+
+    def on_reset(self, ctx: HookContext) -> None:
+        """Noise on the first observations of the envs that reset."""
+        noise = self._noise(ctx)
+        rows = ctx.reset_rows
+        ctx.observations[rows] += noise[rows].astype(ctx.observations.dtype)
+
+
+class ActionNoise:
+    """Adds Gaussian noise to actions before the envs step; std per env from ``param``.
+
+    Float Box action spaces; envs clip to their bounds as usual.
+    """
+
+    def __init__(self, std: float = 0.0, *, param: str = "action_noise", name: str | None = None) -> None:
+        self.std, self.param, self.name = std, param, name or "ActionNoise"
+        self._streams: EnvStreams | None = None
+
+    def params(self) -> dict[str, Param]:
+        """Declares the noise std (``>= 0``)."""
+        return {self.param: Param(self.std, low=0.0, bind=False)}
+
+    def before_step(self, ctx: HookContext) -> None:
+        """Noise on this step's actions."""
+        if self._streams is None:
+            box = _box_leaf(ctx.action_space, "action", self.name)
+            self._streams = EnvStreams(ctx.seed, _stream_id(self.name), ctx.env_ids, box.shape)
+        std = ctx.applied[self.param]  # type: ignore[index]
+        noise = self._streams.normal(ctx.global_step) * std.reshape(-1, *([1] * (ctx.actions.ndim - 1)))
+        ctx.actions += noise.astype(ctx.actions.dtype)
+
+
+class ActionDelay:
+    """Delays each env's actions by ``param`` steps (an int per env, up to ``max_steps``).
+
+    Until an episode has had that many actions, the env repeats the episode's first action: with a
+    delay of 2 an env receives a0, a0, a0, a1, a2, ...
+    """
+
+    def __init__(self, steps: int = 1, *, max_steps: int | None = None, param: str = "action_delay",
+                 name: str | None = None) -> None:
+        self.steps, self.param, self.name = int(steps), param, name or "ActionDelay"
+        self.max_steps = int(max_steps if max_steps is not None else steps)
+        if not 0 <= self.steps <= self.max_steps:
+            raise ValueError(f"ActionDelay needs 0 <= steps <= max_steps, got {steps}, {max_steps}")
+        self._history: np.ndarray | None = None
+        self._count: np.ndarray | None = None
+
+    def params(self) -> dict[str, Param]:
+        """Declares the delay in steps (an int in ``[0, max_steps]``)."""
+        return {self.param: Param(self.steps, low=0, high=self.max_steps, dtype="int64", bind=False)}
+
+    def before_step(self, ctx: HookContext) -> None:
+        """Records this step's actions and replaces them with the delayed ones."""
+        actions = ctx.actions
+        if not isinstance(actions, np.ndarray):
+            raise TypeError(f"{self.name} needs an array action space (Box, Discrete, MultiDiscrete, MultiBinary)")
+        if self._history is None:
+            self._history = np.zeros((len(actions), self.max_steps + 1, *actions.shape[1:]), dtype=actions.dtype)
+            self._count = np.zeros(len(actions), dtype=np.int64)
+        count, history, size = self._count, self._history, self.max_steps + 1
+        rows = np.arange(len(actions))
+        stepping = ~ctx.resetting
+        history[rows[stepping], count[stepping] % size] = actions[stepping]
+        delayed = np.maximum(count - ctx.applied[self.param], 0)  # type: ignore[index]
+        actions[stepping] = history[rows[stepping], delayed[stepping] % size]
+        count[stepping] += 1
+
+    def on_reset(self, ctx: HookContext) -> None:
+        """A reset starts the env's action history afresh."""
+        if self._count is not None:
+            self._count[ctx.reset_rows] = 0
+
+
+class RewardScale:
+    """Multiplies each env's reward by the parameter ``param`` (per env)."""
+
+    def __init__(self, scale: float = 1.0, *, param: str = "reward_scale", name: str | None = None) -> None:
+        self.scale, self.param, self.name = scale, param, name or "RewardScale"
+
+    def params(self) -> dict[str, Param]:
+        """Declares the scale."""
+        return {self.param: Param(self.scale, bind=False)}
+
+    def after_step(self, ctx: HookContext) -> None:
+        """Scales this step's rewards."""
+        ctx.rewards *= ctx.applied[self.param]  # type: ignore[index]
+
+
+# Which entries of ``env.unwrapped.state`` are velocities, per classic-control env class.
+CLASSIC_VELOCITIES = {
+    "CartPoleEnv": [1, 3],
+    "PendulumEnv": [1],
+    "MountainCarEnv": [1],
+    "Continuous_MountainCarEnv": [1],
+    "AcrobotEnv": [2, 3],
+}
+
+
+def kick_velocity(env: Any, amounts: np.ndarray) -> None:
+    """Adds ``amounts`` (one per velocity entry) to a classic-control env's velocities."""
+    unwrapped = env.unwrapped
+    indices = CLASSIC_VELOCITIES.get(type(unwrapped).__name__)
+    if indices is None:
+        raise TypeError(
+            f"Perturb knows the velocities of {sorted(CLASSIC_VELOCITIES)}; give it a kick function for "
+            f"{type(unwrapped).__name__}"
+        )
+    state = np.array(unwrapped.state, dtype=np.float64)
+    state[indices] += amounts[: len(indices)]
+    unwrapped.state = state
+
+
+class Perturb:
+    """Kicks envs: every ``every`` steps of each episode and/or when it receives an event.
+
+    The kick adds ``strength`` (the parameter ``param``, per env; an event's payload[0] overrides
+    it) times a random sign to each velocity of the env's state (classic control) or, with a
+    ``kick`` function ``kick(env, amounts)``, does whatever that function does (the MuJoCo
+    bindings provide one).
+    """
+
+    def __init__(self, strength: float = 0.0, *, every: int | None = None, param: str = "perturb_strength",
+                 kick: Callable[[Any, np.ndarray], None] | None = None, dims: int = 2, name: str | None = None) -> None:
+        if every is not None and every < 1:
+            raise ValueError(f"Perturb(every=...) must be >= 1, got {every}")
+        self.strength, self.every, self.param, self.name = strength, every, param, name or "Perturb"
+        self.kick = kick or kick_velocity
+        self.dims = dims
+        self._streams: EnvStreams | None = None
+
+    def params(self) -> dict[str, Param]:
+        """Declares the kick strength (``>= 0``)."""
+        return {self.param: Param(self.strength, low=0.0, bind=False)}
+
+    def before_step(self, ctx: HookContext) -> None:
+        """Kicks the envs that are due or addressed by an event, before they step."""
+        strength = np.array(ctx.applied[self.param], dtype=np.float64)  # type: ignore[index]
+        due = np.zeros(len(ctx.env_ids), dtype=np.bool_)
+        if self.every is not None:
+            due |= (ctx.step_counts > 0) & (ctx.step_counts % self.every == 0)
+        for event in ctx.events:
+            rows = ctx.rows(event.env_ids)
+            due[rows] = True
+            if event.payload.size:
+                strength[rows] = event.payload[0]
+        due &= ~ctx.resetting
+        if not due.any():
+            return
+        if self._streams is None:
+            self._streams = EnvStreams(ctx.seed, _stream_id(self.name), ctx.env_ids, (self.dims,))
+        signs = np.where(self._streams.uniform(ctx.global_step) < 0.5, -1.0, 1.0)
+        for row in np.flatnonzero(due):
+            self.kick(ctx.envs[row], strength[row] * signs[row])
+
+
+class Resample:
+    """Draws new values of ``dist`` parameters for every env every ``every`` steps of its episode."""
+
+    def __init__(self, params: Sequence[str], *, every: int, name: str | None = None) -> None:
+        if every < 1:
+            raise ValueError(f"Resample(every=...) must be >= 1, got {every}")
+        self.names, self.every, self.name = list(params), every, name or "Resample"
+
+    def before_step(self, ctx: HookContext) -> None:
+        """Redraws for the envs whose step count is a multiple of ``every``."""
+        due = (ctx.step_counts > 0) & (ctx.step_counts % self.every == 0) & ~ctx.resetting
+        if due.any():
+            ctx.resample(self.names, np.flatnonzero(due))
+
+
+class Reset:
+    """Resets the envs it receives in events, in place of their next step (reward 0, not done)."""
+
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name or "Reset"
+
+    def before_step(self, ctx: HookContext) -> None:
+        """Turns this step of the addressed envs into a reset."""
+        for event in ctx.events:
+            ctx.request_reset(ctx.rows(event.env_ids))

@@ -1,0 +1,272 @@
+"""Hooks run in the workers at their phase of each step; events reach them exactly once, in order."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import helpers
+import numpy as np
+import pytest
+
+import shmpool
+from shmpool import Param, hooks
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def plain_run(env_id: str, seed: int, actions: list, stop_at_done: bool = True) -> list[np.ndarray]:
+    env = gym.make(env_id)
+    observations = [env.reset(seed=seed)[0]]
+    for action in actions:
+        observation, _, terminated, truncated, _ = env.step(action)
+        observations.append(observation)
+        if stop_at_done and (terminated or truncated):
+            break
+    return observations
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_action_delay_shifts_actions(env_id: str, pool_name: str) -> None:
+    with shmpool.launch(env_id, 3, num_workers=2, name=pool_name, hooks=[hooks.ActionDelay(2, max_steps=4)]) as pool:
+        pool.params["action_delay"][2] = 0
+        first, _ = pool.reset(seed=4)
+        pool.action_space.seed(1)
+        actions = [pool.action_space.sample() for _ in range(25)]
+        observations = [first] + [pool.step(a)[0] for a in actions]
+    for env in range(3):
+        own = [a[env] for a in actions]
+        delay = 0 if env == 2 else 2
+        shifted = [own[0]] * delay + own[: len(own) - delay]
+        expected = plain_run(env_id, 4 + env, shifted)
+        for t, obs in enumerate(expected):
+            np.testing.assert_array_equal(observations[t][env], obs, err_msg=f"env {env} step {t}")
+
+
+def test_reward_scale_and_episode_returns(pool_name: str) -> None:
+    with shmpool.launch("CartPole-v1", 4, num_workers=2, name=pool_name, hooks=[hooks.RewardScale()]) as pool:
+        pool.params["reward_scale"][:] = [1.0, 0.5, 2.0, -1.0]
+        pool.reset(seed=0)
+        returns = np.zeros(4)
+        for _ in range(60):
+            _, rewards, terminations, truncations, infos = pool.step(np.ones(4, int))
+            assert set(rewards.tolist()) <= {1.0, 0.5, 2.0, -1.0, 0.0}
+            returns += rewards
+            if "episode" in infos:
+                done = infos["_episode"]
+                np.testing.assert_allclose(infos["episode"]["r"][done], returns[done])
+                np.testing.assert_allclose(infos["episode"]["r"][done] / infos["episode"]["l"][done],
+                                           np.array([1.0, 0.5, 2.0, -1.0])[done])
+                returns[done] = 0
+                returns[done] -= 0  # the next step is the autoreset (reward 0)
+
+
+def test_observation_and_action_noise_follow_their_params(pool_name: str) -> None:
+    noise = [hooks.ObservationNoise(0.0), hooks.ActionNoise(0.0)]
+    with shmpool.launch("Pendulum-v1", 3, num_workers=3, name=pool_name, hooks=noise, seed=1) as pool:
+        pool.params["observation_noise"][1] = 0.05
+        pool.params["action_noise"][2] = 0.5
+        observations, _ = pool.reset(seed=3)
+        actions = [np.full((3, 1), 0.3, np.float32) for _ in range(10)]
+        trajectory = [observations] + [pool.step(a)[0] for a in actions]
+    plain = [plain_run("Pendulum-v1", 3 + env, [a[env] for a in actions]) for env in range(3)]
+    for t in range(11):
+        np.testing.assert_array_equal(trajectory[t][0], plain[0][t])  # std 0: untouched
+    deviation = np.abs(np.array([trajectory[t][1] - plain[1][t] for t in range(11)]))
+    assert 0.005 < deviation.mean() < 0.15  # observation noise around std 0.05, not compounding
+    assert not np.array_equal(trajectory[10][2], plain[2][10])  # action noise changes the dynamics
+    np.testing.assert_array_equal(trajectory[0][2], plain[2][0])  # ...but not the reset observation
+
+
+def test_perturb_kicks_on_events_and_on_schedule(pool_name: str) -> None:
+    kicks = [hooks.Perturb(0.0, name="Push"), hooks.Perturb(0.2, every=3, name="Every3")]
+    with shmpool.launch("Pendulum-v1", 2, num_workers=2, name=pool_name, hooks=kicks) as pool:
+        pool.params["perturb_strength"][1] = 0.0  # both hooks read the same parameter name
+        pool.params["perturb_strength"][0] = 0.0
+        observations, _ = pool.reset(seed=0)
+        zero = np.zeros((2, 1), np.float32)
+        plain = [plain_run("Pendulum-v1", env, [zero[0]] * 8) for env in range(2)]
+        pool.events.send("Push", [1], [0.7])
+        after = pool.step(zero)[0]
+        np.testing.assert_array_equal(after[0], plain[0][1])
+        assert abs(abs(after[1][2] - plain[1][1][2]) - 0.7) < 1e-5  # theta_dot kicked by +-0.7
+        with pytest.raises(KeyError, match=r"hooks are \['Push', 'Every3'\]"):
+            pool.events.send("Pushh", [1])
+
+
+def test_reset_event_resets_in_place_of_the_step(pool_name: str) -> None:
+    with shmpool.launch("CartPole-v1", 4, num_workers=2, name=pool_name, hooks=[hooks.Reset()]) as pool:
+        pool.reset(seed=0)
+        for _ in range(5):
+            pool.step(np.ones(4, int))
+        pool.events.send("Reset", [1, 2])
+        observations, rewards, terminations, truncations, infos = pool.step(np.ones(4, int))
+        assert rewards.tolist() == [1.0, 0.0, 0.0, 1.0]
+        assert not terminations[1:3].any() and not truncations[1:3].any()
+        assert np.all(np.abs(observations[1:3]) <= 0.05)  # CartPole's reset state
+        assert np.any(np.abs(observations[0]) > 0.05)
+
+
+def test_resample_redraws_dist_params(pool_name: str) -> None:
+    params = {"masscart": Param(dist="uniform", low=0.5, high=2.0, when="reset")}
+    with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, params=params,
+                        hooks=[hooks.Resample(["masscart"], every=2)], seed=0) as pool:
+        pool.reset()
+        values = []
+        for _ in range(6):
+            pool.step(np.zeros(2, int))
+            values.append(pool.applied["masscart"].copy())
+        # Redrawn before steps 2 and 4 of the episode (step counts 2, 4): a new value every two steps.
+        assert values[0].tolist() == values[1].tolist()
+        assert values[1].tolist() != values[2].tolist() and values[2].tolist() == values[3].tolist()
+
+
+def test_hooks_see_param_writes_of_the_same_step(pool_name: str) -> None:
+    params = {"a": Param(0.0, low=-10, high=10)}
+    with shmpool.launch(helpers.PairEnv, 4, num_workers=2, name=pool_name, params=params,
+                        hooks=[helpers.SeesParams()]) as pool:
+        pool.reset(seed=0)
+        for value in (1.0, 2.5, -3.0):
+            pool.params["a"][:] = value
+            assert pool.step(np.zeros(4, int))[1].tolist() == [value] * 4
+
+
+def test_hook_error_names_hook_worker_and_envs(pool_name: str) -> None:
+    with shmpool.launch("CartPole-v1", 4, num_workers=2, name=pool_name, hooks=[helpers.Explodes(at=2)]) as pool:
+        pool.reset(seed=0)
+        pool.step(np.zeros(4, int))
+        pool.step(np.zeros(4, int))
+        with pytest.raises(shmpool.WorkerError, match=r"worker 0 .* failed in hook 'Explodes' \(envs 0\.\.1\)") as caught:
+            pool.step(np.zeros(4, int))
+        assert "hook went wrong on purpose" in caught.value.__cause__.text
+
+
+def test_events_at_step_and_full_rings(pool_name: str, tmp_path: Path) -> None:
+    with shmpool.launch("CartPole-v1", 4, num_workers=2, name=pool_name, hooks=[helpers.EventLog(str(tmp_path))],
+                        event_capacity=3, event_payload=2) as pool:
+        pool.reset(seed=0)
+        pool.events.send("Log", [3], [1, 1], at_step=4)
+        pool.events.send("Log", [0, 3], [2, 2])
+        pool.events.send("Log", None, [3, 3])
+        with pytest.raises(shmpool.EventQueueFull, match="worker 1 is full .3 events"):
+            pool.events.send("Log", [2], [4, 4])
+        started = time.monotonic()
+        with pytest.raises(shmpool.EventQueueFull):
+            pool.events.send("Log", [2], [4, 4], timeout=0.3)
+        assert 0.25 < time.monotonic() - started < 2.0
+        with pytest.raises(ValueError, match="allows 2"):
+            pool.events.send("Log", [0], [1, 2, 3])
+        stepper = threading.Timer(0.2, pool.step, (np.zeros(4, int),))
+        stepper.start()
+        pool.events.send("Log", [2], [4, 4], timeout=None)  # waits until the step drains the ring
+        stepper.join()
+        for _ in range(6):
+            pool.step(np.zeros(4, int))
+    lines = sorted(line for file in tmp_path.glob("events-*.txt") for line in file.read_text().splitlines())
+    assert lines == [
+        "1 1 4 [np.int64(3)]",
+        "2 2 0 [np.int64(0)]",
+        "2 2 0 [np.int64(3)]",
+        "3 3 0 [np.int64(0), np.int64(1)]",
+        "3 3 0 [np.int64(2), np.int64(3)]",
+        "4 4 1 [np.int64(2)]",
+    ]
+
+
+SENDER = """
+import sys, numpy as np, shmpool
+name, writer, count, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+after = np.zeros(count, dtype=np.int64)
+with shmpool.attach(name, timeout=10) as handle:
+    print("attached", flush=True)
+    for seq in range(count):
+        before = handle.global_step
+        handle.events.send("Log", [seq % handle.num_envs], [writer, seq, before], timeout=None)
+        after[seq] = handle.global_step
+np.save(out, after)
+"""
+
+
+def test_100k_events_from_two_processes_exactly_once_in_order(pool_name: str, tmp_path: Path) -> None:
+    per_writer = 50_000
+    with shmpool.launch("CartPole-v1", 4, num_workers=2, name=pool_name, hooks=[helpers.EventLog(str(tmp_path))],
+                        event_payload=3) as pool:
+        pool.reset(seed=0)
+        writers = [
+            subprocess.Popen([sys.executable, "-c", SENDER, pool.name, str(w), str(per_writer), str(tmp_path / f"sent{w}.npy")],
+                             stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+            for w in (1, 2)
+        ]
+        for writer in writers:
+            assert writer.stdout.readline().strip() == "attached"
+        deadline = time.monotonic() + 240
+        while any(w.poll() is None for w in writers) and time.monotonic() < deadline:
+            pool.step(np.zeros(4, int))
+        for _ in range(3):
+            pool.step(np.zeros(4, int))  # delivers what the last sends queued
+        assert [w.wait(10) for w in writers] == [0, 0]
+    sent_by = {w: np.load(tmp_path / f"sent{w}.npy") for w in (1, 2)}  # global step once each send returned
+    received: dict[int, list[int]] = {1: [], 2: []}
+    for file in tmp_path.glob("events-*.txt"):
+        per_file: dict[int, list[int]] = {1: [], 2: []}
+        for line in file.read_text().splitlines():
+            writer, seq, before, delivered = (int(v) for v in line.split()[:4])
+            # Delivered at the next step the workers start after the send: between the steps that
+            # had been issued before it began and one past those issued when it returned.
+            assert before <= delivered <= sent_by[writer][seq] + 1, line
+            per_file[writer].append(seq)
+        for writer, seqs in per_file.items():
+            assert seqs == sorted(seqs)  # in send order per writer (within each worker's ring)
+            received[writer] += seqs
+    for writer in (1, 2):
+        assert sorted(received[writer]) == list(range(per_writer))  # each exactly once
+
+
+KILLED_SENDER = """
+import sys, time, shmpool
+with shmpool.attach(sys.argv[1], timeout=10) as handle:
+    handle.events._lock.__enter__()   # dies holding the senders' lock, as if killed mid-send
+    print("holding", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_sender_killed_mid_send_does_not_wedge_the_ring(pool_name: str, tmp_path: Path) -> None:
+    with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, hooks=[helpers.EventLog(str(tmp_path))],
+                        event_payload=3) as pool:
+        pool.reset(seed=0)
+        sender = subprocess.Popen([sys.executable, "-c", KILLED_SENDER, pool.name], stdout=subprocess.PIPE, text=True,
+                                  env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert sender.stdout.readline().strip() == "holding"
+        sender.kill()
+        sender.wait(5)
+        started = time.monotonic()
+        pool.events.send("Log", [1], [7, 7, 7], timeout=5)
+        assert time.monotonic() - started < 1.0
+        pool.step(np.zeros(2, int))
+    assert "7 7 7 0" in "".join(f.read_text() for f in tmp_path.glob("events-*.txt"))
+
+
+def run_with_events(num_workers: int, name: str) -> list[np.ndarray]:
+    chain = [hooks.ObservationNoise(0.02), hooks.ActionDelay(1), hooks.Perturb(0.1, every=7), hooks.Reset()]
+    with shmpool.launch("CartPole-v1", 6, num_workers=num_workers, seed=11, name=name, hooks=chain) as pool:
+        trajectory = [pool.reset()[0]]
+        rng = np.random.default_rng(0)
+        for t in range(80):
+            if t % 13 == 5:
+                pool.events.send("Perturb", rng.integers(0, 6, 2), [0.3])
+            if t % 17 == 3:
+                pool.events.send("Reset", [int(rng.integers(0, 6))])
+            trajectory.append(pool.step(rng.integers(0, 2, 6))[0])
+    return trajectory
+
+
+def test_same_seed_and_events_give_the_same_run_for_one_or_two_workers(pool_name: str) -> None:
+    one, two = run_with_events(1, pool_name + "1"), run_with_events(2, pool_name + "2")
+    for a, b in zip(one, two):
+        np.testing.assert_array_equal(a, b)

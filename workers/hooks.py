@@ -1,0 +1,110 @@
+"""Running a worker's hooks: one context over the slot, events handed to the hooks they address."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from shmpool.events import Event, EventReader
+from shmpool.hooks import PHASES, HookContext, hook_name
+from shmpool.spaces import assemble, leaves
+
+
+class HookFailed(Exception):
+    """A hook raised; the message names it and the envs of the slot it was running over."""
+
+    def __init__(self, name: str, env_ids: tuple[int, int], cause: BaseException) -> None:
+        super().__init__(f"hook {name!r} raised over envs {env_ids[0]}..{env_ids[1] - 1}: {type(cause).__name__}: {cause}")
+        self.name = name
+        self.env_ids = env_ids
+
+
+class HookRunner:
+    """Calls the hooks of one worker at each phase of a step, in declared order."""
+
+    def __init__(
+        self,
+        hooks: list[Any],
+        views: dict[str, np.ndarray],
+        worker_id: int,
+        slot: tuple[int, int],
+        seed: int,
+        envs: list[Any],
+        observation_space: Any,
+        action_space: Any,
+        request_reset: Any,
+        resample: Any,
+    ) -> None:
+        start, stop = slot
+        rows = slice(start, stop)
+        self._slot = slot
+        self._calls = {
+            phase: [(index, hook_name(hook), getattr(hook, phase)) for index, hook in enumerate(hooks)
+                    if callable(getattr(hook, phase, None))]
+            for phase in PHASES
+        }
+        self._events = EventReader(views, worker_id, slot) if "events" in views else None
+        self._due: dict[int, list[Event]] = {}
+        ctx = self.ctx = HookContext(request_reset, resample)
+        ctx.env_ids = np.arange(start, stop)
+        ctx.envs = envs
+        ctx.observations = assemble(
+            observation_space, iter([views[leaf.field_name("observations")][rows] for leaf in leaves(observation_space)])
+        )
+        ctx.rewards = views["rewards"][rows]
+        ctx.terminations = views["terminations"][rows]
+        ctx.truncations = views["truncations"][rows]
+        ctx.params = views["params"][rows] if "params" in views else None
+        ctx.applied = views["applied"][rows] if "applied" in views else None
+        ctx.episode_indices = views["episode_index"][rows]
+        ctx.rng = np.random.default_rng([seed % (1 << 63), worker_id])
+        ctx.seed = seed
+        ctx.global_step = 0
+        ctx.actions = None
+        ctx.observation_space = observation_space
+        ctx.action_space = action_space
+        none = np.zeros(stop - start, dtype=np.bool_)
+        ctx.resetting, ctx.stepped, ctx.reset_rows = none, none, np.zeros(0, dtype=np.int64)
+
+    def begin_step(self, global_step: int) -> None:
+        """Takes the events due at this step out of the ring, grouped by hook."""
+        self.ctx.global_step = global_step
+        self._due = {}
+        if self._events is not None:
+            for index, event in self._events.due(global_step):
+                self._due.setdefault(index, []).append(event)
+
+    def before_step(self, actions: Any, resetting: list[bool], lengths: list[int]) -> None:
+        """Runs ``before_step`` hooks; they may change ``actions`` in place."""
+        if not self._calls["before_step"]:
+            return
+        ctx = self.ctx
+        ctx.actions, ctx.resetting, ctx.step_counts = actions, np.array(resetting), np.array(lengths)
+        self._run("before_step")
+        ctx.actions = None
+
+    def after_step(self, stepped: list[bool], lengths: list[int]) -> None:
+        """Runs ``after_step`` hooks; they may change the slot's results in place."""
+        if not self._calls["after_step"]:
+            return
+        ctx = self.ctx
+        ctx.stepped, ctx.step_counts = np.array(stepped), np.array(lengths)
+        self._run("after_step")
+
+    def on_reset(self, rows: list[int], lengths: list[int]) -> None:
+        """Runs ``on_reset`` hooks for the envs at ``rows``, which just reset."""
+        if not self._calls["on_reset"] or not rows:
+            return
+        ctx = self.ctx
+        ctx.reset_rows, ctx.step_counts = np.array(rows), np.array(lengths)
+        self._run("on_reset")
+
+    def _run(self, phase: str) -> None:
+        ctx = self.ctx
+        for index, name, method in self._calls[phase]:
+            ctx.events = self._due.get(index, [])
+            try:
+                method(ctx)
+            except Exception as exc:  # noqa: BLE001 - reported to the trainer with the hook's name
+                raise HookFailed(name, self._slot, exc) from exc
