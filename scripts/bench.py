@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import inspect
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +27,7 @@ import gymnasium as gym
 import numpy as np
 
 import shmpool
+import shmpool.hooks
 
 
 @dataclass
@@ -145,6 +147,32 @@ def with_updates(make: Callable[[], gym.vector.VectorEnv], num_envs: int, how: s
         yield step_with_updates, actions, env_steps
 
 
+EVENT_SENDER = """
+import sys, time, shmpool
+with shmpool.attach(sys.argv[1], timeout=30) as handle:
+    print("attached", flush=True)
+    start, sent = time.perf_counter(), 0
+    while True:
+        sent += 1
+        handle.events.send("Perturb", [sent % handle.num_envs], [0.0], timeout=None)
+        time.sleep(max(0.0, start + sent / float(sys.argv[2]) - time.perf_counter()))
+"""
+
+
+@contextmanager
+def with_event_sender(make: Callable[[], gym.vector.VectorEnv], num_envs: int, rate: int) -> Iterator[tuple[Callable[[Any], None], list[Any], int]]:
+    """A pool that receives ``rate`` events per second from another process while it steps."""
+    with vector(make, num_envs) as (step, actions, env_steps):
+        sender = subprocess.Popen([sys.executable, "-c", EVENT_SENDER, step.__self__.name, str(rate)],
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            sender.stdout.readline()  # type: ignore[union-attr]
+            yield step, actions, env_steps
+        finally:
+            sender.kill()
+            sender.wait()
+
+
 def cases(env_id: str, num_envs: int, workers: int) -> list[tuple[str, Callable[[], Any]]]:
     """The rows measured for one env and one pool size: (label, context manager factory)."""
     fns = [lambda: gym.make(env_id) for _ in range(num_envs)]
@@ -160,7 +188,12 @@ def cases(env_id: str, num_envs: int, workers: int) -> list[tuple[str, Callable[
     if env_id.startswith("CartPole"):
         params = {name: shmpool.Param(low=0.01, high=100.0) for name in UPDATED}
         pool = lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, params=params)  # noqa: E731
+        three_hooks = [shmpool.hooks.ObservationNoise(0.01), shmpool.hooks.RewardScale(1.0), shmpool.hooks.ActionDelay(1)]
+        hooked = lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, hooks=three_hooks)  # noqa: E731
+        kicked = lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, hooks=[shmpool.hooks.Perturb()])  # noqa: E731
         rows += [
+            ("shmpool, 3 built-in hooks", lambda: vector(hooked, num_envs)),
+            ("shmpool, 1,000 events/s sent", lambda: with_event_sender(kicked, num_envs, 1000)),
             ("shmpool, 3 params, no writes", lambda: vector(pool, num_envs)),
             ("shmpool, 3 params written/step", lambda: with_updates(pool, num_envs, "write")),
             (
@@ -208,6 +241,12 @@ def main(argv: list[str] | None = None) -> None:
     print_table(rows)
     notes = []
     for (env_id, num_envs), results in measured.items():
+        plain = results.get(f"shmpool ({settings.workers} workers)")
+        if plain and "shmpool, 3 built-in hooks" in results:
+            notes.append(
+                f"{env_id} x{num_envs}: 3 built-in hooks cost {1 - results['shmpool, 3 built-in hooks'] / plain:.0%} "
+                f"of throughput; 1,000 events/s cost {1 - results['shmpool, 1,000 events/s sent'] / plain:.0%}"
+            )
         if "shmpool, 3 params written/step" in results:
             written = results["shmpool, 3 params written/step"]
             notes.append(

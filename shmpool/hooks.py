@@ -170,23 +170,27 @@ class ObservationNoise:
         """Declares the noise std (``>= 0``)."""
         return {self.param: Param(self.std, low=0.0, bind=False)}
 
-    def _noise(self, ctx: HookContext) -> np.ndarray:
+    def _add_noise(self, ctx: HookContext, rows: np.ndarray | None) -> None:
+        """Adds noise to the observations at ``rows`` (None: every row)."""
         if self._streams is None:
             box = _box_leaf(ctx.observation_space, "observation", self.name)
             self._streams = EnvStreams(ctx.seed, _stream_id(self.name), ctx.env_ids, box.shape)
-        std = ctx.applied[self.param]  # type: ignore[index]
-        return self._streams.normal(ctx.global_step) * std.reshape(-1, *([1] * (ctx.observations.ndim - 1)))
+            self._std_shape = (-1,) + (1,) * len(box.shape)
+        std = ctx.applied[self.param].reshape(self._std_shape)  # type: ignore[index]
+        noise = self._streams.normal(ctx.global_step)
+        if rows is None:
+            ctx.observations += noise * std
+        else:
+            ctx.observations[rows] += noise[rows] * std[rows]
 
     def after_step(self, ctx: HookContext) -> None:
         """Noise on the observations of the envs that stepped."""
-        noise = self._noise(ctx)
-        ctx.observations[ctx.stepped] += noise[ctx.stepped].astype(ctx.observations.dtype)
+        stepped = ctx.stepped
+        self._add_noise(ctx, None if stepped.all() else np.flatnonzero(stepped))
 
     def on_reset(self, ctx: HookContext) -> None:
         """Noise on the first observations of the envs that reset."""
-        noise = self._noise(ctx)
-        rows = ctx.reset_rows
-        ctx.observations[rows] += noise[rows].astype(ctx.observations.dtype)
+        self._add_noise(ctx, ctx.reset_rows)
 
 
 class ActionNoise:
@@ -241,13 +245,13 @@ class ActionDelay:
         if self._history is None:
             self._history = np.zeros((len(actions), self.max_steps + 1, *actions.shape[1:]), dtype=actions.dtype)
             self._count = np.zeros(len(actions), dtype=np.int64)
+            self._rows = np.arange(len(actions))
         count, history, size = self._count, self._history, self.max_steps + 1
-        rows = np.arange(len(actions))
-        stepping = ~ctx.resetting
-        history[rows[stepping], count[stepping] % size] = actions[stepping]
-        delayed = np.maximum(count - ctx.applied[self.param], 0)  # type: ignore[index]
-        actions[stepping] = history[rows[stepping], delayed[stepping] % size]
-        count[stepping] += 1
+        rows = np.flatnonzero(~ctx.resetting) if ctx.resetting.any() else self._rows
+        history[rows, count[rows] % size] = actions[rows]
+        delayed = np.maximum(count[rows] - ctx.applied[self.param][rows], 0)  # type: ignore[index]
+        actions[rows] = history[rows, delayed % size]
+        count[rows] += 1
 
     def on_reset(self, ctx: HookContext) -> None:
         """A reset starts the env's action history afresh."""

@@ -19,12 +19,13 @@ def test_bench_quick_prints_a_table() -> None:
     assert "x Async" in lines[0] and "x Sync" in lines[0]
     runners = [line for line in lines[2:] if line.startswith("CartPole-v1") and line.split()[1].isdigit()]
     labels = ["raw single-env loop", "gymnasium Sync", "gymnasium Async", "shmpool (2 workers)",
-              "shmpool, 3 params, no writes", "shmpool, 3 params written/step", "Async, set_attr x3 per step"]
+              "shmpool, 3 built-in hooks", "shmpool, 1,000 events/s sent", "shmpool, 3 params, no writes", "shmpool, 3 params written/step", "Async, set_attr x3 per step"]
     assert [label for label in labels if any(label in line for line in runners)] == labels
     sync_row = next(line for line in runners if "gymnasium Sync" in line)
     assert sync_row.split()[-1] == "1.00"
     assert any("of no-write throughput" in line and "x Async with set_attr" in line for line in lines)
     assert any("us per update" in line for line in lines)
+    assert any("3 built-in hooks cost" in line and "1,000 events/s cost" in line for line in lines)
 
 
 def test_demo_runs() -> None:
