@@ -38,11 +38,16 @@ __version__ = "0.1.0"
 _LAZY = {"launch": "pool", "Pool": "pool", "Param": "params", "ParamBlock": "params", "attach": "handle", "PoolHandle": "handle"}
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        from importlib import import_module
+_SUBMODULES = {"hooks", "curricula", "params", "episodes", "events"}
 
+
+def __getattr__(name: str) -> Any:
+    from importlib import import_module
+
+    if name in _LAZY:
         return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    if name in _SUBMODULES:
+        return import_module(f".{name}", __name__)
     raise AttributeError(f"module 'shmpool' has no attribute {name!r}")
 
 

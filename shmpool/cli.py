@@ -1,34 +1,195 @@
-"""The ``shmpool`` command: list pools on this machine and remove the ones whose owner died."""
+"""The ``shmpool`` command: find pools on this machine, look at them, change their parameters.
+
+    shmpool ls                       live pools (stale ones marked)
+    shmpool show NAME                parameters, applied values and recent episodes per env
+    shmpool set NAME length=0.8 [--envs 0:8]   a validated write (masscart.low=0.5 for a dist)
+    shmpool watch NAME               a live view: steps/s, returns, parameter ranges
+    shmpool gc                       remove shared memory left by pools whose owner is dead
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
+from typing import Any
 
+import numpy as np
+
+from .errors import ShmpoolError
 from .registry import list_pools, sweep_stale
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def table(header: list[str], rows: list[list[Any]]) -> str:
+    """Left-aligned columns wide enough for their contents."""
+    cells = [[str(c) for c in header]] + [[_cell(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, (float, np.floating)):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def command_ls() -> int:
+    """Prints every pool of this user."""
+    records = list_pools()
+    if not records:
+        print("no pools")
+        return 0
+    rows = []
+    for record in records:
+        meta = record.meta
+        rows.append([
+            record.name, record.owner_pid, "alive" if record.alive else "stale (owner dead; shmpool gc removes it)",
+            meta.get("env", "?"), meta.get("num_envs", "?"), meta.get("num_workers", "?"), record.steps_per_second,
+            record.global_step, _age(time.time() - float(meta.get("created", time.time()))),
+        ])
+    print(table(["name", "owner", "state", "env", "envs", "workers", "steps/s", "step", "age"], rows))
+    return 0
+
+
+def _param_text(params: Any, name: str, env: int) -> str:
+    value = params[name][env]
+    if value.dtype.names:
+        return "{" + ", ".join(f"{k}={_cell(value[k])}" for k in value.dtype.names) + "}"
+    return _cell(value) if np.ndim(value) == 0 else str(np.round(value, 4).tolist())
+
+
+def command_show(name: str, recent: int) -> int:
+    """Prints a pool's parameters, applied values and recent episodes per env."""
+    from .handle import attach
+
+    with attach(name) as handle:
+        stats = handle.stats
+        print(f"{handle!r}  step {stats.global_step}  {stats.steps_per_second} steps/s  "
+              f"{stats.episodes} episodes  workers {stats.workers}  refusals {stats.refusals}")
+        episodes = handle.episodes.recent(recent * handle.num_envs)
+        names = list(handle.param_specs)
+        header = ["env"] + [f"{n} (param)" for n in names] + [f"{n} (applied)" for n in names]
+        header += [f"mean return (last {recent})", "episodes"]
+        rows = []
+        for env in range(handle.num_envs):
+            mine = episodes[episodes["env_id"] == env][-recent:]
+            row: list[Any] = [env]
+            row += [_param_text(handle.params, n, env) for n in names]
+            row += [_param_text(handle.applied, n, env) for n in names]
+            row += [float(mine["return"].mean()) if len(mine) else "-", len(mine)]
+            rows.append(row)
+        print(table(header, rows))
+    return 0
+
+
+def _parse_envs(text: str | None, num_envs: int) -> Any:
+    if text is None:
+        return None
+    if ":" in text:
+        start, _, stop = text.partition(":")
+        return slice(int(start) if start else None, int(stop) if stop else None)
+    return [int(part) for part in text.split(",")]
+
+
+def command_set(name: str, assignments: list[str], envs: str | None) -> int:
+    """Validated write of ``PARAM=VALUE`` (``PARAM.ARG=VALUE`` for a distribution's argument)."""
+    from .handle import attach
+
+    values: dict[str, Any] = {}
+    for assignment in assignments:
+        key, sep, text = assignment.partition("=")
+        if not sep:
+            raise SystemExit(f"shmpool set: expected PARAM=VALUE, got {assignment!r}")
+        number: Any = [float(v) for v in text.split(",")] if "," in text else float(text)
+        param, dot, argument = key.partition(".")
+        if dot:
+            values.setdefault(param, {})[argument] = number
+        else:
+            values[param] = number
+    with attach(name) as handle:
+        ids = _parse_envs(envs, handle.num_envs)
+        handle.params.write(ids, **values)
+        print(f"wrote {values} to envs {envs or 'all'} of {name}")
+    return 0
+
+
+def command_watch(name: str, interval: float, count: int | None) -> int:
+    """A refreshing view of a pool until it closes (or ``count`` refreshes)."""
+    from .errors import PoolClosedError
+    from .handle import attach
+
+    with attach(name) as handle:
+        shown = 0
+        while handle.alive and (count is None or shown < count):
+            try:
+                stats = handle.stats
+                records = handle.episodes.read()
+                applied = handle.applied.copy() if handle.param_specs else None
+            except PoolClosedError:
+                break
+            lines = [
+                f"{handle!r}",
+                f"step {stats.global_step}   {stats.steps_per_second:,} env steps/s   {stats.episodes} episodes   "
+                f"workers {' '.join(stats.workers)}   lost records {handle.episodes.lost}",
+            ]
+            if len(records):
+                lines.append(f"last {interval:g}s: {len(records)} episodes, return mean {records['return'].mean():.4g} "
+                             f"min {records['return'].min():.4g} max {records['return'].max():.4g}")
+            else:
+                lines.append(f"last {interval:g}s: no episodes finished")
+            if applied is not None:
+                rows = [[n, float(np.min(applied[n])), float(np.mean(applied[n])), float(np.max(applied[n]))]
+                        for n in handle.param_specs]
+                lines.append(table(["param", "min", "mean", "max"], rows))
+            print(("\033[2J\033[H" if sys.stdout.isatty() else "") + "\n".join(lines), flush=True)
+            shown += 1
+            time.sleep(interval)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the command line; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="shmpool", description=__doc__)
+    parser = argparse.ArgumentParser(prog="shmpool", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("ls", help="list this user's pools (live and stale)")
+    show = commands.add_parser("show", help="a pool's parameters, applied values and recent episodes per env")
+    show.add_argument("name")
+    show.add_argument("--recent", type=int, default=10, help="episodes per env to average")
+    setter = commands.add_parser("set", help="write parameters: PARAM=VALUE or PARAM.ARG=VALUE (validated)")
+    setter.add_argument("name")
+    setter.add_argument("assignments", nargs="+")
+    setter.add_argument("--envs", help="env ids: 0:8, 3, or 1,4,5 (default: all)")
+    watch = commands.add_parser("watch", help="a live view of a pool")
+    watch.add_argument("name")
+    watch.add_argument("--interval", type=float, default=1.0)
+    watch.add_argument("--count", type=int, help="stop after this many refreshes")
     commands.add_parser("gc", help="remove shared memory left by pools whose owner process is dead")
     arguments = parser.parse_args(argv)
-    if arguments.command == "ls":
-        records = list_pools()
-        if not records:
-            print("no pools")
-        for record in records:
-            meta = record.meta
-            print(
-                f"{record.name:<32} owner {record.owner_pid:<8} {'alive' if record.alive else 'stale':<6} "
-                f"{meta.get('env', '?')} x{meta.get('num_envs', '?')} on {meta.get('num_workers', '?')} workers"
-            )
-    elif arguments.command == "gc":
+    try:
+        if arguments.command == "ls":
+            return command_ls()
+        if arguments.command == "show":
+            return command_show(arguments.name, arguments.recent)
+        if arguments.command == "set":
+            return command_set(arguments.name, arguments.assignments, arguments.envs)
+        if arguments.command == "watch":
+            return command_watch(arguments.name, arguments.interval, arguments.count)
         removed = sweep_stale()
         print("\n".join(f"removed {name}" for name in removed) if removed else "nothing to remove")
-    return 0
+        return 0
+    except (ShmpoolError, ValueError, KeyError, PermissionError) as exc:
+        print(f"shmpool {arguments.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -52,5 +52,6 @@ class WorkerConfig:
     params: tuple[ParamSpec, ...] = ()
     param_seed: int = 0
     hooks: tuple[Any, ...] = ()
+    episode_metrics: dict[str, str] = field(default_factory=dict)
     spin: int = 200
     poll_interval: float = 0.2

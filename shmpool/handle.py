@@ -3,21 +3,53 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .errors import LayoutMismatchError, PoolClosedError, PoolNotFoundError
-from .layout import CONTROL_WORDS, CTL_PARAM_REFUSALS, H_GLOBAL_STEP, H_STATE, STATE_CLOSING, Layout, header_words
+from .episodes import EpisodeReader
+from .layout import (
+    CONTROL_WORDS,
+    CTL_STATUS,
+    H_GLOBAL_STEP,
+    H_STATE,
+    H_STEPS_PER_SECOND,
+    STATE_CLOSING,
+    WORKER_CLOSED,
+    WORKER_FAILED,
+    WORKER_READY,
+    WORKER_STARTING,
+    Layout,
+    header_words,
+)
 from .events import EventSender
 from .params import ParamBlock, ParamSpec, applied_dtype, block_dtype
 from .registry import list_pools
 from .system import Segment, WriterLock, process_alive
 
 
+_WORKER_STATES = {WORKER_STARTING: "starting", WORKER_READY: "ready", WORKER_FAILED: "failed", WORKER_CLOSED: "closed"}
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """A snapshot of how a pool is doing, read from its segment."""
+
+    global_step: int  # steps the trainer has issued
+    steps_per_second: int  # env steps per second over the last second or so
+    workers: list[str]  # each worker's state: starting, ready, failed or closed
+    refusals: dict[str, int]  # raw parameter writes the workers refused, per parameter
+    episodes: int  # episodes finished so far
+    owner_pid: int
+    age: float  # seconds since the pool was launched
+
+
 class PoolHandle:
-    """A view of a running pool from another process: its ``params`` (writable, ``write()``
-    included) and ``applied`` values. Closing the handle never affects the pool.
+    """A view of a running pool from another process: ``params`` (writable, ``write()`` included),
+    ``applied`` (read-only), ``episodes`` (finished-episode records), ``events`` (when the pool has
+    hooks), ``param_specs``, ``stats`` and ``alive``. Closing the handle never affects the pool.
 
     Made by :func:`attach`; use it as a context manager or call :meth:`close`.
     """
@@ -37,6 +69,8 @@ class PoolHandle:
         self._views = views
         self._control = views["control"]
         self._lock = WriterLock(name)
+        self._created = float(meta.get("created", time.time()))
+        self.episodes = EpisodeReader(views, self._check_open)
         hook_names = [str(h) for h in meta.get("hooks") or []]
         if hook_names:
             for field in ("events", "event_heads", "event_tails"):
@@ -63,6 +97,22 @@ class PoolHandle:
         return process_alive(*self._owner) and header_words(self._segment.buffer)[H_STATE] != STATE_CLOSING
 
     @property
+    def stats(self) -> PoolStats:
+        """Global step, steps/s, worker states, refusal counts, finished episodes."""
+        self._check_open()
+        header = header_words(self._segment.buffer)
+        refusals = self._views["param_refusals"].sum(axis=0) if "param_refusals" in self._views else []
+        return PoolStats(
+            global_step=int(header[H_GLOBAL_STEP]),
+            steps_per_second=int(header[H_STEPS_PER_SECOND]),
+            workers=[_WORKER_STATES.get(int(self._control[k, CTL_STATUS]), "?") for k in range(self.num_workers)],
+            refusals={name: int(refusals[spec.index]) for name, spec in self.param_specs.items()},
+            episodes=self.episodes.total,
+            owner_pid=self._owner[0],
+            age=time.time() - self._created,
+        )
+
+    @property
     def global_step(self) -> int:
         """How many steps the pool's trainer has issued."""
         self._check_open()
@@ -73,11 +123,6 @@ class PoolHandle:
         """What each env uses now: one read-only record per env."""
         self._check_open()
         return self._applied
-
-    @property
-    def refusals(self) -> int:
-        """Raw parameter writes that the workers refused, all parameters together."""
-        return int(sum(self._control[k, CTL_PARAM_REFUSALS] for k in range(self.num_workers)))
 
     def _check_open(self) -> None:
         if self._closed:
@@ -93,6 +138,7 @@ class PoolHandle:
         self._lock.close()
         self._views = {}
         self.__dict__.pop("events", None)
+        self.__dict__.pop("episodes", None)
         self.__dict__.pop("params", None)
         self.__dict__.pop("_applied", None)
         self._segment.close()

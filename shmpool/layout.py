@@ -7,7 +7,7 @@ A segment is one named POSIX shared-memory object (mode 0600)::
                 │   0 magic b"SHMPOOL\\0" (written last: a half-made segment has none)│
                 │   1 layout version   2 total size   3 owner pid   4 owner start    │
                 │   5 owner uid        6 state        7 table offset 8 table length  │
-                │   9 global step (steps the trainer has issued)                      │
+                │   9 global step (steps the trainer has issued)  10 env steps/s      │
     128         ├────────────────────────────────────────────────────────────────────┤
                 │ field table: UTF-8 JSON {"meta": {...}, "fields": [{"name",        │
                 │   "dtype", "shape", "offset"}, ...]}; dtypes are numpy type strings │
@@ -25,6 +25,8 @@ A segment is one named POSIX shared-memory object (mode 0600)::
                 │   reset_options_length i8 (1,)                                      │
                 │   info_keys  record (num_workers, info_keys)  key table per worker  │
                 │   info_values u1 (num_envs, info_keys, info_bytes), info_mask b1    │
+                │   episode_records record (num_workers, episode_capacity),           │
+                │     episode_heads i8 (num_workers,)   finished episodes per worker  │
                 │   with hooks: events record (num_workers, capacity), event_heads,   │
                 │     event_tails i8 (num_workers,)           one ring per worker     │
                 │   with params: params record (num_envs,), params_seq i8,            │
@@ -77,7 +79,8 @@ MAX_TABLE_BYTES = 1 << 20
 (
     H_MAGIC, H_VERSION, H_SIZE, H_OWNER_PID, H_OWNER_START, H_OWNER_UID, H_STATE, H_TABLE_OFFSET, H_TABLE_LENGTH,
     H_GLOBAL_STEP,  # steps the trainer has issued, for attached processes
-) = range(10)
+    H_STEPS_PER_SECOND,  # env steps per second over the last second or so, for attached processes
+) = range(11)
 
 # Pool states (header word H_STATE).
 STATE_STARTING, STATE_RUNNING, STATE_CLOSING = 1, 2, 3

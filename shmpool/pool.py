@@ -8,6 +8,7 @@ import os
 import re
 import secrets
 import signal
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +28,7 @@ from .errors import (
     WorkerDiedError,
     WorkerError,
 )
+from .episodes import EpisodeReader, episode_dtype
 from .events import EventSender, event_dtype, mask_bytes
 from .hooks import hook_name
 from .infos import INFO_KEY_DTYPE, InfoReader
@@ -46,6 +48,7 @@ from .layout import (
     ERROR_BYTES,
     H_GLOBAL_STEP,
     H_STATE,
+    H_STEPS_PER_SECOND,
     RESET_OPTION_BYTES,
     RESET_THIS_ENV,
     RESET_WITH_SEED,
@@ -110,6 +113,8 @@ def launch(
     hooks: Sequence[Any] = (),
     event_capacity: int = 1024,
     event_payload: int = 8,
+    episode_metrics: Mapping[str, str] | None = None,
+    episode_capacity: int = 4096,
 ) -> Pool:
     """Starts ``num_workers`` processes that together run ``num_envs`` copies of ``env``.
 
@@ -136,6 +141,9 @@ def launch(
             slot (see :mod:`shmpool.hooks`); the parameters they declare join ``params``.
         event_capacity: events each worker's ring holds before ``pool.events.send`` waits or raises.
         event_payload: the most numbers one event's payload carries.
+        episode_metrics: numbers recorded with every finished episode, by name: the info key
+            (``"a/b"`` for nested) read from the env's info at the episode's last step.
+        episode_capacity: finished-episode records each worker's ring keeps for readers.
 
     Example:
         >>> import shmpool
@@ -164,6 +172,8 @@ def launch(
         hooks=hooks,
         event_capacity=event_capacity,
         event_payload=event_payload,
+        episode_metrics=episode_metrics,
+        episode_capacity=episode_capacity,
     )
 
 
@@ -286,6 +296,8 @@ class Pool(VectorEnv):
         hooks: Sequence[Any] = (),
         event_capacity: int = 1024,
         event_payload: int = 8,
+        episode_metrics: Mapping[str, str] | None = None,
+        episode_capacity: int = 4096,
     ) -> None:
         self._usable = False
         self._resources: _Resources | None = None
@@ -321,6 +333,10 @@ class Pool(VectorEnv):
         if event_capacity < 1 or event_payload < 0:
             raise ValueError(f"event_capacity must be >= 1 and event_payload >= 0, got {event_capacity}, {event_payload}")
         self._event_capacity, self._event_payload = int(event_capacity), int(event_payload)
+        self._episode_metrics = {str(name): str(key) for name, key in (episode_metrics or {}).items()}
+        if episode_capacity < 1:
+            raise ValueError(f"episode_capacity must be >= 1, got {episode_capacity}")
+        self._episode_capacity = int(episode_capacity)
         declared = {}
         for hook in self._hooks:
             declared.update(hook.params() if callable(getattr(hook, "params", None)) else {})
@@ -399,6 +415,11 @@ class Pool(VectorEnv):
             ("info_values", np.uint8, (n, info_keys, info_bytes)),
             ("info_mask", np.bool_, (n, info_keys)),
         ]
+        applied = applied_dtype(self._param_specs) if self._param_specs else None
+        specs += [
+            ("episode_records", episode_dtype(applied, list(self._episode_metrics)), (w, self._episode_capacity)),
+            ("episode_heads", np.int64, (w,)),
+        ]
         if self._hooks:
             specs += [
                 ("events", event_dtype(self._event_payload, mask_bytes(self._slots)), (w, self._event_capacity)),
@@ -422,6 +443,8 @@ class Pool(VectorEnv):
             "params": [spec.to_json() for spec in self._param_specs],
             "param_seed": self._param_seed,
             "hooks": self._hook_names,
+            "episode_metrics": self._episode_metrics,
+            "created": time.time(),
         }
         return Layout.plan(specs, meta)
 
@@ -439,6 +462,7 @@ class Pool(VectorEnv):
         self._views = views
         self._header = header_words(resources.segment.buffer)
         self._global_step = 0
+        self._rate_since = (monotonic(), 0)
         self._control = views["control"]
         self._words = memoryview(views["control"]).cast("B").cast("q")
         self._obs_views = [views[leaf.field_name("observations")] for leaf in self._obs_leaves]
@@ -446,6 +470,7 @@ class Pool(VectorEnv):
         self._action_views = [views[leaf.field_name("actions")] for leaf in self._act_leaves]
         self._infos = InfoReader(views["info_keys"], views["info_values"], views["info_mask"], self._control, self._slots)
         self._lock = WriterLock(self._name)
+        self.episodes = EpisodeReader(views, self._check_open)
         if self._hooks:
             self.events = EventSender(self._hook_names, views, self._slots, self._lock, self._env_label, self._check_open)
         if initial is not None:
@@ -493,6 +518,7 @@ class Pool(VectorEnv):
                     params=tuple(self._param_specs),
                     param_seed=self._param_seed,
                     hooks=tuple(self._hooks),
+                    episode_metrics=self._episode_metrics,
                     spin=WORKER_SPIN,
                     poll_interval=WORKER_POLL_INTERVAL,
                 )
@@ -640,7 +666,10 @@ class Pool(VectorEnv):
             view[...] = part
         self._run(CMD_STEP, "step")
         self._global_step += 1
-        self._header[H_GLOBAL_STEP] = self._global_step
+        header = self._header
+        header[H_GLOBAL_STEP] = self._global_step
+        if self._global_step % 64 == 0:
+            self._publish_rate(header)
         views = self._views
         rewards = views["rewards"].copy()
         terminations = views["terminations"].copy()
@@ -654,6 +683,14 @@ class Pool(VectorEnv):
         if self._info_params:
             self._add_param_infos(infos)
         return self._observations(), rewards, terminations, truncations, infos
+
+    def _publish_rate(self, header: memoryview) -> None:
+        """Env steps per second over the last second or so, for attached processes (``stats``)."""
+        now = monotonic()
+        elapsed = now - self._rate_since[0]
+        if elapsed >= 1.0:
+            header[H_STEPS_PER_SECOND] = int((self._global_step - self._rate_since[1]) * self.num_envs / elapsed)
+            self._rate_since = (now, self._global_step)
 
     def _add_param_infos(self, infos: dict[str, Any]) -> None:
         applied = self._views["applied"]
@@ -821,6 +858,7 @@ class Pool(VectorEnv):
         self._infos = None  # type: ignore[assignment]
         self._header = None  # type: ignore[assignment]
         self.__dict__.pop("events", None)
+        self.__dict__.pop("episodes", None)
         self.__dict__.pop("params", None)
         self.__dict__.pop("_applied", None)
         if getattr(self, "_lock", None) is not None:

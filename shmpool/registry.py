@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import LayoutMismatchError, PoolNotFoundError
-from .layout import Layout
+from .layout import H_GLOBAL_STEP, H_STEPS_PER_SECOND, Layout, header_words
 from .system import Segment, list_entries, owned_by_me, process_alive, unlink_doorbell, unlink_segment
 
 
@@ -19,6 +19,8 @@ class PoolRecord:
     alive: bool
     state: int
     meta: dict[str, Any]
+    global_step: int = 0
+    steps_per_second: int = 0
 
 
 def read_record(name: str) -> PoolRecord:
@@ -26,10 +28,13 @@ def read_record(name: str) -> PoolRecord:
     segment = Segment.open(name)
     try:
         layout, header = Layout.read(segment.buffer)
+        words = header_words(segment.buffer)
+        global_step, rate = int(words[H_GLOBAL_STEP]), int(words[H_STEPS_PER_SECOND])
+        words.release()
     finally:
         segment.close()
     alive = process_alive(header.owner_pid, header.owner_start_ticks)
-    return PoolRecord(name, header.owner_pid, alive, header.state, layout.meta)
+    return PoolRecord(name, header.owner_pid, alive, header.state, layout.meta, global_step, rate)
 
 
 def list_pools() -> list[PoolRecord]:

@@ -10,6 +10,7 @@ import gymnasium
 import numpy as np
 
 from shmpool.config import WorkerConfig, make_env
+from shmpool.episodes import EpisodeWriter
 from shmpool.infos import InfoWriter
 from shmpool.layout import RESET_THIS_ENV, RESET_WITH_SEED
 from shmpool.spaces import assemble, flatten, leaves
@@ -32,6 +33,7 @@ class EnvSlice:
         self._config = config
         self._info = info
         self._params = params
+        self._episodes = EpisodeWriter(views, config.worker_id, config.episode_metrics)
         rows = slice(self.start, self.stop)
         self._obs_space = config.observation_space
         self._act_space = config.action_space
@@ -144,10 +146,14 @@ class EnvSlice:
             params.begin_episode(index)
         return env, seed
 
-    def _end_episode(self, index: int) -> None:
+    def _end_episode(self, index: int, terminated: bool, truncated: bool, info: dict[str, Any] | None) -> None:
         self._episode_return[index] = self._returns[index]
         self._episode_length[index] = self._lengths[index]
         self._episode_time[index] = round(time.perf_counter() - self._starts[index], 6)
+        self._episodes.append(
+            self.start + index, int(self._episode_index[index]), self.global_step, self._returns[index],
+            self._lengths[index], bool(terminated), bool(truncated), info,
+        )
 
     # -- commands --------------------------------------------------------------------------------
 
@@ -216,7 +222,7 @@ class EnvSlice:
             env_info = step_infos[index]
             if terminations[index] or truncations[index]:
                 episodes_ended += 1
-                self._end_episode(index)
+                self._end_episode(index, terminations[index], truncations[index], env_info)
                 if self.same_step:
                     for live, final in zip(observations, self._final_obs):
                         final[index] = live[index]

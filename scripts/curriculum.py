@@ -1,0 +1,139 @@
+"""An external curriculum: attaches to a running pool by name and steers its parameters from the
+episodes it finishes, until the pool goes away.
+
+    python scripts/curriculum.py --pool NAME --algo adr --low-threshold 100 --high-threshold 400
+    python scripts/curriculum.py --pool NAME --algo threshold --param length --step 0.05 --target 300
+
+``threshold`` moves one parameter by ``--step`` whenever the mean score of the last ``--window``
+episodes reaches ``--target``. ``adr`` is Automatic Domain Randomization (OpenAI, 2019) over the
+pool's ``dist="uniform"`` parameters (or those named with ``--param``). The state is saved to
+``--state`` after every change and at exit, and loaded from it at start, so a restarted curriculum
+resumes where it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import shmpool
+from shmpool.curricula import ADR, Threshold
+
+
+@dataclass
+class Settings:
+    """What the curriculum does."""
+
+    pool: str
+    algo: str
+    param: list[str] = field(default_factory=list)
+    metric: str = "return"
+    state: str | None = None
+    poll: float = 0.05
+    log_every: float = 1.0
+    attach_timeout: float = 30.0
+    step: float = 0.0
+    target: float = 0.0
+    window: int = 20
+    delta: float = 0.05
+    p_boundary: float = 0.5
+    buffer: int = 10
+    low_threshold: float = 0.0
+    high_threshold: float = 0.0
+    seed: int = 0
+
+
+def parse_settings(argv: list[str] | None = None) -> Settings:
+    """Reads Settings from the command line."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pool", required=True, help="the name of the pool to attach to")
+    parser.add_argument("--algo", required=True, choices=["threshold", "adr"], help="which curriculum")
+    parser.add_argument("--param", action="append", default=[], help="parameter(s) to steer (repeatable)")
+    parser.add_argument("--metric", default="return", help="'return' or the name of an episode metric")
+    parser.add_argument("--state", help="JSON file to save the state to and resume from")
+    parser.add_argument("--poll", type=float, default=0.05, help="seconds between reads of new episodes")
+    parser.add_argument("--log-every", type=float, default=1.0, help="seconds between status lines")
+    parser.add_argument("--attach-timeout", type=float, default=30.0, help="seconds to wait for the pool to appear")
+    threshold = parser.add_argument_group("threshold")
+    threshold.add_argument("--step", type=float, default=0.0, help="how much to move the parameter each time")
+    threshold.add_argument("--target", type=float, default=0.0, help="the mean score that triggers a move")
+    threshold.add_argument("--window", type=int, default=20, help="episodes averaged")
+    adr = parser.add_argument_group("adr")
+    adr.add_argument("--delta", type=float, default=0.05, help="boundary step, as a fraction of the hard range")
+    adr.add_argument("--p-boundary", type=float, default=0.5, help="probability that an episode tests a boundary")
+    adr.add_argument("--buffer", type=int, default=10, help="boundary episodes averaged before a decision")
+    adr.add_argument("--low-threshold", type=float, default=0.0, help="narrow a boundary at or below this mean")
+    adr.add_argument("--high-threshold", type=float, default=0.0, help="widen a boundary at or above this mean")
+    adr.add_argument("--seed", type=int, default=0, help="seed of the boundary choices")
+    return Settings(**vars(parser.parse_args(argv)))
+
+
+def build(settings: Settings) -> Threshold | ADR:
+    """The curriculum the settings ask for, resumed from the state file when there is one."""
+    if settings.algo == "threshold":
+        if len(settings.param) != 1:
+            raise SystemExit("--algo threshold needs exactly one --param")
+        curriculum: Threshold | ADR = Threshold(
+            settings.param[0], step=settings.step, target=settings.target, window=settings.window, metric=settings.metric
+        )
+    else:
+        curriculum = ADR(
+            settings.param or None, delta=settings.delta, p_boundary=settings.p_boundary, buffer=settings.buffer,
+            low_threshold=settings.low_threshold, high_threshold=settings.high_threshold, metric=settings.metric,
+            seed=settings.seed,
+        )
+    if settings.state and Path(settings.state).exists():
+        curriculum.load(json.loads(Path(settings.state).read_text()))
+        print(f"resumed from {settings.state}", flush=True)
+    return curriculum
+
+
+def save(settings: Settings, curriculum: Threshold | ADR) -> None:
+    """Writes the state file atomically (a reader never sees half of it)."""
+    if settings.state:
+        temporary = f"{settings.state}.tmp{os.getpid()}"
+        Path(temporary).write_text(json.dumps(curriculum.state()))
+        os.replace(temporary, settings.state)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the curriculum until the pool closes; returns the exit status."""
+    settings = parse_settings(argv)
+    curriculum = build(settings)
+    try:
+        handle = shmpool.attach(settings.pool, timeout=settings.attach_timeout)
+    except shmpool.ShmpoolError as exc:
+        print(f"curriculum: {exc}", file=sys.stderr)
+        return 1
+    seen, last_log = 0, time.monotonic()
+    with handle:
+        print(f"attached to {handle!r}", flush=True)
+        try:
+            while handle.alive:
+                records = handle.episodes.read()
+                seen += len(records)
+                lines = curriculum.update(records, handle.params) if len(records) else []
+                for line in lines:
+                    print(line, flush=True)
+                if lines:
+                    save(settings, curriculum)
+                if time.monotonic() - last_log >= settings.log_every:
+                    last_log = time.monotonic()
+                    ranges = getattr(curriculum, "ranges", None) or {curriculum.param: curriculum.value}  # type: ignore[union-attr]
+                    print(f"episodes {seen}  lost {handle.episodes.lost}  {json.dumps(ranges)}", flush=True)
+                time.sleep(settings.poll)
+        except shmpool.PoolClosedError:
+            pass
+        finally:
+            save(settings, curriculum)
+    print("the pool has gone away; curriculum stops", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

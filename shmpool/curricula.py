@@ -1,0 +1,206 @@
+"""Curricula that read finished episodes and write parameters: in-process, or from another process
+through ``shmpool.attach`` (``scripts/curriculum.py`` runs them that way).
+
+Both take the records of ``episodes.read()`` and a parameter block (``pool.params`` or
+``handle.params``) in ``update`` and return lines worth logging. Their ``state()`` is plain JSON
+data and ``load(state)`` restores it, so a restarted curriculum resumes where it was.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .params import ParamBlock
+
+
+def scores(records: np.ndarray, metric: str) -> np.ndarray:
+    """The score of each record: its return, or the named episode metric."""
+    if metric == "return":
+        return records["return"].astype(np.float64)
+    if records.dtype.names is None or "metrics" not in records.dtype.names or metric not in records.dtype["metrics"].names:
+        raise KeyError(f"no episode metric {metric!r}; declare it with launch(episode_metrics={{{metric!r}: 'info key'}})")
+    return records["metrics"][metric].astype(np.float64)
+
+
+class Threshold:
+    """Moves one parameter by ``step`` each time the mean score of the last ``window`` episodes
+    reaches ``target``: the classic "make it harder once the agent copes" curriculum.
+
+    A negative ``step`` lowers the parameter. The value never leaves the parameter's hard bounds.
+    """
+
+    def __init__(self, param: str, *, step: float, target: float, window: int = 20, metric: str = "return") -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.param, self.step, self.target, self.window, self.metric = param, float(step), float(target), window, metric
+        self.value: float | None = None
+        self._recent: deque[float] = deque(maxlen=window)
+        self.changes = 0
+
+    def update(self, records: np.ndarray, params: ParamBlock) -> list[str]:
+        """Feeds finished episodes; moves the parameter when the window's mean reaches the target."""
+        spec = params.specs.get(self.param)
+        if spec is None or spec.dist or spec.shape:
+            raise KeyError(f"Threshold needs a plain scalar parameter; the pool has {params.names}")
+        if self.value is None:
+            self.value = float(params[self.param][0])
+        log = []
+        for score in scores(records, self.metric):
+            self._recent.append(float(score))
+            if len(self._recent) == self.window and np.mean(self._recent) >= self.target:
+                new = float(np.clip(self.value + self.step, spec.low, spec.high))
+                log.append(f"{self.param}: {self.value:g} -> {new:g} (mean {self.metric} {np.mean(self._recent):.3g})")
+                if new != self.value:
+                    self.value = new
+                    self.changes += 1
+                    params.write(None, **{self.param: new})
+                self._recent.clear()
+        return log
+
+    def state(self) -> dict[str, Any]:
+        """Plain data to resume from."""
+        return {"algo": "threshold", "param": self.param, "value": self.value, "recent": list(self._recent),
+                "changes": self.changes}
+
+    def load(self, state: dict[str, Any]) -> None:
+        """Resumes from ``state()``."""
+        self.value = state["value"]
+        self._recent = deque(state["recent"], maxlen=self.window)
+        self.changes = state["changes"]
+
+
+class ADR:
+    """Automatic Domain Randomization (OpenAI et al., "Solving Rubik's Cube with a Robot Hand", 2019).
+
+    Each ``dist="uniform"`` parameter has a range that starts at its nominal value (the middle of its
+    initial ``low``/``high``). With probability ``p_boundary`` an env's next episode pins one
+    parameter to one boundary of its range (the others are drawn from their ranges); the score of
+    such an episode goes into that boundary's buffer. When a buffer holds ``buffer`` scores: a mean
+    of at least ``high_threshold`` widens that boundary by ``delta`` (a fraction of the parameter's
+    hard range), at most ``low_threshold`` narrows it (never past the nominal value), and the buffer
+    empties. Ranges never pass the hard bounds.
+    """
+
+    def __init__(self, params: Sequence[str] | None = None, *, delta: float = 0.05, p_boundary: float = 0.5,
+                 buffer: int = 10, low_threshold: float, high_threshold: float, metric: str = "return",
+                 seed: int = 0) -> None:
+        if not 0 <= p_boundary <= 1 or buffer < 1 or delta <= 0 or low_threshold > high_threshold:
+            raise ValueError("ADR needs 0 <= p_boundary <= 1, buffer >= 1, delta > 0 and low_threshold <= high_threshold")
+        self.names = list(params) if params else None
+        self.delta, self.p_boundary, self.buffer = delta, p_boundary, buffer
+        self.low_threshold, self.high_threshold, self.metric = low_threshold, high_threshold, metric
+        self.ranges: dict[str, list[float]] = {}
+        self.nominal: dict[str, float] = {}
+        self.buffers: dict[str, list[float]] = {}  # "param:low" / "param:high" -> scores
+        self.pinned: dict[int, tuple[str, str, float, int]] = {}  # env -> (param, side, value, records waited)
+        self._random = random.Random(seed)
+        self._started = False
+
+    # -- setup -------------------------------------------------------------------------------------
+
+    def _start(self, params: ParamBlock) -> None:
+        names = self.names or [name for name, spec in params.specs.items() if spec.dist == "uniform"]
+        for name in names:
+            spec = params.specs.get(name)
+            if spec is None or spec.dist != "uniform" or spec.shape:
+                raise KeyError(f"ADR needs scalar dist='uniform' parameters; {name!r} is not one of {params.names}")
+            if name not in self.ranges:
+                middle = float((params[name]["low"][0] + params[name]["high"][0]) / 2)
+                self.nominal[name] = middle
+                self.ranges[name] = [middle, middle]
+            for side in ("low", "high"):
+                self.buffers.setdefault(f"{name}:{side}", [])
+        self.names = names
+        self._hard = {name: (float(params.specs[name].low), float(params.specs[name].high)) for name in names}
+        params.write(None, **self._unpinned())
+        self._started = True
+
+    def _unpinned(self) -> dict[str, dict[str, float]]:
+        return {name: {"low": low, "high": high} for name, (low, high) in self.ranges.items()}
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    def update(self, records: np.ndarray, params: ParamBlock) -> list[str]:
+        """Feeds finished episodes: scores boundary episodes, moves boundaries, assigns next episodes."""
+        if not self._started:
+            self._start(params)
+        log: list[str] = []
+        changed = False
+        for record, score in zip(records, scores(records, self.metric)):
+            env_id = int(record["env_id"])
+            pin = self.pinned.get(env_id)
+            if pin is not None:
+                name, side, value, waited = pin
+                if float(record["params"][name]) == value:
+                    if self.ranges[name][_SIDE[side]] == value:  # the boundary has not moved since
+                        changed |= self._score(name, side, float(score), log)
+                elif waited == 0:
+                    # The env was already in its next episode when the pin was written: the pin
+                    # applies to the episode after this one.
+                    self.pinned[env_id] = (name, side, value, 1)
+                    continue
+            self._assign(env_id, params)
+        if changed:
+            free = [env for env in range(len(params)) if env not in self.pinned]
+            if free:
+                params.write(free, **self._unpinned())
+        return log
+
+    def _score(self, name: str, side: str, score: float, log: list[str]) -> bool:
+        buffer = self.buffers[f"{name}:{side}"]
+        buffer.append(score)
+        if len(buffer) < self.buffer:
+            return False
+        mean = float(np.mean(buffer))
+        buffer.clear()
+        low, high = self.ranges[name]
+        step = self.delta * (self._hard[name][1] - self._hard[name][0])
+        nominal = self.nominal[name]
+        if mean >= self.high_threshold:
+            low, high = (max(low - step, self._hard[name][0]), high) if side == "low" else (low, min(high + step, self._hard[name][1]))
+        elif mean <= self.low_threshold:
+            low, high = (min(low + step, nominal), high) if side == "low" else (low, max(high - step, nominal))
+        else:
+            return False
+        if [low, high] == self.ranges[name]:
+            return False
+        log.append(f"{name}: [{self.ranges[name][0]:.4g}, {self.ranges[name][1]:.4g}] -> [{low:.4g}, {high:.4g}] "
+                   f"({side} boundary, mean {self.metric} {mean:.3g})")
+        self.ranges[name] = [low, high]
+        return True
+
+    def _assign(self, env_id: int, params: ParamBlock) -> None:
+        values = self._unpinned()
+        self.pinned.pop(env_id, None)
+        if self.names and self._random.random() < self.p_boundary:
+            name = self._random.choice(self.names)
+            side = self._random.choice(("low", "high"))
+            value = self.ranges[name][_SIDE[side]]
+            values[name] = {"low": value, "high": value}
+            self.pinned[env_id] = (name, side, value, 0)
+        params.write(env_id, **values)
+
+    # -- persistence -------------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """Plain data to resume from: ranges, nominal values, buffers, the random state."""
+        version, internal, gauss = self._random.getstate()
+        return {"algo": "adr", "ranges": self.ranges, "nominal": self.nominal, "buffers": self.buffers,
+                "random": [version, list(internal), gauss]}
+
+    def load(self, state: dict[str, Any]) -> None:
+        """Resumes from ``state()`` (the pinned envs start afresh)."""
+        self.ranges = {name: [float(v) for v in bounds] for name, bounds in state["ranges"].items()}
+        self.nominal = {name: float(v) for name, v in state["nominal"].items()}
+        self.buffers = {key: [float(v) for v in values] for key, values in state["buffers"].items()}
+        version, internal, gauss = state["random"]
+        self._random.setstate((version, tuple(internal), gauss))
+        self._started = False
+
+
+_SIDE = {"low": 0, "high": 1}

@@ -1,0 +1,130 @@
+"""Finished-episode records: one ring per worker in the segment, read by any number of readers.
+
+Each worker appends one record per finished episode (env, episode index, return, length, how it
+ended, the applied parameter values, declared metrics) and then advances its ``head``; it never
+waits for readers. A reader keeps its own cursor per ring. A reader that falls more than a ring
+behind loses the oldest records: it counts them in ``lost`` and never returns a record that the
+worker overwrote while it was copying (it re-reads ``head`` after copying and drops those).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+
+def episode_dtype(applied: np.dtype[Any] | None, metrics: Sequence[str]) -> np.dtype[Any]:
+    """The record of one finished episode."""
+    fields: list[Any] = [
+        ("env_id", "<i8"),
+        ("episode", "<i8"),
+        ("step", "<i8"),  # the pool's global step at which it ended
+        ("return", "<f8"),
+        ("length", "<i8"),
+        ("terminated", "?"),
+        ("truncated", "?"),
+    ]
+    if applied is not None:
+        fields.append(("params", applied))
+    if metrics:
+        fields.append(("metrics", [(name, "<f8") for name in metrics]))
+    return np.dtype(fields)
+
+
+def metric_value(info: Mapping[str, Any], key: str) -> float:
+    """The number at ``key`` of an env's final info (``a/b`` for nested dicts), NaN if absent."""
+    value: Any = info
+    for part in key.split("/"):
+        if not isinstance(value, Mapping) or part not in value:
+            return math.nan
+        value = value[part]
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+class EpisodeWriter:
+    """Worker side: appends records to this worker's ring."""
+
+    def __init__(self, views: dict[str, np.ndarray], worker_id: int, metrics: Mapping[str, str]) -> None:
+        self._records = views["episode_records"][worker_id]
+        self._heads = views["episode_heads"]
+        self._worker_id = worker_id
+        self._capacity = len(self._records)
+        self._applied = views.get("applied")
+        self._metrics = dict(metrics)
+
+    def append(self, env_id: int, episode: int, step: int, total: float, length: int, terminated: bool,
+               truncated: bool, info: Mapping[str, Any] | None) -> None:
+        """Writes one record, then publishes it by advancing the head."""
+        head = int(self._heads[self._worker_id])
+        record = self._records[head % self._capacity]
+        record["env_id"], record["episode"], record["step"] = env_id, episode, step
+        record["return"], record["length"] = total, length
+        record["terminated"], record["truncated"] = terminated, truncated
+        if self._applied is not None:
+            record["params"] = self._applied[env_id]
+        for name, key in self._metrics.items():
+            record["metrics"][name] = metric_value(info or {}, key)
+        self._heads[self._worker_id] = head + 1
+
+
+class EpisodeReader:
+    """Reads the records finished since this reader's last ``read`` (its own cursor per ring)."""
+
+    def __init__(self, views: dict[str, np.ndarray], check_open: Callable[[], None]) -> None:
+        self._records = views["episode_records"]
+        self._heads = views["episode_heads"]
+        self._check_open = check_open
+        self._cursors = self._heads.copy()
+        self.capacity = self._records.shape[1]
+        self.lost = 0  # records this reader never saw because it fell more than a ring behind
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """The record type."""
+        return self._records.dtype
+
+    def read(self) -> np.ndarray:
+        """The new records, ordered by the step they ended at, then env id."""
+        self._check_open()
+        chunks = []
+        for worker_id in range(len(self._heads)):
+            start, chunk = self._copy(worker_id, int(self._cursors[worker_id]))
+            self._cursors[worker_id] = start + len(chunk)
+            chunks.append(chunk)
+        records = np.concatenate(chunks) if chunks else np.zeros(0, self.dtype)
+        return records[np.lexsort((records["env_id"], records["step"]))]
+
+    def recent(self, count: int) -> np.ndarray:
+        """Up to the last ``count`` records of each ring, without moving the cursor."""
+        self._check_open()
+        chunks = []
+        for worker_id in range(len(self._heads)):
+            head = int(self._heads[worker_id])
+            chunks.append(self._copy(worker_id, max(0, head - count), count_lost=False)[1])
+        records = np.concatenate(chunks) if chunks else np.zeros(0, self.dtype)
+        return records[np.lexsort((records["env_id"], records["step"]))]
+
+    def _copy(self, worker_id: int, start: int, count_lost: bool = True) -> tuple[int, np.ndarray]:
+        head = int(self._heads[worker_id])
+        if head - start > self.capacity:
+            if count_lost:
+                self.lost += head - self.capacity - start
+            start = head - self.capacity
+        chunk = self._records[worker_id][np.arange(start, head) % self.capacity]  # a copy
+        overwritten = int(self._heads[worker_id]) - self.capacity - start  # while copying
+        if overwritten > 0:
+            if count_lost:
+                self.lost += overwritten
+            chunk, start = chunk[overwritten:], start + overwritten
+        return start, chunk
+
+    @property
+    def total(self) -> int:
+        """Episodes finished in the pool so far."""
+        return int(self._heads.sum())
