@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                 lines = curriculum.update(records, handle.params) if len(records) else []
                 for line in lines:
                     print(line, flush=True)
-                if lines:
+                if lines or (len(records) and seen == len(records)):  # every change, and once at the start
                     save(settings, curriculum)
                 if time.monotonic() - last_log >= settings.log_every:
                     last_log = time.monotonic()

@@ -1,66 +1,179 @@
-"""A first look at shmpool: run CartPole in worker processes and watch episodes finish.
+"""The shmpool demo: a policy learns CartPole while an external ADR curriculum widens the physics.
 
-    python scripts/demo.py                  # 64 CartPole envs on 2 workers for 3 seconds
-    python scripts/demo.py --env Pendulum-v1 --num-envs 16 --seconds 5
+1. Launches a pool of CartPole envs whose pole length, pole mass and gravity are randomized per
+   episode (``dist="uniform"`` parameters, starting at their nominal values).
+2. Starts ``scripts/curriculum.py --algo adr`` as a separate process that attaches to the pool by
+   name: it reads finished episodes and widens each parameter's range while the policy copes.
+3. Improves a linear controller with the cross-entropy method against those widening ranges.
+4. Prints a summary table and saves a plot of the ranges and the returns (``--plot``).
+
+    python scripts/demo.py            # about a minute on 2 cores
+    python scripts/demo.py --quick    # a few seconds, for CI
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 import shmpool
+
+HERE = Path(__file__).resolve().parent
+
+#: The randomized parameters: (nominal value, hard low, hard high).
+PHYSICS = {"length": (0.5, 0.2, 2.0), "masspole": (0.1, 0.02, 1.0), "gravity": (9.8, 4.0, 20.0)}
 
 
 @dataclass
 class Settings:
     """What the demo runs."""
 
-    env: str = "CartPole-v1"
     num_envs: int = 64
     num_workers: int = 2
-    seconds: float = 3.0
+    generations: int = 60
+    population: int = 16
+    elites: int = 4
+    max_steps: int = 500
     seed: int = 0
+    plot: str = "demo.png"
+    quick: bool = False
 
 
-def parse_settings() -> Settings:
+def parse_settings(argv: list[str] | None = None) -> Settings:
     """Reads Settings from the command line."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     defaults = Settings()
-    parser.add_argument("--env", default=defaults.env, help="a registered gymnasium env id")
     parser.add_argument("--num-envs", type=int, default=defaults.num_envs, help="envs in the pool")
     parser.add_argument("--num-workers", type=int, default=defaults.num_workers, help="worker processes")
-    parser.add_argument("--seconds", type=float, default=defaults.seconds, help="how long to step")
-    parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of the first reset and the policy")
-    return Settings(**vars(parser.parse_args()))
+    parser.add_argument("--generations", type=int, default=defaults.generations, help="cross-entropy generations")
+    parser.add_argument("--population", type=int, default=defaults.population, help="candidate policies per generation")
+    parser.add_argument("--elites", type=int, default=defaults.elites, help="candidates kept per generation")
+    parser.add_argument("--max-steps", type=int, default=defaults.max_steps, help="steps per evaluation episode")
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of the pool and the optimizer")
+    parser.add_argument("--plot", default=defaults.plot, help="where to save the PNG plot ('' for none)")
+    parser.add_argument("--quick", action="store_true", help="a short run for CI: 16 envs, 4 generations, 200 steps")
+    settings = Settings(**vars(parser.parse_args(argv)))
+    if settings.quick:
+        settings.num_envs, settings.generations, settings.population, settings.elites, settings.max_steps = 16, 4, 8, 2, 200
+    if settings.num_envs % settings.population:
+        raise SystemExit("--num-envs must be a multiple of --population")
+    return settings
 
 
-def main() -> None:
-    """Steps a pool with random actions and prints a line per second."""
-    settings = parse_settings()
-    with shmpool.launch(settings.env, settings.num_envs, num_workers=settings.num_workers, seed=settings.seed) as pool:
-        print(pool)
-        pool.reset()
-        pool.action_space.seed(settings.seed)
-        steps, returns, lengths = 0, [], []
-        start = report = time.perf_counter()
-        while (now := time.perf_counter()) - start < settings.seconds:
-            _, _, _, _, infos = pool.step(pool.action_space.sample())
-            steps += pool.num_envs
-            if "episode" in infos:
-                done = infos["_episode"]
-                returns.extend(infos["episode"]["r"][done])
-                lengths.extend(infos["episode"]["l"][done])
-            if now - report >= 1.0:
-                mean_return = np.mean(returns) if returns else float("nan")
-                print(f"{now - start:5.1f} s  {steps / (now - start):>10,.0f} env steps/s  "
-                      f"{len(returns):>6} episodes  mean return {mean_return:8.2f}")
-                report = now
-        print(f"done: {steps:,} env steps, {len(returns)} episodes, mean length {np.mean(lengths):.1f}")
+def evaluate(pool: shmpool.Pool, weights: np.ndarray, max_steps: int) -> np.ndarray:
+    """The return of each env's first episode under its candidate's linear policy (one row of
+    ``weights`` per env: action 1 when w . [obs, 1] > 0)."""
+    observations, _ = pool.reset()
+    returns = np.zeros(pool.num_envs)
+    finished = np.zeros(pool.num_envs, dtype=bool)
+    for _ in range(max_steps):
+        features = np.concatenate([observations, np.ones((pool.num_envs, 1))], axis=1)
+        actions = (np.einsum("ij,ij->i", features, weights) > 0).astype(np.int64)
+        observations, rewards, terminations, truncations, _ = pool.step(actions)
+        returns += np.where(finished, 0.0, rewards)
+        finished |= terminations | truncations
+        if finished.all():
+            break
+    return returns
+
+
+def progress(generation: int, total: int, text: str) -> None:
+    """One line of progress on stderr."""
+    done = int(30 * generation / total)
+    print(f"\r[{'#' * done}{'.' * (30 - done)}] {generation}/{total} {text}", end="", file=sys.stderr, flush=True)
+
+
+def save_plot(path: str, history: list[dict]) -> str:
+    """Plots the ADR ranges and the returns per generation; returns what happened."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install 'shmpool[plot]'): no plot"
+    generations = [row["generation"] for row in history]
+    figure, axes = plt.subplots(1, len(PHYSICS) + 1, figsize=(4 * (len(PHYSICS) + 1), 3.2))
+    axes[0].plot(generations, [row["mean"] for row in history], label="mean return")
+    axes[0].plot(generations, [row["best"] for row in history], label="best candidate")
+    axes[0].set_title("returns")
+    axes[0].set_xlabel("generation")
+    axes[0].legend()
+    for axis, (name, (nominal, low, high)) in zip(axes[1:], PHYSICS.items()):
+        lows = [row["ranges"].get(name, [nominal, nominal])[0] for row in history]
+        highs = [row["ranges"].get(name, [nominal, nominal])[1] for row in history]
+        axis.fill_between(generations, lows, highs, alpha=0.4)
+        axis.axhline(nominal, color="black", linewidth=0.8)
+        axis.set_ylim(low, high)
+        axis.set_title(f"ADR range: {name}")
+        axis.set_xlabel("generation")
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+    return f"plot saved to {path}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the demo."""
+    settings = parse_settings(argv)
+    params = {
+        name: shmpool.Param(dist="uniform", default={"low": nominal, "high": nominal}, low=low, high=high, when="reset")
+        for name, (nominal, low, high) in PHYSICS.items()
+    }
+    workdir = Path(tempfile.mkdtemp(prefix="shmpool-demo-"))
+    state_file = workdir / "adr.json"
+    rng = np.random.default_rng(settings.seed)
+    mean, std = np.zeros(5), np.ones(5)
+    per_candidate = settings.num_envs // settings.population
+    history: list[dict] = []
+    started = time.perf_counter()
+    with shmpool.launch("CartPole-v1", settings.num_envs, num_workers=settings.num_workers, params=params,
+                        seed=settings.seed) as pool:
+        curriculum = subprocess.Popen(
+            [sys.executable, str(HERE / "curriculum.py"), "--pool", pool.name, "--algo", "adr", "--state", str(state_file),
+             "--low-threshold", str(0.25 * settings.max_steps), "--high-threshold", str(0.6 * settings.max_steps),
+             "--buffer", "4", "--delta", "0.05", "--p-boundary", "0.5", "--log-every", "3600"],
+            stdout=open(workdir / "curriculum.log", "w"), stderr=subprocess.STDOUT,
+        )
+        print(f"pool {pool.name}: {settings.num_envs} CartPole envs on {settings.num_workers} workers; "
+              f"ADR curriculum in process {curriculum.pid} (log: {workdir / 'curriculum.log'})")
+        steps_before = 0
+        for generation in range(1, settings.generations + 1):
+            candidates = mean + std * rng.standard_normal((settings.population, 5))
+            returns = evaluate(pool, np.repeat(candidates, per_candidate, axis=0), settings.max_steps)
+            scores = returns.reshape(settings.population, per_candidate).mean(axis=1)
+            elite = candidates[np.argsort(scores)[-settings.elites:]]
+            mean, std = elite.mean(axis=0), elite.std(axis=0) + 0.02
+            ranges = json.loads(state_file.read_text())["ranges"] if state_file.exists() else {}
+            history.append({"generation": generation, "mean": float(returns.mean()), "best": float(scores.max()),
+                            "ranges": ranges})
+            shown = " ".join(f"{n}=[{lo:.3g},{hi:.3g}]" for n, (lo, hi) in ranges.items())
+            progress(generation, settings.generations, f"return {returns.mean():6.1f}  {shown}")
+        steps = pool.global_step * pool.num_envs - steps_before
+    elapsed = time.perf_counter() - started
+    print(file=sys.stderr)
+    try:
+        curriculum.wait(timeout=10)  # it stops by itself once the pool has gone away
+    except subprocess.TimeoutExpired:
+        curriculum.kill()
+        curriculum.wait()
+
+    print(f"\n{'generation':>10} {'mean return':>12} {'best':>8}  ADR ranges")
+    for row in history[:: max(1, len(history) // 10)] + ([history[-1]] if len(history) > 1 else []):
+        shown = "  ".join(f"{n} [{lo:.3g}, {hi:.3g}]" for n, (lo, hi) in row["ranges"].items()) or "(not yet)"
+        print(f"{row['generation']:>10} {row['mean']:>12.1f} {row['best']:>8.1f}  {shown}")
+    print(f"\n{steps:,} env steps in {elapsed:.1f} s ({steps / elapsed:,.0f} steps/s, policy and curriculum included)")
+    if settings.plot:
+        print(save_plot(settings.plot, history))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -28,10 +28,13 @@ def test_bench_quick_prints_a_table() -> None:
     assert any("3 built-in hooks cost" in line and "1,000 events/s cost" in line for line in lines)
 
 
-def test_demo_runs() -> None:
+def test_demo_quick_runs_curriculum_and_plots(tmp_path: Path) -> None:
+    plot = tmp_path / "demo.png"
     result = subprocess.run(
-        [sys.executable, "scripts/demo.py", "--num-envs", "8", "--seconds", "1.5"],
+        [sys.executable, "scripts/demo.py", "--quick", "--plot", str(plot)],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    assert "episodes" in result.stdout and "done:" in result.stdout
+    assert "ADR curriculum in process" in result.stdout and "mean return" in result.stdout
+    assert "env steps in" in result.stdout and f"plot saved to {plot}" in result.stdout
+    assert plot.stat().st_size > 10_000 and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,182 @@
+"""Other processes find a pool by name, read its episodes and stats, write its parameters; the CLI."""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import helpers
+import numpy as np
+import posix_ipc
+import pytest
+
+import shmpool
+from shmpool import Param
+from shmpool.layout import LAYOUT_VERSION, MAGIC
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
+
+
+def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=ENV)
+
+
+ATTACHED = """
+import json, sys, shmpool
+with shmpool.attach(sys.argv[1], timeout=10) as handle:
+    handle.params.write([2], length=0.9)
+    records = handle.episodes.recent(1000)
+    print(json.dumps({"returns": records["return"].tolist(), "lengths": records["length"].tolist(),
+                      "envs": records["env_id"].tolist(), "stats": handle.stats.episodes,
+                      "specs": {n: [s.when, s.dist, float(s.low), float(s.high)] for n, s in handle.param_specs.items()}}))
+"""
+
+
+def test_an_attached_process_writes_params_and_reads_episodes(pool_name: str) -> None:
+    params = {"length": Param(low=0.1, high=2.0), "masscart": Param(dist="uniform", low=0.5, high=2.0, when="reset")}
+    with shmpool.launch("CartPole-v1", 4, num_workers=2, name=pool_name, params=params, seed=0) as pool:
+        pool.reset()
+        finished = []
+        for _ in range(150):
+            infos = pool.step(pool.action_space.sample())[4]
+            if "episode" in infos:
+                done = np.flatnonzero(infos["_episode"])
+                finished += [(int(e), float(infos["episode"]["r"][e]), int(infos["episode"]["l"][e])) for e in done]
+        result = run("-c", ATTACHED, pool.name)
+        assert result.returncode == 0, result.stderr
+        seen = json.loads(result.stdout)
+        assert seen["specs"] == {"length": ["step", None, 0.1, 2.0], "masscart": ["reset", "uniform", 0.5, 2.0]}
+        assert sorted(zip(seen["envs"], seen["returns"], seen["lengths"])) == sorted(finished)
+        assert seen["stats"] == len(finished)
+        pool.step(pool.action_space.sample())
+        assert pool.applied["length"].tolist() == [0.5, 0.5, 0.9, 0.5]
+        # The trainer's own reader got the same records, each once.
+        records = pool.episodes.read()
+        before = records[records["step"] < 150]  # the 151st step (index 150) may have finished more
+        assert sorted(zip(before["env_id"].tolist(), before["return"].tolist(), before["length"].tolist())) == sorted(finished)
+        assert np.all(records["params"]["masscart"] >= 0.5) and np.all(records["params"]["masscart"] <= 2.0)
+        assert pool.episodes.read().size <= 4  # a second read returns only what finished since
+
+
+def test_slow_readers_count_what_they_lost(pool_name: str) -> None:
+    with shmpool.launch("CartPole-v1", 4, num_workers=2, name=pool_name, episode_capacity=4, seed=0) as pool:
+        pool.reset()
+        for _ in range(300):
+            pool.step(np.ones(4, int))  # always right: episodes of ~10 steps
+        records = pool.episodes.read()
+        assert len(records) == 8 and pool.episodes.lost > 50  # 2 rings of 4 kept
+        assert pool.episodes.lost + len(records) == pool.episodes.total
+        np.testing.assert_array_equal(records["return"], records["length"])  # CartPole: 1 per step, never garbage
+
+
+def _fake_segment(name: str, content: bytes, uid: int | None = None) -> None:
+    shm = posix_ipc.SharedMemory(f"/shmpool-{name}", posix_ipc.O_CREX, mode=0o600, size=4096)
+    buffer = mmap.mmap(shm.fd, 4096)
+    shm.close_fd()
+    buffer[: len(content)] = content
+    buffer.close()
+    if uid is not None:
+        os.chown(f"/dev/shm/shmpool-{name}", uid, -1)
+
+
+def test_attach_failures_say_what_is_wrong(pool_name: str) -> None:
+    with pytest.raises(shmpool.PoolNotFoundError, match=r"no pool named 'nowhere-to-be-found'; running pools"):
+        shmpool.attach("nowhere-to-be-found")
+    cases = [
+        ("foreign", b"SOMETHING ELSE", None, shmpool.LayoutMismatchError, "not a shmpool segment"),
+        ("version", MAGIC + struct.pack("<2q", LAYOUT_VERSION + 7, 4096), None, shmpool.LayoutMismatchError,
+         f"layout version {LAYOUT_VERSION + 7}"),
+        ("theirs", MAGIC, 65534, PermissionError, "belongs to uid 65534"),
+    ]
+    for suffix, content, uid, error, message in cases:
+        name = f"{pool_name}-{suffix}"
+        _fake_segment(name, content, uid)
+        try:
+            with pytest.raises(error, match=message):
+                shmpool.attach(name)
+        finally:
+            posix_ipc.unlink_shared_memory(f"/shmpool-{name}")
+
+
+OWNER = """
+import json, sys, time, shmpool
+pool = shmpool.launch("CartPole-v1", 2, num_workers=1, name=sys.argv[1], params={"length": shmpool.Param()})
+print(json.dumps(pool.worker_pids), flush=True)
+time.sleep(60)
+"""
+
+
+def test_owner_death_and_close_make_handles_dead_not_crash(pool_name: str) -> None:
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, pool_name], stdout=subprocess.PIPE, text=True, env=ENV,
+                             start_new_session=True)
+    try:
+        pids = json.loads(owner.stdout.readline())
+        with shmpool.attach(pool_name) as handle:
+            assert handle.alive
+            handle.params["length"][0] = 0.7
+            owner.send_signal(signal.SIGKILL)
+            owner.wait(5)
+            assert helpers.wait_gone(pids, 5.0) == []  # the workers leave and remove the segment...
+            assert not handle.alive
+            with pytest.raises(shmpool.PoolClosedError):
+                handle.params.write(0, length=0.6)
+            with pytest.raises(shmpool.PoolClosedError):
+                handle.applied  # noqa: B018
+            assert handle.params._block["length"][0] == 0.7  # ...but this mapping stays valid: no SIGBUS
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+    with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name + "b", params={"length": Param()}) as pool:
+        handle = shmpool.attach(pool.name)
+    assert not handle.alive
+    with pytest.raises(shmpool.PoolClosedError):
+        handle.params.write(0, length=0.6)
+    handle.close()
+    handle.close()
+
+
+def test_stale_pool_is_reported_as_stale(pool_name: str) -> None:
+    child = subprocess.Popen([sys.executable, "-c", OWNER, pool_name], stdout=subprocess.PIPE, text=True, env=ENV,
+                             start_new_session=True)
+    pids = json.loads(child.stdout.readline())
+    os.killpg(child.pid, signal.SIGKILL)  # owner and workers at once: the segment stays behind
+    child.wait(5)
+    assert helpers.wait_gone(pids, 5.0) == []
+    try:
+        with pytest.raises(shmpool.PoolNotFoundError, match="stale: its owner .* is dead"):
+            shmpool.attach(pool_name)
+        listing = run("-m", "shmpool", "ls")
+        assert pool_name in listing.stdout and "stale" in listing.stdout
+    finally:
+        assert pool_name in run("-m", "shmpool", "gc").stdout
+
+
+def test_cli_show_set_watch_against_a_live_pool(pool_name: str) -> None:
+    params = {"length": Param(low=0.1, high=2.0), "masscart": Param(dist="uniform", low=0.5, high=2.0, when="reset")}
+    with shmpool.launch("CartPole-v1", 4, num_workers=2, name=pool_name, params=params, seed=0) as pool:
+        pool.reset()
+        for _ in range(100):
+            pool.step(pool.action_space.sample())
+        listing = run("-m", "shmpool", "ls")
+        assert listing.returncode == 0 and pool_name in listing.stdout and "alive" in listing.stdout
+        shown = run("-m", "shmpool", "show", pool_name)
+        assert shown.returncode == 0, shown.stderr
+        assert "length (param)" in shown.stdout and "{low=0.5, high=2}" in shown.stdout
+        assert len([line for line in shown.stdout.splitlines() if line[:1].isdigit()]) == 4  # one row per env
+        written = run("-m", "shmpool", "set", pool_name, "length=0.8", "masscart.high=1.5", "--envs", "1:3")
+        assert written.returncode == 0, written.stderr
+        assert pool.params["length"].tolist() == [0.5, 0.8, 0.8, 0.5]
+        assert pool.params["masscart"]["high"].tolist() == [2.0, 1.5, 1.5, 2.0]
+        refused = run("-m", "shmpool", "set", pool_name, "length=9")
+        assert refused.returncode == 2 and "params['length'][0] = 9.0 rejected: outside [0.1, 2.0]" in refused.stderr
+        watched = run("-m", "shmpool", "watch", pool_name, "--count", "2", "--interval", "0.1")
+        assert watched.returncode == 0 and watched.stdout.count("env steps/s") == 2 and "masscart" in watched.stdout

@@ -1,0 +1,123 @@
+"""Curricula move parameters the way their papers say, and resume from their saved state."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shmpool
+from shmpool import Param
+from shmpool.curricula import ADR, Threshold
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def records_for(pool: shmpool.Pool, envs: list[int], values: dict[str, list[float]], score: float) -> np.ndarray:
+    """Synthetic finished-episode records, as the workers would write them."""
+    records = np.zeros(len(envs), dtype=pool.episodes.dtype)
+    records["env_id"] = envs
+    records["return"] = score
+    for name, column in values.items():
+        records["params"][name] = column
+    return records
+
+
+def feed_boundaries(adr: ADR, pool: shmpool.Pool, score: float, rounds: int) -> None:
+    """Plays episodes that use exactly what ADR pinned (or the middle of the range when not pinned)."""
+    for _ in range(rounds):
+        envs = list(range(pool.num_envs))
+        values = {name: [] for name in adr.ranges}
+        for env in envs:
+            pin = adr.pinned.get(env)
+            for name, (low, high) in adr.ranges.items():
+                values[name].append(pin[2] if pin and pin[0] == name else (low + high) / 2)
+        adr.update(records_for(pool, envs, values, score), pool.params)
+
+
+PARAMS = {
+    "length": Param(dist="uniform", default={"low": 0.5, "high": 0.5}, low=0.1, high=1.5, when="reset"),
+    "gravity": Param(dist="uniform", default={"low": 9.8, "high": 9.8}, low=5.0, high=15.0, when="reset"),
+}
+
+
+def test_adr_widens_on_success_and_narrows_on_failure(pool_name: str) -> None:
+    with shmpool.launch("CartPole-v1", 8, num_workers=1, name=pool_name, params=PARAMS) as pool:
+        adr = ADR(delta=0.1, p_boundary=1.0, buffer=3, low_threshold=100, high_threshold=400, seed=0)
+        adr.update(records_for(pool, [], {}, 0.0), pool.params)  # starts: ranges at the nominal values
+        assert adr.ranges == {"length": [0.5, 0.5], "gravity": [9.8, 9.8]}
+        feed_boundaries(adr, pool, score=500.0, rounds=12)
+        wide = {name: list(bounds) for name, bounds in adr.ranges.items()}
+        assert wide["length"][0] < 0.5 < wide["length"][1] and wide["gravity"][0] < 9.8 < wide["gravity"][1]
+        assert wide["length"][0] >= 0.1 and wide["gravity"][1] <= 15.0  # never past the hard bounds
+        # Pinned envs carry the boundary in the block; the others the whole range.
+        for env, (name, side, value, _) in adr.pinned.items():
+            assert pool.params[name]["low"][env] == pool.params[name]["high"][env] == value
+        feed_boundaries(adr, pool, score=10.0, rounds=40)
+        assert adr.ranges["length"][1] - adr.ranges["length"][0] < wide["length"][1] - wide["length"][0]
+        assert adr.ranges["length"][0] <= 0.5 <= adr.ranges["length"][1]  # narrowing stops at nominal
+        steady = {name: list(bounds) for name, bounds in adr.ranges.items()}
+        feed_boundaries(adr, pool, score=250.0, rounds=10)  # between the thresholds: nothing moves
+        assert adr.ranges == steady
+
+
+def test_adr_state_round_trips(pool_name: str) -> None:
+    with shmpool.launch("CartPole-v1", 8, num_workers=1, name=pool_name, params=PARAMS) as pool:
+        adr = ADR(delta=0.1, p_boundary=0.7, buffer=2, low_threshold=100, high_threshold=400, seed=3)
+        adr.update(records_for(pool, [], {}, 0.0), pool.params)
+        feed_boundaries(adr, pool, score=500.0, rounds=5)
+        saved = json.loads(json.dumps(adr.state()))
+        twin = ADR(delta=0.1, p_boundary=0.7, buffer=2, low_threshold=100, high_threshold=400, seed=99)
+        twin.load(saved)
+        assert twin.ranges == adr.ranges and twin.buffers == adr.buffers and twin.nominal == adr.nominal
+        assert [twin._random.random() for _ in range(5)] == [adr._random.random() for _ in range(5)]
+
+
+def test_threshold_steps_a_parameter(pool_name: str) -> None:
+    with shmpool.launch("CartPole-v1", 4, num_workers=1, name=pool_name, params={"length": Param(low=0.1, high=0.7)}) as pool:
+        curriculum = Threshold("length", step=0.15, target=100.0, window=4)
+        records = np.zeros(4, dtype=pool.episodes.dtype)
+        records["return"] = [90, 120, 110, 100]
+        assert curriculum.update(records, pool.params)  # mean 105 >= 100: one step up
+        assert pool.params["length"].tolist() == [0.65] * 4
+        records["return"] = 50
+        assert curriculum.update(records, pool.params) == []
+        records["return"] = 200
+        curriculum.update(records, pool.params)
+        assert pool.params["length"].tolist() == [0.7] * 4  # clipped to the hard bound
+        twin = Threshold("length", step=0.15, target=100.0, window=4)
+        twin.load(json.loads(json.dumps(curriculum.state())))
+        assert twin.value == 0.7 and twin.changes == curriculum.changes
+        with pytest.raises(KeyError, match="no episode metric 'success'"):
+            Threshold("length", step=0.1, target=1, metric="success").update(records, pool.params)
+
+
+def test_curriculum_script_attaches_steers_and_resumes(pool_name: str, tmp_path: Path) -> None:
+    state = tmp_path / "adr.json"
+    command = [sys.executable, "scripts/curriculum.py", "--pool", pool_name, "--algo", "adr", "--state", str(state),
+               "--low-threshold", "5", "--high-threshold", "15", "--buffer", "2", "--p-boundary", "1", "--poll", "0.01"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    lows = [0.5]
+    for attempt in range(2):
+        with shmpool.launch("CartPole-v1", 8, num_workers=2, name=pool_name, params=PARAMS, seed=attempt) as pool:
+            curriculum = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                          env=env)
+            first_lines = [curriculum.stdout.readline() for _ in range(attempt + 1)]
+            assert first_lines[-1].startswith("attached to"), first_lines
+            pool.reset()
+            deadline = time.monotonic() + 30
+            while not state.exists() or not json.loads(state.read_text())["ranges"]["length"][0] < lows[-1]:
+                assert time.monotonic() < deadline, "ADR should widen: CartPole returns here are above 15"
+                pool.step(pool.action_space.sample())
+            lows.append(json.loads(state.read_text())["ranges"]["length"][0])
+        output = "".join(first_lines) + curriculum.communicate(timeout=20)[0]
+        assert curriculum.returncode == 0, output
+        assert "the pool has gone away" in output
+    assert output.startswith("resumed from")  # the second run went on from the first one's ranges
+    assert lows[0] > lows[1] > lows[2]
