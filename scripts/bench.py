@@ -34,8 +34,8 @@ import shmpool.hooks
 class Settings:
     """What to measure."""
 
-    envs: list[str] = field(default_factory=lambda: ["CartPole-v1", "Pendulum-v1"])
-    """gymnasium env ids to measure."""
+    envs: list[str] = field(default_factory=lambda: ["CartPole-v1", "Pendulum-v1", "HalfCheetah-v5"])
+    """gymnasium env ids to measure (MuJoCo ones only up to 32 envs, and only with mujoco installed)."""
     num_envs: list[int] = field(default_factory=lambda: [8, 32, 128])
     """pool sizes to measure."""
     workers: int = 2
@@ -185,6 +185,20 @@ def cases(env_id: str, num_envs: int, workers: int) -> list[tuple[str, Callable[
             lambda: vector(lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0), num_envs),
         ),
     ]
+    if env_id.startswith("HalfCheetah"):
+        from shmpool import mujoco as smj
+
+        randomized = {
+            "mass_scale": shmpool.Param(dist="uniform", default={"low": 0.8, "high": 1.2}, low=0.5, high=2.0,
+                                        when="reset", bind=smj.body_mass("torso", relative=True)),
+            "friction_scale": shmpool.Param(dist="uniform", default={"low": 0.5, "high": 1.5}, low=0.1, high=3.0,
+                                            when="reset", bind=smj.geom_friction("floor", relative=True)),
+        }
+        rows.append((
+            "shmpool, randomized",
+            lambda: vector(lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, params=randomized),
+                           num_envs),
+        ))
     if env_id.startswith("CartPole"):
         params = {name: shmpool.Param(low=0.01, high=100.0) for name in UPDATED}
         pool = lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, params=params)  # noqa: E731
@@ -202,6 +216,19 @@ def cases(env_id: str, num_envs: int, workers: int) -> list[tuple[str, Callable[
             ),
         ]
     return rows
+
+
+def measurable(env_id: str, num_envs: int) -> bool:
+    """MuJoCo envs need mujoco installed, and are measured up to 32 envs (Async would start 128
+    MuJoCo processes)."""
+    if "Cheetah" in env_id or env_id.split("-")[0] in {"Hopper", "Ant", "Humanoid", "Walker2d"}:
+        try:
+            import mujoco  # noqa: F401
+        except ImportError:
+            print(f"skipping {env_id}: mujoco is not installed (pip install 'shmpool[mujoco]')", file=sys.stderr)
+            return False
+        return num_envs <= 32
+    return True
 
 
 def measure(stepper: Any, settings: Settings) -> float:
@@ -229,7 +256,8 @@ def main(argv: list[str] | None = None) -> None:
     """Runs every row and prints the table."""
     settings = parse_settings(argv)
     rows: list[tuple[str, int, str, float, float, float]] = []
-    plan = [(env_id, n, case) for env_id in settings.envs for n in settings.num_envs for case in cases(env_id, n, settings.workers)]
+    plan = [(env_id, n, case) for env_id in settings.envs for n in settings.num_envs if measurable(env_id, n)
+            for case in cases(env_id, n, settings.workers)]
     measured: dict[tuple[str, int], dict[str, float]] = {}
     for done, (env_id, num_envs, (label, stepper)) in enumerate(plan, 1):
         print(f"[{done}/{len(plan)}] {env_id} x{num_envs}: {label}", file=sys.stderr, flush=True)
@@ -246,6 +274,12 @@ def main(argv: list[str] | None = None) -> None:
             notes.append(
                 f"{env_id} x{num_envs}: 3 built-in hooks cost {1 - results['shmpool, 3 built-in hooks'] / plain:.0%} "
                 f"of throughput; 1,000 events/s cost {1 - results['shmpool, 1,000 events/s sent'] / plain:.0%}"
+            )
+        if plain and "shmpool, randomized" in results:
+            notes.append(
+                f"{env_id} x{num_envs}: per-reset mass and friction randomization costs "
+                f"{1 - results['shmpool, randomized'] / plain:.0%}; randomized shmpool is "
+                f"{results['shmpool, randomized'] / results['gymnasium Sync']:.2f}x Sync"
             )
         if "shmpool, 3 params written/step" in results:
             written = results["shmpool, 3 params written/step"]

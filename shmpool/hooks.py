@@ -302,9 +302,10 @@ class Perturb:
     """Kicks envs: every ``every`` steps of each episode and/or when it receives an event.
 
     The kick adds ``strength`` (the parameter ``param``, per env; an event's payload[0] overrides
-    it) times a random sign to each velocity of the env's state (classic control) or, with a
-    ``kick`` function ``kick(env, amounts)``, does whatever that function does (the MuJoCo
-    bindings provide one).
+    it) times a random sign, per dimension (``dims``), to each velocity of the env's state (classic
+    control) or, with a ``kick`` function ``kick(env, amounts)``, does whatever that does: for
+    MuJoCo envs ``shmpool.mujoco.Push("torso")`` applies a force for one step (``dims=3``) or
+    changes the body's velocity. A kick with a ``clear(env)`` method is cleared after the step.
     """
 
     def __init__(self, strength: float = 0.0, *, every: int | None = None, param: str = "perturb_strength",
@@ -315,6 +316,7 @@ class Perturb:
         self.kick = kick or kick_velocity
         self.dims = dims
         self._streams: EnvStreams | None = None
+        self._kicked = np.zeros(0, dtype=np.int64)
 
     def params(self) -> dict[str, Param]:
         """Declares the kick strength (``>= 0``)."""
@@ -337,8 +339,17 @@ class Perturb:
         if self._streams is None:
             self._streams = EnvStreams(ctx.seed, _stream_id(self.name), ctx.env_ids, (self.dims,))
         signs = np.where(self._streams.uniform(ctx.global_step) < 0.5, -1.0, 1.0)
-        for row in np.flatnonzero(due):
+        self._kicked = np.flatnonzero(due)
+        for row in self._kicked:
             self.kick(ctx.envs[row], strength[row] * signs[row])
+
+    def after_step(self, ctx: HookContext) -> None:
+        """Ends kicks that last one step (a MuJoCo force) once that step is done."""
+        clear = getattr(self.kick, "clear", None)
+        if clear is not None and len(self._kicked):
+            for row in self._kicked:
+                clear(ctx.envs[row])
+            self._kicked = self._kicked[:0]
 
 
 class Resample:

@@ -54,9 +54,11 @@ class Param:
             included) or ``"rebuild"`` (a constructor keyword; the env is re-made at its next reset
             when the value changed).
         bind: where the value goes: a dotted path on ``env.unwrapped`` with optional indexing
-            (``"gravity"``, ``"model.opt.gravity[2]"``), or a callable ``bind(env, value)``. Default:
-            the parameter's name as an attribute of ``env.unwrapped``. False: nowhere on the env;
-            hooks read it from ``ctx.applied`` (the built-in hooks declare theirs this way).
+            (``"gravity"``, ``"model.opt.gravity[2]"``), a callable ``bind(env, value)``, or a
+            binding object with ``resolve(env, name) -> (read, write)`` such as
+            ``shmpool.mujoco.body_mass("torso")``. Default: the parameter's name as an attribute of
+            ``env.unwrapped``. False: nowhere on the env; hooks read it from ``ctx.applied`` (the
+            built-in hooks declare theirs this way).
         dist: None, ``"uniform"``, ``"loguniform"`` or ``"normal"``: the block then holds the
             distribution's arguments per env and a value is drawn at each reset of the env (each
             step with ``when="step"``).
@@ -110,7 +112,7 @@ class ParamSpec:
             "high": [None if math.isinf(v) else v for v in self.high.ravel().tolist()],
             "when": self.when,
             "dist": self.dist,
-            "bind": self.bind if isinstance(self.bind, (str, bool)) or self.bind is None else getattr(self.bind, "__qualname__", "callable"),
+            "bind": self.bind if isinstance(self.bind, (str, bool)) or self.bind is None else getattr(self.bind, "__qualname__", repr(self.bind)),
         }
 
     @classmethod
@@ -165,8 +167,11 @@ def compile_specs(params: Mapping[str, Param]) -> list[ParamSpec]:
             raise ValueError(f"params[{name!r}]: low {param.low} must not exceed high {param.high}")
         if param.dist == "loguniform" and np.any(low <= 0) and param.low is not None:
             raise ValueError(f"params[{name!r}]: a loguniform parameter needs low > 0, got {param.low}")
-        if param.bind is not None and param.bind is not False and not isinstance(param.bind, str) and not callable(param.bind):
-            raise TypeError(f"params[{name!r}]: bind must be a path string, a callable or False, got {param.bind!r}")
+        bind = param.bind
+        if not (bind is None or bind is False or isinstance(bind, str) or callable(bind) or hasattr(bind, "resolve")):
+            raise TypeError(
+                f"params[{name!r}]: bind must be a path string, a callable, a binding object or False, got {bind!r}"
+            )
         specs.append(ParamSpec(name, index, dtype, shape, low, high, param.when, param.bind, param.dist))
     return specs
 
@@ -498,8 +503,13 @@ class Binding:
         self._setter: Binder | None = None
         self._tokens: list[str | int] = []
         self._simple: str | None = None  # a plain attribute of a scalar parameter: set directly
+        self._getter: Callable[[], Any] | None = None
         if spec.bind is False:
             self._setter = _unbound
+            return
+        if hasattr(spec.bind, "resolve"):  # a binding object, e.g. shmpool.mujoco.body_mass("torso")
+            self._getter, write = spec.bind.resolve(env, spec.name)  # type: ignore[union-attr]
+            self._setter = lambda _env, value: write(value)
             return
         if callable(spec.bind):
             self._setter = spec.bind
@@ -521,6 +531,8 @@ class Binding:
 
     def get(self) -> Any:
         """The current value on the env (None for a callable binding, which cannot be read)."""
+        if self._getter is not None:
+            return self._getter()
         if self._setter is not None:
             return None
         target = self._root
@@ -590,7 +602,7 @@ def initial_records(
             binding = Binding(probe, spec, env_label)  # fails here, at launch, for a bad path
 
         def nominal() -> np.ndarray:
-            if callable(spec.bind) or spec.bind is False:
+            if (callable(spec.bind) and not hasattr(spec.bind, "resolve")) or spec.bind is False:
                 raise ValueError(
                     f"params[{spec.name!r}]: bind={spec.bind!r} cannot be read for a nominal value; give a default"
                 )

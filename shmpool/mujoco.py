@@ -1,0 +1,165 @@
+"""Parameter bindings and pushes for gymnasium's MuJoCo envs (``pip install 'shmpool[mujoco]'``).
+
+Each binding names one entry of the env's ``mujoco.MjModel`` and is resolved once per env, at launch
+(and again when an env is re-made): an unknown name fails then, listing the names the model has.
+
+    params = {
+        "mass": Param(dist="uniform", default={"low": 0.8, "high": 1.2}, low=0.5, high=2.0,
+                      when="reset", bind=mujoco.body_mass("torso", relative=True)),   # torso mass x U(0.8, 1.2)
+        "friction": Param(low=0.1, high=2.0, when="reset", bind=mujoco.geom_friction("floor", axis=0)),
+    }
+
+With ``relative=True`` the parameter is a scale of the env's nominal value (the way papers state
+ranges: mass x U(0.8, 1.2)); its nominal value is 1.0 and ``applied`` reports the scale. A binding
+keeps the model consistent after a change: masses recompute MuJoCo's derived constants
+(``mj_setConst``, on a scratch ``MjData`` so the simulation state is untouched).
+
+This module imports ``mujoco`` only when a binding is resolved (inside a worker or at launch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+_OBJECTS = {"body": "mjOBJ_BODY", "geom": "mjOBJ_GEOM", "joint": "mjOBJ_JOINT", "actuator": "mjOBJ_ACTUATOR"}
+
+
+def _model_and_data(env: Any) -> tuple[Any, Any]:
+    unwrapped = env.unwrapped
+    if not hasattr(unwrapped, "model") or not hasattr(unwrapped, "data"):
+        raise TypeError(f"{type(unwrapped).__name__} is not a MuJoCo env (it has no .model/.data)")
+    return unwrapped.model, unwrapped.data
+
+
+def object_id(model: Any, kind: str, name: str) -> int:
+    """The id of the named body, geom, joint or actuator; ``ValueError`` listing the names if unknown."""
+    import mujoco
+
+    index = mujoco.mj_name2id(model, getattr(mujoco.mjtObj, _OBJECTS[kind]), name)
+    if index < 0:
+        count = {"body": model.nbody, "geom": model.ngeom, "joint": model.njnt, "actuator": model.nu}[kind]
+        names = [getattr(model, kind)(i).name for i in range(count)]
+        raise ValueError(f"the model has no {kind} named {name!r}; its {kind} names are {[n for n in names if n]}")
+    return int(index)
+
+
+class ModelBinding:
+    """Binds a parameter to entries of one array of the env's ``MjModel``; use it as ``Param(bind=...)``."""
+
+    def __init__(self, field: str, kind: str | None, name: str | None, axis: int | None, *, relative: bool = False,
+                 set_const: bool = False) -> None:
+        self.field, self.kind, self.name, self.axis = field, kind, name, axis
+        self.relative, self.set_const = relative, set_const
+
+    def __repr__(self) -> str:
+        where = f"{self.name!r}" if self.name is not None else ""
+        axis = f", axis={self.axis}" if self.axis is not None else ""
+        return f"{self.field}({where}{axis}{', relative=True' if self.relative else ''})"
+
+    def _location(self, model: Any) -> tuple[Any, ...]:
+        if self.kind is None:
+            return () if self.axis is None else (self.axis,)
+        index = object_id(model, self.kind, self.name)  # type: ignore[arg-type]
+        if self.kind == "joint" and self.field == "dof_damping":
+            index = int(model.jnt_dofadr[index])
+        return (index,) if self.axis is None else (index, self.axis)
+
+    def resolve(self, env: Any, param: str) -> tuple[Callable[[], Any], Callable[[Any], None]]:
+        """The (read, write) functions of this binding on ``env``; called once per (re)built env."""
+        import mujoco
+
+        model, data = _model_and_data(env)
+        owner, attribute = (model.opt, self.field[4:]) if self.field.startswith("opt.") else (model, self.field)
+        location = self._location(model)
+        scalar = not isinstance(getattr(owner, attribute), np.ndarray)
+        if scalar:
+            nominal = np.array(getattr(owner, attribute))
+        else:
+            array = getattr(owner, attribute)
+            nominal = np.array(array[location])
+        scratch = mujoco.MjData(model) if self.set_const else None
+
+        def read() -> Any:
+            if self.relative:
+                return np.ones(nominal.shape)
+            return np.array(getattr(owner, attribute)) if scalar else np.array(getattr(owner, attribute)[location])
+
+        def write(value: Any) -> None:
+            target = nominal * np.asarray(value) if self.relative else np.asarray(value)
+            if scalar:
+                setattr(owner, attribute, float(target))
+            else:
+                getattr(owner, attribute)[location] = target
+            if scratch is not None:
+                mujoco.mj_setConst(model, scratch)
+
+        return read, write
+
+
+def body_mass(body: str, *, relative: bool = False) -> ModelBinding:
+    """The mass of a body (derived constants are recomputed after each change)."""
+    return ModelBinding("body_mass", "body", body, None, relative=relative, set_const=True)
+
+
+def geom_friction(geom: str, axis: int | None = 0, *, relative: bool = False) -> ModelBinding:
+    """A geom's friction: ``axis`` 0 sliding, 1 torsional, 2 rolling; None for all three (shape (3,))."""
+    return ModelBinding("geom_friction", "geom", geom, axis, relative=relative)
+
+
+def dof_damping(joint: str, *, relative: bool = False) -> ModelBinding:
+    """The damping of a joint's (first) degree of freedom."""
+    return ModelBinding("dof_damping", "joint", joint, None, relative=relative)
+
+
+def actuator_gear(actuator: str, axis: int = 0, *, relative: bool = False) -> ModelBinding:
+    """An actuator's gear (``axis`` 0: the scale from control to joint force)."""
+    return ModelBinding("actuator_gear", "actuator", actuator, axis, relative=relative)
+
+
+def gravity(axis: int | None = 2, *, relative: bool = False) -> ModelBinding:
+    """The gravity vector's ``axis`` component (None: the whole vector, shape (3,))."""
+    return ModelBinding("opt.gravity", None, None, axis, relative=relative)
+
+
+def timestep(*, relative: bool = False) -> ModelBinding:
+    """The simulation timestep (``env.dt`` follows: it is the timestep times the frame skip)."""
+    return ModelBinding("opt.timestep", None, None, None, relative=relative)
+
+
+class Push:
+    """A kick for :class:`shmpool.hooks.Perturb` on MuJoCo envs: an external force on a named body for
+    the next step (``mode="force"``, through ``data.xfrc_applied``) or a change of the body's
+    velocity (``mode="velocity"``, added to the ``qvel`` of the joints that move it)."""
+
+    def __init__(self, body: str = "torso", mode: str = "force") -> None:
+        if mode not in ("force", "velocity"):
+            raise ValueError(f"Push mode must be 'force' or 'velocity', got {mode!r}")
+        self.body, self.mode = body, mode
+        self._ids: dict[int, int] = {}
+
+    def _body(self, model: Any) -> int:
+        key = id(model)
+        if key not in self._ids:
+            self._ids[key] = object_id(model, "body", self.body)
+        return self._ids[key]
+
+    def __call__(self, env: Any, amounts: np.ndarray) -> None:
+        model, data = _model_and_data(env)
+        body = self._body(model)
+        if self.mode == "force":
+            data.xfrc_applied[body, : min(3, len(amounts))] = amounts[:3]
+            return
+        start, count = int(model.body_dofadr[body]), int(model.body_dofnum[body])
+        if start < 0 or count == 0:
+            raise ValueError(f"body {self.body!r} has no degrees of freedom of its own to push")
+        used = min(count, len(amounts))
+        data.qvel[start : start + used] += amounts[:used]
+
+    def clear(self, env: Any) -> None:
+        """Removes the force after the step it acted on."""
+        if self.mode == "force":
+            model, data = _model_and_data(env)
+            data.xfrc_applied[self._body(model)] = 0.0
