@@ -58,7 +58,9 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         if isinstance(default, bool):
             parser.add_argument(flag, action="store_true", help=_field_doc(settings_field.name))
         elif isinstance(default, list):  # None marks "not given", so --quick can pick its own
-            parser.add_argument(flag, nargs="+", type=type(default[0]), default=None, help=_field_doc(settings_field.name))
+            parser.add_argument(
+                flag, nargs="+", type=type(default[0]), default=None, help=_field_doc(settings_field.name)
+            )
         else:
             parser.add_argument(flag, type=type(default), default=default, help=_field_doc(settings_field.name))
     given = vars(parser.parse_args(argv))
@@ -104,7 +106,9 @@ def raw_loop(env_id: str, num_envs: int) -> Iterator[tuple[Callable[[Any], None]
 
 
 @contextmanager
-def vector(make: Callable[[], gym.vector.VectorEnv], num_envs: int) -> Iterator[tuple[Callable[[Any], None], list[Any], int]]:
+def vector(
+    make: Callable[[], gym.vector.VectorEnv], num_envs: int
+) -> Iterator[tuple[Callable[[Any], None], list[Any], int]]:
     """Any gymnasium vector env (shmpool's Pool included); counts num_envs env steps per call."""
     envs = make()
     envs.reset(seed=0)
@@ -122,7 +126,9 @@ WRITE_COST = {"seconds": 0.0, "calls": 0}
 
 
 @contextmanager
-def with_updates(make: Callable[[], gym.vector.VectorEnv], num_envs: int, how: str) -> Iterator[tuple[Callable[[Any], None], list[Any], int]]:
+def with_updates(
+    make: Callable[[], gym.vector.VectorEnv], num_envs: int, how: str
+) -> Iterator[tuple[Callable[[Any], None], list[Any], int]]:
     """A vector env whose three CartPole parameters get new values for every env before every step:
     through shmpool's ``params.write`` (``how="write"``), or gymnasium's ``set_attr``."""
     rng = np.random.default_rng(0)
@@ -160,11 +166,14 @@ with shmpool.attach(sys.argv[1], timeout=30) as handle:
 
 
 @contextmanager
-def with_event_sender(make: Callable[[], gym.vector.VectorEnv], num_envs: int, rate: int) -> Iterator[tuple[Callable[[Any], None], list[Any], int]]:
+def with_event_sender(
+    make: Callable[[], gym.vector.VectorEnv], num_envs: int, rate: int
+) -> Iterator[tuple[Callable[[Any], None], list[Any], int]]:
     """A pool that receives ``rate`` events per second from another process while it steps."""
     with vector(make, num_envs) as (step, actions, env_steps):
-        sender = subprocess.Popen([sys.executable, "-c", EVENT_SENDER, step.__self__.name, str(rate)],
-                                  stdout=subprocess.PIPE, text=True)
+        sender = subprocess.Popen(
+            [sys.executable, "-c", EVENT_SENDER, step.__self__.name, str(rate)], stdout=subprocess.PIPE, text=True
+        )
         try:
             sender.stdout.readline()  # type: ignore[union-attr]
             yield step, actions, env_steps
@@ -189,20 +198,39 @@ def cases(env_id: str, num_envs: int, workers: int) -> list[tuple[str, Callable[
         from shmpool import mujoco as smj
 
         randomized = {
-            "mass_scale": shmpool.Param(dist="uniform", default={"low": 0.8, "high": 1.2}, low=0.5, high=2.0,
-                                        when="reset", bind=smj.body_mass("torso", relative=True)),
-            "friction_scale": shmpool.Param(dist="uniform", default={"low": 0.5, "high": 1.5}, low=0.1, high=3.0,
-                                            when="reset", bind=smj.geom_friction("floor", relative=True)),
+            "mass_scale": shmpool.Param(
+                dist="uniform",
+                default={"low": 0.8, "high": 1.2},
+                low=0.5,
+                high=2.0,
+                when="reset",
+                bind=smj.body_mass("torso", relative=True),
+            ),
+            "friction_scale": shmpool.Param(
+                dist="uniform",
+                default={"low": 0.5, "high": 1.5},
+                low=0.1,
+                high=3.0,
+                when="reset",
+                bind=smj.geom_friction("floor", relative=True),
+            ),
         }
-        rows.append((
-            "shmpool, randomized",
-            lambda: vector(lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, params=randomized),
-                           num_envs),
-        ))
+        rows.append(
+            (
+                "shmpool, randomized",
+                lambda: vector(
+                    lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, params=randomized), num_envs
+                ),
+            )
+        )
     if env_id.startswith("CartPole"):
         params = {name: shmpool.Param(low=0.01, high=100.0) for name in UPDATED}
         pool = lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, params=params)  # noqa: E731
-        three_hooks = [shmpool.hooks.ObservationNoise(0.01), shmpool.hooks.RewardScale(1.0), shmpool.hooks.ActionDelay(1)]
+        three_hooks = [
+            shmpool.hooks.ObservationNoise(0.01),
+            shmpool.hooks.RewardScale(1.0),
+            shmpool.hooks.ActionDelay(1),
+        ]
         hooked = lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, hooks=three_hooks)  # noqa: E731
         kicked = lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, hooks=[shmpool.hooks.Perturb()])  # noqa: E731
         rows += [
@@ -225,7 +253,7 @@ def measurable(env_id: str, num_envs: int) -> bool:
         try:
             import mujoco  # noqa: F401
         except ImportError:
-            print(f"skipping {env_id}: mujoco is not installed (pip install 'shmpool[mujoco]')", file=sys.stderr)
+            print(f"skipping {env_id}: mujoco is not installed (pip install -e '.[mujoco]')", file=sys.stderr)
             return False
         return num_envs <= 32
     return True
@@ -256,8 +284,13 @@ def main(argv: list[str] | None = None) -> None:
     """Runs every row and prints the table."""
     settings = parse_settings(argv)
     rows: list[tuple[str, int, str, float, float, float]] = []
-    plan = [(env_id, n, case) for env_id in settings.envs for n in settings.num_envs if measurable(env_id, n)
-            for case in cases(env_id, n, settings.workers)]
+    plan = [
+        (env_id, n, case)
+        for env_id in settings.envs
+        for n in settings.num_envs
+        if measurable(env_id, n)
+        for case in cases(env_id, n, settings.workers)
+    ]
     measured: dict[tuple[str, int], dict[str, float]] = {}
     for done, (env_id, num_envs, (label, stepper)) in enumerate(plan, 1):
         print(f"[{done}/{len(plan)}] {env_id} x{num_envs}: {label}", file=sys.stderr, flush=True)
@@ -289,8 +322,8 @@ def main(argv: list[str] | None = None) -> None:
             )
     if WRITE_COST["calls"]:
         notes.append(
-            f"params.write(None, 3 params) costs the trainer {WRITE_COST['seconds'] / WRITE_COST['calls'] * 1e6:.1f} us "
-            f"per update (mean over all sizes)"
+            f"params.write(None, 3 params) costs the trainer "
+            f"{WRITE_COST['seconds'] / WRITE_COST['calls'] * 1e6:.1f} us per update (mean over all sizes)"
         )
     print("\n".join(notes))
 

@@ -79,12 +79,21 @@ def build(settings: Settings) -> Threshold | ADR:
         if len(settings.param) != 1:
             raise SystemExit("--algo threshold needs exactly one --param")
         curriculum: Threshold | ADR = Threshold(
-            settings.param[0], step=settings.step, target=settings.target, window=settings.window, metric=settings.metric
+            settings.param[0],
+            step=settings.step,
+            target=settings.target,
+            window=settings.window,
+            metric=settings.metric,
         )
     else:
         curriculum = ADR(
-            settings.param or None, delta=settings.delta, p_boundary=settings.p_boundary, buffer=settings.buffer,
-            low_threshold=settings.low_threshold, high_threshold=settings.high_threshold, metric=settings.metric,
+            settings.param or None,
+            delta=settings.delta,
+            p_boundary=settings.p_boundary,
+            buffer=settings.buffer,
+            low_threshold=settings.low_threshold,
+            high_threshold=settings.high_threshold,
+            metric=settings.metric,
             seed=settings.seed,
         )
     if settings.state and Path(settings.state).exists():

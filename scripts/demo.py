@@ -62,7 +62,13 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
     parser.add_argument("--quick", action="store_true", help="a short run for CI: 16 envs, 4 generations, 200 steps")
     settings = Settings(**vars(parser.parse_args(argv)))
     if settings.quick:
-        settings.num_envs, settings.generations, settings.population, settings.elites, settings.max_steps = 16, 4, 8, 2, 200
+        settings.num_envs, settings.generations, settings.population, settings.elites, settings.max_steps = (
+            16,
+            4,
+            8,
+            2,
+            200,
+        )
     if settings.num_envs % settings.population:
         raise SystemExit("--num-envs must be a multiple of --population")
     return settings
@@ -99,7 +105,7 @@ def save_plot(path: str, history: list[dict]) -> str:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "matplotlib is not installed (pip install 'shmpool[plot]'): no plot"
+        return 'matplotlib is not installed (pip install -e ".[plot]"): no plot'
     generations = [row["generation"] for row in history]
     figure, axes = plt.subplots(1, len(PHYSICS) + 1, figsize=(4 * (len(PHYSICS) + 1), 3.2))
     axes[0].plot(generations, [row["mean"] for row in history], label="mean return")
@@ -134,26 +140,50 @@ def main(argv: list[str] | None = None) -> int:
     per_candidate = settings.num_envs // settings.population
     history: list[dict] = []
     started = time.perf_counter()
-    with shmpool.launch("CartPole-v1", settings.num_envs, num_workers=settings.num_workers, params=params,
-                        seed=settings.seed) as pool:
+    with shmpool.launch(
+        "CartPole-v1", settings.num_envs, num_workers=settings.num_workers, params=params, seed=settings.seed
+    ) as pool:
         curriculum = subprocess.Popen(
-            [sys.executable, str(HERE / "curriculum.py"), "--pool", pool.name, "--algo", "adr", "--state", str(state_file),
-             "--low-threshold", str(0.25 * settings.max_steps), "--high-threshold", str(0.6 * settings.max_steps),
-             "--buffer", "4", "--delta", "0.05", "--p-boundary", "0.5", "--log-every", "3600"],
-            stdout=open(workdir / "curriculum.log", "w"), stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                str(HERE / "curriculum.py"),
+                "--pool",
+                pool.name,
+                "--algo",
+                "adr",
+                "--state",
+                str(state_file),
+                "--low-threshold",
+                str(0.25 * settings.max_steps),
+                "--high-threshold",
+                str(0.6 * settings.max_steps),
+                "--buffer",
+                "4",
+                "--delta",
+                "0.05",
+                "--p-boundary",
+                "0.5",
+                "--log-every",
+                "3600",
+            ],
+            stdout=open(workdir / "curriculum.log", "w"),
+            stderr=subprocess.STDOUT,
         )
-        print(f"pool {pool.name}: {settings.num_envs} CartPole envs on {settings.num_workers} workers; "
-              f"ADR curriculum in process {curriculum.pid} (log: {workdir / 'curriculum.log'})")
+        print(
+            f"pool {pool.name}: {settings.num_envs} CartPole envs on {settings.num_workers} workers; "
+            f"ADR curriculum in process {curriculum.pid} (log: {workdir / 'curriculum.log'})"
+        )
         steps_before = 0
         for generation in range(1, settings.generations + 1):
             candidates = mean + std * rng.standard_normal((settings.population, 5))
             returns = evaluate(pool, np.repeat(candidates, per_candidate, axis=0), settings.max_steps)
             scores = returns.reshape(settings.population, per_candidate).mean(axis=1)
-            elite = candidates[np.argsort(scores)[-settings.elites:]]
+            elite = candidates[np.argsort(scores)[-settings.elites :]]
             mean, std = elite.mean(axis=0), elite.std(axis=0) + 0.02
             ranges = json.loads(state_file.read_text())["ranges"] if state_file.exists() else {}
-            history.append({"generation": generation, "mean": float(returns.mean()), "best": float(scores.max()),
-                            "ranges": ranges})
+            history.append(
+                {"generation": generation, "mean": float(returns.mean()), "best": float(scores.max()), "ranges": ranges}
+            )
             shown = " ".join(f"{n}=[{lo:.3g},{hi:.3g}]" for n, (lo, hi) in ranges.items())
             progress(generation, settings.generations, f"return {returns.mean():6.1f}  {shown}")
         steps = pool.global_step * pool.num_envs - steps_before

@@ -59,14 +59,33 @@ def main(argv: list[str] | None = None) -> None:
     """Runs the randomized pool and prints what was applied."""
     settings = parse_settings(argv)
     params = {
-        "mass_scale": Param(dist="uniform", default={"low": 0.8, "high": 1.2}, low=0.5, high=2.0, when="reset",
-                            bind=smj.body_mass(settings.body, relative=True)),
-        "friction_scale": Param(dist="uniform", default={"low": 0.5, "high": 1.5}, low=0.1, high=3.0, when="reset",
-                                bind=smj.geom_friction(settings.floor, axis=0, relative=True)),
+        "mass_scale": Param(
+            dist="uniform",
+            default={"low": 0.8, "high": 1.2},
+            low=0.5,
+            high=2.0,
+            when="reset",
+            bind=smj.body_mass(settings.body, relative=True),
+        ),
+        "friction_scale": Param(
+            dist="uniform",
+            default={"low": 0.5, "high": 1.5},
+            low=0.1,
+            high=3.0,
+            when="reset",
+            bind=smj.geom_friction(settings.floor, axis=0, relative=True),
+        ),
     }
     push = hooks.Perturb(settings.push_force, every=settings.push_every, kick=smj.Push(settings.body), dims=3)
-    with shmpool.launch(settings.env, settings.num_envs, num_workers=settings.num_workers, params=params,
-                        hooks=[push], seed=settings.seed, env_kwargs={"max_episode_steps": 200}) as pool:
+    with shmpool.launch(
+        settings.env,
+        settings.num_envs,
+        num_workers=settings.num_workers,
+        params=params,
+        hooks=[push],
+        seed=settings.seed,
+        env_kwargs={"max_episode_steps": 200},
+    ) as pool:
         print(pool)
         pool.reset()
         pool.action_space.seed(settings.seed)
@@ -93,10 +112,16 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\n{'parameter':<16} {'declared range':>16} {'applied min':>12} {'applied max':>12} {'distinct':>9}")
     for name, (low, high) in (("mass_scale", (0.8, 1.2)), ("friction_scale", (0.5, 1.5))):
         values = np.concatenate(seen[name]) if seen[name] else np.zeros(0)
-        print(f"{name:<16} {f'[{low}, {high}]':>16} {values.min():>12.4f} {values.max():>12.4f} {len(np.unique(values)):>9}")
+        print(
+            f"{name:<16} {f'[{low}, {high}]':>16} {values.min():>12.4f} {values.max():>12.4f} "
+            f"{len(np.unique(values)):>9}"
+        )
     mean_return = np.mean(returns) if returns else float("nan")
-    print(f"\n{steps * settings.num_envs:,} env steps in {elapsed:.1f} s: {steps * settings.num_envs / elapsed:,.0f} steps/s; "
-          f"{len(episodes)} episodes, mean return {mean_return:.1f}; pushes every {settings.push_every} steps")
+    print(
+        f"\n{steps * settings.num_envs:,} env steps in {elapsed:.1f} s: "
+        f"{steps * settings.num_envs / elapsed:,.0f} steps/s; "
+        f"{len(episodes)} episodes, mean return {mean_return:.1f}; pushes every {settings.push_every} steps"
+    )
 
 
 if __name__ == "__main__":

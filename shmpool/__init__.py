@@ -29,13 +29,20 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .params import Param, ParamBlock
     from .handle import PoolHandle, attach
+    from .params import Param, ParamBlock
     from .pool import Pool, launch
 
 __version__ = "0.1.0"
 
-_LAZY = {"launch": "pool", "Pool": "pool", "Param": "params", "ParamBlock": "params", "attach": "handle", "PoolHandle": "handle"}
+_LAZY = {
+    "launch": "pool",
+    "Pool": "pool",
+    "Param": "params",
+    "ParamBlock": "params",
+    "attach": "handle",
+    "PoolHandle": "handle",
+}
 
 
 _SUBMODULES = {"hooks", "curricula", "params", "episodes", "events"}

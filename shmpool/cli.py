@@ -1,10 +1,10 @@
 """The ``shmpool`` command: find pools on this machine, look at them, change their parameters.
 
-    shmpool ls                       live pools (stale ones marked)
-    shmpool show NAME                parameters, applied values and recent episodes per env
-    shmpool set NAME length=0.8 [--envs 0:8]   a validated write (masscart.low=0.5 for a dist)
-    shmpool watch NAME               a live view: steps/s, returns, parameter ranges
-    shmpool gc                       remove shared memory left by pools whose owner is dead
+shmpool ls                       live pools (stale ones marked)
+shmpool show NAME                parameters, applied values and recent episodes per env
+shmpool set NAME length=0.8 [--envs 0:8]   a validated write (masscart.low=0.5 for a dist)
+shmpool watch NAME               a live view: steps/s, returns, parameter ranges
+shmpool gc                       remove shared memory left by pools whose owner is dead
 """
 
 from __future__ import annotations
@@ -52,11 +52,19 @@ def command_ls() -> int:
     rows = []
     for record in records:
         meta = record.meta
-        rows.append([
-            record.name, record.owner_pid, "alive" if record.alive else "stale (owner dead; shmpool gc removes it)",
-            meta.get("env", "?"), meta.get("num_envs", "?"), meta.get("num_workers", "?"), record.steps_per_second,
-            record.global_step, _age(time.time() - float(meta.get("created", time.time()))),
-        ])
+        rows.append(
+            [
+                record.name,
+                record.owner_pid,
+                "alive" if record.alive else "stale (owner dead; shmpool gc removes it)",
+                meta.get("env", "?"),
+                meta.get("num_envs", "?"),
+                meta.get("num_workers", "?"),
+                record.steps_per_second,
+                record.global_step,
+                _age(time.time() - float(meta.get("created", time.time()))),
+            ]
+        )
     print(table(["name", "owner", "state", "env", "envs", "workers", "steps/s", "step", "age"], rows))
     return 0
 
@@ -74,8 +82,10 @@ def command_show(name: str, recent: int) -> int:
 
     with attach(name) as handle:
         stats = handle.stats
-        print(f"{handle!r}  step {stats.global_step}  {stats.steps_per_second} steps/s  "
-              f"{stats.episodes} episodes  workers {stats.workers}  refusals {stats.refusals}")
+        print(
+            f"{handle!r}  step {stats.global_step}  {stats.steps_per_second} steps/s  "
+            f"{stats.episodes} episodes  workers {stats.workers}  refusals {stats.refusals}"
+        )
         episodes = handle.episodes.recent(recent * handle.num_envs)
         names = list(handle.param_specs)
         header = ["env"] + [f"{n} (param)" for n in names] + [f"{n} (applied)" for n in names]
@@ -143,13 +153,17 @@ def command_watch(name: str, interval: float, count: int | None) -> int:
                 f"workers {' '.join(stats.workers)}   lost records {handle.episodes.lost}",
             ]
             if len(records):
-                lines.append(f"last {interval:g}s: {len(records)} episodes, return mean {records['return'].mean():.4g} "
-                             f"min {records['return'].min():.4g} max {records['return'].max():.4g}")
+                lines.append(
+                    f"last {interval:g}s: {len(records)} episodes, return mean {records['return'].mean():.4g} "
+                    f"min {records['return'].min():.4g} max {records['return'].max():.4g}"
+                )
             else:
                 lines.append(f"last {interval:g}s: no episodes finished")
             if applied is not None:
-                rows = [[n, float(np.min(applied[n])), float(np.mean(applied[n])), float(np.max(applied[n]))]
-                        for n in handle.param_specs]
+                rows = [
+                    [n, float(np.min(applied[n])), float(np.mean(applied[n])), float(np.max(applied[n]))]
+                    for n in handle.param_specs
+                ]
                 lines.append(table(["param", "min", "mean", "max"], rows))
             print(("\033[2J\033[H" if sys.stdout.isatty() else "") + "\n".join(lines), flush=True)
             shown += 1
@@ -159,7 +173,9 @@ def command_watch(name: str, interval: float, count: int | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the command line; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="shmpool", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="shmpool", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("ls", help="list this user's pools (live and stale)")
     show = commands.add_parser("show", help="a pool's parameters, applied values and recent episodes per env")

@@ -22,8 +22,14 @@ def scores(records: np.ndarray, metric: str) -> np.ndarray:
     """The score of each record: its return, or the named episode metric."""
     if metric == "return":
         return records["return"].astype(np.float64)
-    if records.dtype.names is None or "metrics" not in records.dtype.names or metric not in records.dtype["metrics"].names:
-        raise KeyError(f"no episode metric {metric!r}; declare it with launch(episode_metrics={{{metric!r}: 'info key'}})")
+    if (
+        records.dtype.names is None
+        or "metrics" not in records.dtype.names
+        or metric not in records.dtype["metrics"].names
+    ):
+        raise KeyError(
+            f"no episode metric {metric!r}; declare it with launch(episode_metrics={{{metric!r}: 'info key'}})"
+        )
     return records["metrics"][metric].astype(np.float64)
 
 
@@ -64,8 +70,13 @@ class Threshold:
 
     def state(self) -> dict[str, Any]:
         """Plain data to resume from."""
-        return {"algo": "threshold", "param": self.param, "value": self.value, "recent": list(self._recent),
-                "changes": self.changes}
+        return {
+            "algo": "threshold",
+            "param": self.param,
+            "value": self.value,
+            "recent": list(self._recent),
+            "changes": self.changes,
+        }
 
     def load(self, state: dict[str, Any]) -> None:
         """Resumes from ``state()``."""
@@ -86,11 +97,22 @@ class ADR:
     empties. Ranges never pass the hard bounds.
     """
 
-    def __init__(self, params: Sequence[str] | None = None, *, delta: float = 0.05, p_boundary: float = 0.5,
-                 buffer: int = 10, low_threshold: float, high_threshold: float, metric: str = "return",
-                 seed: int = 0) -> None:
+    def __init__(
+        self,
+        params: Sequence[str] | None = None,
+        *,
+        delta: float = 0.05,
+        p_boundary: float = 0.5,
+        buffer: int = 10,
+        low_threshold: float,
+        high_threshold: float,
+        metric: str = "return",
+        seed: int = 0,
+    ) -> None:
         if not 0 <= p_boundary <= 1 or buffer < 1 or delta <= 0 or low_threshold > high_threshold:
-            raise ValueError("ADR needs 0 <= p_boundary <= 1, buffer >= 1, delta > 0 and low_threshold <= high_threshold")
+            raise ValueError(
+                "ADR needs 0 <= p_boundary <= 1, buffer >= 1, delta > 0 and low_threshold <= high_threshold"
+            )
         self.names = list(params) if params else None
         self.delta, self.p_boundary, self.buffer = delta, p_boundary, buffer
         self.low_threshold, self.high_threshold, self.metric = low_threshold, high_threshold, metric
@@ -162,15 +184,21 @@ class ADR:
         step = self.delta * (self._hard[name][1] - self._hard[name][0])
         nominal = self.nominal[name]
         if mean >= self.high_threshold:
-            low, high = (max(low - step, self._hard[name][0]), high) if side == "low" else (low, min(high + step, self._hard[name][1]))
+            low, high = (
+                (max(low - step, self._hard[name][0]), high)
+                if side == "low"
+                else (low, min(high + step, self._hard[name][1]))
+            )
         elif mean <= self.low_threshold:
             low, high = (min(low + step, nominal), high) if side == "low" else (low, max(high - step, nominal))
         else:
             return False
         if [low, high] == self.ranges[name]:
             return False
-        log.append(f"{name}: [{self.ranges[name][0]:.4g}, {self.ranges[name][1]:.4g}] -> [{low:.4g}, {high:.4g}] "
-                   f"({side} boundary, mean {self.metric} {mean:.3g})")
+        log.append(
+            f"{name}: [{self.ranges[name][0]:.4g}, {self.ranges[name][1]:.4g}] -> [{low:.4g}, {high:.4g}] "
+            f"({side} boundary, mean {self.metric} {mean:.3g})"
+        )
         self.ranges[name] = [low, high]
         return True
 
@@ -190,8 +218,13 @@ class ADR:
     def state(self) -> dict[str, Any]:
         """Plain data to resume from: ranges, nominal values, buffers, the random state."""
         version, internal, gauss = self._random.getstate()
-        return {"algo": "adr", "ranges": self.ranges, "nominal": self.nominal, "buffers": self.buffers,
-                "random": [version, list(internal), gauss]}
+        return {
+            "algo": "adr",
+            "ranges": self.ranges,
+            "nominal": self.nominal,
+            "buffers": self.buffers,
+            "random": [version, list(internal), gauss],
+        }
 
     def load(self, state: dict[str, Any]) -> None:
         """Resumes from ``state()`` (the pinned envs start afresh)."""

@@ -58,8 +58,17 @@ class EpisodeWriter:
         self._applied = views.get("applied")
         self._metrics = dict(metrics)
 
-    def append(self, env_id: int, episode: int, step: int, total: float, length: int, terminated: bool,
-               truncated: bool, info: Mapping[str, Any] | None) -> None:
+    def append(
+        self,
+        env_id: int,
+        episode: int,
+        step: int,
+        total: float,
+        length: int,
+        terminated: bool,
+        truncated: bool,
+        info: Mapping[str, Any] | None,
+    ) -> None:
         """Writes one record, then publishes it by advancing the head."""
         head = int(self._heads[self._worker_id])
         record = self._records[head % self._capacity]

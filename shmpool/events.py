@@ -103,9 +103,7 @@ class EventSender:
             raise ValueError(f"env_ids {ids.tolist()} out of range for num_envs={self.num_envs}")
         values = np.zeros(0) if payload is None else np.asarray(payload, dtype=np.float64).ravel()
         if values.size > self.payload_size:
-            raise ValueError(
-                f"payload has {values.size} numbers; launch(event_payload=...) allows {self.payload_size}"
-            )
+            raise ValueError(f"payload has {values.size} numbers; launch(event_payload=...) allows {self.payload_size}")
         if at_step is not None and (not isinstance(at_step, (int, np.integer)) or at_step < 0):
             raise ValueError(f"at_step must be a non-negative int, got {at_step!r}")
         owners = np.searchsorted(self._starts, ids, side="right") - 1
@@ -158,7 +156,9 @@ class EventReader:
             record = self._records[position % self._capacity].copy()
             bits = np.unpackbits(record["mask"], bitorder="little")[: self._count].astype(np.bool_)
             payload = record["payload"][: int(record["payload_size"])].copy()
-            self._waiting.append((int(record["hook"]), int(record["at_step"]), np.flatnonzero(bits) + self._start, payload))
+            self._waiting.append(
+                (int(record["hook"]), int(record["at_step"]), np.flatnonzero(bits) + self._start, payload)
+            )
         if head != tail:
             self._tails[self._worker_id] = head  # after the copies: the slots may now be reused
         if not self._waiting:

@@ -8,8 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import LayoutMismatchError, PoolClosedError, PoolNotFoundError
 from .episodes import EpisodeReader
+from .errors import LayoutMismatchError, PoolClosedError, PoolNotFoundError
+from .events import EventSender
 from .layout import (
     CONTROL_WORDS,
     CTL_STATUS,
@@ -24,11 +25,9 @@ from .layout import (
     Layout,
     header_words,
 )
-from .events import EventSender
 from .params import ParamBlock, ParamSpec, applied_dtype, block_dtype
 from .registry import list_pools
 from .system import Segment, WriterLock, process_alive
-
 
 _WORKER_STATES = {WORKER_STARTING: "starting", WORKER_READY: "ready", WORKER_FAILED: "failed", WORKER_CLOSED: "closed"}
 
@@ -83,7 +82,12 @@ class PoolHandle:
                 if field not in views or views[field].dtype != expected or views[field].shape != (self.num_envs,):
                     raise LayoutMismatchError(f"pool {name!r}: field {field!r} does not match its parameter table")
             self.params = ParamBlock(
-                specs, views["params"], views["params_seq"], self._lock, self.env, self._check_open,
+                specs,
+                views["params"],
+                views["params_seq"],
+                self._lock,
+                self.env,
+                self._check_open,
                 lambda: views["param_refusals"].sum(axis=0),
             )
             self._applied = views["applied"].view()
@@ -175,9 +179,7 @@ def attach(name: str, *, timeout: float | None = None) -> PoolHandle:
         except PoolNotFoundError:
             if deadline is None or time.monotonic() > deadline:
                 others = [record.name for record in list_pools() if record.alive]
-                raise PoolNotFoundError(
-                    f"no pool named {name!r}; running pools: {others or 'none'}"
-                ) from None
+                raise PoolNotFoundError(f"no pool named {name!r}; running pools: {others or 'none'}") from None
             time.sleep(0.05)
     try:
         layout, header = Layout.read(segment.buffer)

@@ -75,7 +75,9 @@ class HookContext:
     action_space: spaces.Space[Any]
     observation_space: spaces.Space[Any]
 
-    def __init__(self, request_reset: Callable[[np.ndarray], None], resample: Callable[[list[str], np.ndarray], None]) -> None:
+    def __init__(
+        self, request_reset: Callable[[np.ndarray], None], resample: Callable[[list[str], np.ndarray], None]
+    ) -> None:
         self._request_reset = request_reset
         self._resample = resample
         self.events = []
@@ -224,8 +226,9 @@ class ActionDelay:
     delay of 2 an env receives a0, a0, a0, a1, a2, ...
     """
 
-    def __init__(self, steps: int = 1, *, max_steps: int | None = None, param: str = "action_delay",
-                 name: str | None = None) -> None:
+    def __init__(
+        self, steps: int = 1, *, max_steps: int | None = None, param: str = "action_delay", name: str | None = None
+    ) -> None:
         self.steps, self.param, self.name = int(steps), param, name or "ActionDelay"
         self.max_steps = int(max_steps if max_steps is not None else steps)
         if not 0 <= self.steps <= self.max_steps:
@@ -308,8 +311,16 @@ class Perturb:
     changes the body's velocity. A kick with a ``clear(env)`` method is cleared after the step.
     """
 
-    def __init__(self, strength: float = 0.0, *, every: int | None = None, param: str = "perturb_strength",
-                 kick: Callable[[Any, np.ndarray], None] | None = None, dims: int = 2, name: str | None = None) -> None:
+    def __init__(
+        self,
+        strength: float = 0.0,
+        *,
+        every: int | None = None,
+        param: str = "perturb_strength",
+        kick: Callable[[Any, np.ndarray], None] | None = None,
+        dims: int = 2,
+        name: str | None = None,
+    ) -> None:
         if every is not None and every < 1:
             raise ValueError(f"Perturb(every=...) must be >= 1, got {every}")
         self.strength, self.every, self.param, self.name = strength, every, param, name or "Perturb"

@@ -38,7 +38,12 @@ def info_format(value: Any, max_bytes: int) -> tuple[np.dtype[Any], tuple[int, .
         return np.dtype(np.float64), ()
     if isinstance(value, (np.number, np.bool_)):
         return value.dtype, ()
-    if isinstance(value, np.ndarray) and value.dtype.kind in "biuf" and 0 < value.nbytes <= max_bytes and value.ndim <= 4:
+    if (
+        isinstance(value, np.ndarray)
+        and value.dtype.kind in "biuf"
+        and 0 < value.nbytes <= max_bytes
+        and value.ndim <= 4
+    ):
         return value.dtype, value.shape
     return None
 
@@ -177,7 +182,8 @@ class InfoReader:
             self._overflow_warned[worker_id] = overflow
             warnings.warn(
                 f"worker {worker_id} saw {overflow} info key(s) beyond its table of {self._tables.shape[1]} keys "
-                f"(or with a path over {MAX_PATH_BYTES} bytes); they are left out of info. Raise launch(info_keys=...).",
+                f"(or with a path over {MAX_PATH_BYTES} bytes); they are left out of info. "
+                f"Raise launch(info_keys=...).",
                 RuntimeWarning,
                 stacklevel=4,
             )

@@ -77,7 +77,15 @@ MAX_TABLE_BYTES = 1 << 20
 
 # Header word indices.
 (
-    H_MAGIC, H_VERSION, H_SIZE, H_OWNER_PID, H_OWNER_START, H_OWNER_UID, H_STATE, H_TABLE_OFFSET, H_TABLE_LENGTH,
+    H_MAGIC,
+    H_VERSION,
+    H_SIZE,
+    H_OWNER_PID,
+    H_OWNER_START,
+    H_OWNER_UID,
+    H_STATE,
+    H_TABLE_OFFSET,
+    H_TABLE_LENGTH,
     H_GLOBAL_STEP,  # steps the trainer has issued, for attached processes
     H_STEPS_PER_SECOND,  # env steps per second over the last second or so, for attached processes
 ) = range(11)
@@ -157,7 +165,9 @@ def _encode_dtype(dtype: np.dtype[Any]) -> Any:
     entries = []
     for field_name in dtype.names or ():
         sub = dtype.fields[field_name][0]
-        entries.append([field_name, _encode_dtype(sub.base), list(sub.shape)] if sub.shape else [field_name, _encode_dtype(sub)])
+        entries.append(
+            [field_name, _encode_dtype(sub.base), list(sub.shape)] if sub.shape else [field_name, _encode_dtype(sub)]
+        )
     return entries
 
 

@@ -1,4 +1,4 @@
-"""Parameter bindings and pushes for gymnasium's MuJoCo envs (``pip install 'shmpool[mujoco]'``).
+"""Parameter bindings and pushes for gymnasium's MuJoCo envs (the ``mujoco`` extra: ``pip install -e ".[mujoco]"``).
 
 Each binding names one entry of the env's ``mujoco.MjModel`` and is resolved once per env, at launch
 (and again when an env is re-made): an unknown name fails then, listing the names the model has.
@@ -49,8 +49,16 @@ def object_id(model: Any, kind: str, name: str) -> int:
 class ModelBinding:
     """Binds a parameter to entries of one array of the env's ``MjModel``; use it as ``Param(bind=...)``."""
 
-    def __init__(self, field: str, kind: str | None, name: str | None, axis: int | None, *, relative: bool = False,
-                 set_const: bool = False) -> None:
+    def __init__(
+        self,
+        field: str,
+        kind: str | None,
+        name: str | None,
+        axis: int | None,
+        *,
+        relative: bool = False,
+        set_const: bool = False,
+    ) -> None:
         self.field, self.kind, self.name, self.axis = field, kind, name, axis
         self.relative, self.set_const = relative, set_const
 

@@ -112,7 +112,9 @@ class ParamSpec:
             "high": [None if math.isinf(v) else v for v in self.high.ravel().tolist()],
             "when": self.when,
             "dist": self.dist,
-            "bind": self.bind if isinstance(self.bind, (str, bool)) or self.bind is None else getattr(self.bind, "__qualname__", repr(self.bind)),
+            "bind": self.bind
+            if isinstance(self.bind, (str, bool)) or self.bind is None
+            else getattr(self.bind, "__qualname__", repr(self.bind)),
         }
 
     @classmethod
@@ -162,7 +164,9 @@ def compile_specs(params: Mapping[str, Param]) -> list[ParamSpec]:
             raise TypeError(f"params[{name!r}]: a dist parameter must have a float dtype, got {dtype}")
         shape = tuple(int(n) for n in param.shape)
         low = np.broadcast_to(np.asarray(-math.inf if param.low is None else param.low, dtype=np.float64), shape).copy()
-        high = np.broadcast_to(np.asarray(math.inf if param.high is None else param.high, dtype=np.float64), shape).copy()
+        high = np.broadcast_to(
+            np.asarray(math.inf if param.high is None else param.high, dtype=np.float64), shape
+        ).copy()
         if np.any(low > high) or np.isnan(low).any() or np.isnan(high).any():
             raise ValueError(f"params[{name!r}]: low {param.low} must not exceed high {param.high}")
         if param.dist == "loguniform" and np.any(low <= 0) and param.low is not None:
@@ -394,7 +398,8 @@ class ParamBlock:
                 row = int(np.flatnonzero(bad)[0])
                 record = {arg: arrays[arg][row] for arg in spec.arguments}
                 raise ValueError(
-                    f"{self._label}: params[{spec.name!r}][{ids[row]}] = {show(record)} rejected: {problem(spec, record)}"
+                    f"{self._label}: params[{spec.name!r}][{ids[row]}] = {show(record)} "
+                    f"rejected: {problem(spec, record)}"
                 )
             return [(spec.name, arg, arrays[arg]) for arg in spec.arguments if arg in value]
         array = self._broadcast(spec, ids, value, "")
@@ -402,7 +407,8 @@ class ParamBlock:
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
             raise ValueError(
-                f"{self._label}: params[{spec.name!r}][{ids[row]}] = {show(array[row])} rejected: {problem(spec, array[row])}"
+                f"{self._label}: params[{spec.name!r}][{ids[row]}] = {show(array[row])} "
+                f"rejected: {problem(spec, array[row])}"
             )
         return [(spec.name, None, array)]
 
@@ -434,8 +440,9 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def uniform01(seed: int, env_ids: np.ndarray, episodes: np.ndarray, param: int, step: int | np.ndarray,
-              size: int, lane: int = 0) -> np.ndarray:
+def uniform01(
+    seed: int, env_ids: np.ndarray, episodes: np.ndarray, param: int, step: int | np.ndarray, size: int, lane: int = 0
+) -> np.ndarray:
     """Uniform floats in [0, 1) of shape ``(len(env_ids), size)``, a pure function of every key."""
     key = np.full(len(env_ids), np.uint64(seed % (1 << 64)), dtype=np.uint64)
     for part in (env_ids, episodes, param, step, lane):
@@ -451,8 +458,9 @@ def derive_seed(seed: int, env_id: int, episode: int) -> int:
     return int(u[0, 0] * (1 << 31))
 
 
-def draw(spec: ParamSpec, arguments: np.ndarray, seed: int, env_ids: np.ndarray, episodes: np.ndarray,
-         step: int | np.ndarray) -> np.ndarray:
+def draw(
+    spec: ParamSpec, arguments: np.ndarray, seed: int, env_ids: np.ndarray, episodes: np.ndarray, step: int | np.ndarray
+) -> np.ndarray:
     """Draws one value per env from ``spec``'s distribution with per-env ``arguments`` records."""
     size = max(1, int(np.prod(spec.shape, dtype=np.int64)))
     shape = (len(env_ids), *spec.shape)
@@ -586,7 +594,24 @@ def derived_refresher(env: Any) -> Callable[[], None] | None:
 
 def constructor_defaults(specs: Sequence[ParamSpec], declared: Mapping[str, Param]) -> dict[str, Any]:
     """The ``rebuild`` parameters that have an explicit default, as constructor keywords."""
-    return {s.name: declared[s.name].default for s in specs if s.when == "rebuild" and declared[s.name].default is not None}
+    return {
+        s.name: declared[s.name].default for s in specs if s.when == "rebuild" and declared[s.name].default is not None
+    }
+
+
+def _nominal(spec: ParamSpec, binding: Binding | None, env_label: str) -> np.ndarray:
+    """The value a freshly made env has for ``spec``, read through its binding."""
+    if binding is None or (callable(spec.bind) and not hasattr(spec.bind, "resolve")) or spec.bind is False:
+        raise ValueError(
+            f"params[{spec.name!r}]: bind={spec.bind!r} cannot be read for a nominal value; give a default"
+        )
+    value = np.asarray(binding.get())
+    if value.shape != spec.shape:
+        raise ValueError(
+            f"params[{spec.name!r}]: {env_label}'s nominal value {show(value)} has shape {value.shape}, "
+            f"the parameter is declared with shape {spec.shape}"
+        )
+    return value.astype(spec.dtype)
 
 
 def initial_records(
@@ -598,22 +623,9 @@ def initial_records(
     applied = np.zeros(num_envs, dtype=applied_dtype(specs))
     for spec in specs:
         param = declared[spec.name]
-        if spec.when != "rebuild" or param.default is None:
-            binding = Binding(probe, spec, env_label)  # fails here, at launch, for a bad path
-
-        def nominal() -> np.ndarray:
-            if (callable(spec.bind) and not hasattr(spec.bind, "resolve")) or spec.bind is False:
-                raise ValueError(
-                    f"params[{spec.name!r}]: bind={spec.bind!r} cannot be read for a nominal value; give a default"
-                )
-            value = np.asarray(binding.get())
-            if value.shape != spec.shape:
-                raise ValueError(
-                    f"params[{spec.name!r}]: {env_label}'s nominal value {show(value)} has shape {value.shape}, "
-                    f"the parameter is declared with shape {spec.shape}"
-                )
-            return value.astype(spec.dtype)
-
+        # Resolving the binding fails here, at launch, for a bad path or name.
+        binding = Binding(probe, spec, env_label) if spec.when != "rebuild" or param.default is None else None
+        nominal = functools.partial(_nominal, spec, binding, env_label)
         if spec.dist:
             given = param.default if param.default is not None else {}
             if not isinstance(given, Mapping) or set(given) - set(spec.arguments):
@@ -632,10 +644,16 @@ def initial_records(
             applied[spec.name] = np.nan  # nothing drawn before the env's first reset
             reason = problem(spec, record)
         else:
-            value = nominal() if param.default is None else np.broadcast_to(np.asarray(param.default, dtype=spec.dtype), spec.shape)
+            value = (
+                nominal()
+                if param.default is None
+                else np.broadcast_to(np.asarray(param.default, dtype=spec.dtype), spec.shape)
+            )
             block[spec.name] = value
             applied[spec.name] = value
             reason = problem(spec, value)
         if reason:
-            raise ValueError(f"params[{spec.name!r}]: the initial value {show(block[spec.name][0])} is rejected: {reason}")
+            raise ValueError(
+                f"params[{spec.name!r}]: the initial value {show(block[spec.name][0])} is rejected: {reason}"
+            )
     return block, applied

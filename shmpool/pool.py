@@ -20,6 +20,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from .config import WORKER_ENTRY_POINT, EnvFactory, WorkerConfig, describe_factory, make_env
+from .episodes import EpisodeReader, episode_dtype
 from .errors import (
     PoolBrokenError,
     PoolClosedError,
@@ -28,7 +29,6 @@ from .errors import (
     WorkerDiedError,
     WorkerError,
 )
-from .episodes import EpisodeReader, episode_dtype
 from .events import EventSender, event_dtype, mask_bytes
 from .hooks import hook_name
 from .infos import INFO_KEY_DTYPE, InfoReader
@@ -331,7 +331,9 @@ class Pool(VectorEnv):
         if len(set(self._hook_names)) != len(self._hook_names):
             raise ValueError(f"hook names must be unique (events address hooks by name), got {self._hook_names}")
         if event_capacity < 1 or event_payload < 0:
-            raise ValueError(f"event_capacity must be >= 1 and event_payload >= 0, got {event_capacity}, {event_payload}")
+            raise ValueError(
+                f"event_capacity must be >= 1 and event_payload >= 0, got {event_capacity}, {event_payload}"
+            )
         self._event_capacity, self._event_payload = int(event_capacity), int(event_payload)
         self._episode_metrics = {str(name): str(key) for name, key in (episode_metrics or {}).items()}
         if episode_capacity < 1:
@@ -362,7 +364,9 @@ class Pool(VectorEnv):
             self.render_mode = probe.render_mode
             self.single_observation_space = probe.observation_space
             self.single_action_space = probe.action_space
-            initial = initial_records(self._param_specs, declared, probe, self._env_label, num_envs) if declared else None
+            initial = (
+                initial_records(self._param_specs, declared, probe, self._env_label, num_envs) if declared else None
+            )
         finally:
             probe.close()
         self.metadata["autoreset_mode"] = self.autoreset_mode
@@ -468,11 +472,15 @@ class Pool(VectorEnv):
         self._obs_views = [views[leaf.field_name("observations")] for leaf in self._obs_leaves]
         self._final_obs_views = [views.get(leaf.field_name("final_observations")) for leaf in self._obs_leaves]
         self._action_views = [views[leaf.field_name("actions")] for leaf in self._act_leaves]
-        self._infos = InfoReader(views["info_keys"], views["info_values"], views["info_mask"], self._control, self._slots)
+        self._infos = InfoReader(
+            views["info_keys"], views["info_values"], views["info_mask"], self._control, self._slots
+        )
         self._lock = WriterLock(self._name)
         self.episodes = EpisodeReader(views, self._check_open)
         if self._hooks:
-            self.events = EventSender(self._hook_names, views, self._slots, self._lock, self._env_label, self._check_open)
+            self.events = EventSender(
+                self._hook_names, views, self._slots, self._lock, self._env_label, self._check_open
+            )
         if initial is not None:
             views["params"][:], views["applied"][:] = initial
             self.params = ParamBlock(
@@ -818,7 +826,9 @@ class Pool(VectorEnv):
     def _worker_error(self, worker_id: int, phase: str) -> WorkerError:
         base = worker_id * CONTROL_WORDS
         length = min(int(self._words[base + CTL_ERROR_LENGTH]), ERROR_BYTES)
-        where, _, text = self._views["errors"][worker_id, :length].tobytes().decode("utf-8", errors="replace").partition("\n")
+        where, _, text = (
+            self._views["errors"][worker_id, :length].tobytes().decode("utf-8", errors="replace").partition("\n")
+        )
         env_id = int(self._words[base + CTL_ERROR_ENV])
         lines = text.strip().splitlines()
         summary = lines[-1] if lines else "unknown error"
@@ -865,4 +875,3 @@ class Pool(VectorEnv):
             self._lock.close()
         if getattr(self, "_finalizer", None) is not None:
             self._finalizer()
-

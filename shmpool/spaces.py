@@ -165,7 +165,12 @@ class ActionChecker:
         self._leaves = leaves(space)
         self._label = env_label
         self._checks = [
-            (leaf, (num_envs, *leaf.shape), _range_check(leaf.space), "actions" + "".join(f"[{p!r}]" for p in leaf.path))
+            (
+                leaf,
+                (num_envs, *leaf.shape),
+                _range_check(leaf.space),
+                "actions" + "".join(f"[{p!r}]" for p in leaf.path),
+            )
             for leaf in self._leaves
         ]
 

@@ -18,8 +18,15 @@ class CountingEnv(gym.Env):
     ``raise_in_init`` raise there; ``sleep`` slows every step.
     """
 
-    def __init__(self, length: int = 5, raise_at: int | None = None, raise_seed: int | None = None,
-                 raise_in_reset: bool = False, sleep: float = 0.0, raise_in_init: bool = False) -> None:
+    def __init__(
+        self,
+        length: int = 5,
+        raise_at: int | None = None,
+        raise_seed: int | None = None,
+        raise_in_reset: bool = False,
+        sleep: float = 0.0,
+        raise_in_init: bool = False,
+    ) -> None:
         if raise_in_init:
             raise RuntimeError("CountingEnv refused to be built")
         self.raise_seed, self.seed_used = raise_seed, None
@@ -91,13 +98,19 @@ class StructuredEnv(gym.Env):
             "multi": spaces.MultiDiscrete([3, 4]),
             "binary": spaces.MultiBinary(3),
         }
-        self.action_space = spaces.Dict({"a": spaces.Tuple((leaf_spaces["box"], leaf_spaces["discrete"])),
-                                         "b": spaces.Dict({"m": leaf_spaces["multi"], "bin": leaf_spaces["binary"]})})
-        self.observation_space = spaces.Dict({
-            "echo": self.action_space,
-            "pixels": leaf_spaces["int_box"],
-            "t": spaces.Discrete(100),
-        })
+        self.action_space = spaces.Dict(
+            {
+                "a": spaces.Tuple((leaf_spaces["box"], leaf_spaces["discrete"])),
+                "b": spaces.Dict({"m": leaf_spaces["multi"], "bin": leaf_spaces["binary"]}),
+            }
+        )
+        self.observation_space = spaces.Dict(
+            {
+                "echo": self.action_space,
+                "pixels": leaf_spaces["int_box"],
+                "t": spaces.Discrete(100),
+            }
+        )
         self.t = 0
 
     def reset(self, *, seed=None, options=None):
@@ -145,7 +158,6 @@ def wait_gone(pids: list[int], seconds: float) -> list[int]:
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.02)
-
 
 
 class PairEnv(gym.Env):

@@ -9,7 +9,6 @@ import signal
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import helpers
@@ -34,9 +33,9 @@ import json, sys, shmpool
 with shmpool.attach(sys.argv[1], timeout=10) as handle:
     handle.params.write([2], length=0.9)
     records = handle.episodes.recent(1000)
+    specs = {n: [s.when, s.dist, float(s.low), float(s.high)] for n, s in handle.param_specs.items()}
     print(json.dumps({"returns": records["return"].tolist(), "lengths": records["length"].tolist(),
-                      "envs": records["env_id"].tolist(), "stats": handle.stats.episodes,
-                      "specs": {n: [s.when, s.dist, float(s.low), float(s.high)] for n, s in handle.param_specs.items()}}))
+                      "envs": records["env_id"].tolist(), "stats": handle.stats.episodes, "specs": specs}))
 """
 
 
@@ -61,7 +60,9 @@ def test_an_attached_process_writes_params_and_reads_episodes(pool_name: str) ->
         # The trainer's own reader got the same records, each once.
         records = pool.episodes.read()
         before = records[records["step"] < 150]  # the 151st step (index 150) may have finished more
-        assert sorted(zip(before["env_id"].tolist(), before["return"].tolist(), before["length"].tolist())) == sorted(finished)
+        assert sorted(zip(before["env_id"].tolist(), before["return"].tolist(), before["length"].tolist())) == sorted(
+            finished
+        )
         assert np.all(records["params"]["masscart"] >= 0.5) and np.all(records["params"]["masscart"] <= 2.0)
         assert pool.episodes.read().size <= 4  # a second read returns only what finished since
 
@@ -92,8 +93,13 @@ def test_attach_failures_say_what_is_wrong(pool_name: str) -> None:
         shmpool.attach("nowhere-to-be-found")
     cases = [
         ("foreign", b"SOMETHING ELSE", None, shmpool.LayoutMismatchError, "not a shmpool segment"),
-        ("version", MAGIC + struct.pack("<2q", LAYOUT_VERSION + 7, 4096), None, shmpool.LayoutMismatchError,
-         f"layout version {LAYOUT_VERSION + 7}"),
+        (
+            "version",
+            MAGIC + struct.pack("<2q", LAYOUT_VERSION + 7, 4096),
+            None,
+            shmpool.LayoutMismatchError,
+            f"layout version {LAYOUT_VERSION + 7}",
+        ),
         ("theirs", MAGIC, 65534, PermissionError, "belongs to uid 65534"),
     ]
     for suffix, content, uid, error, message in cases:
@@ -115,8 +121,9 @@ time.sleep(60)
 
 
 def test_owner_death_and_close_make_handles_dead_not_crash(pool_name: str) -> None:
-    owner = subprocess.Popen([sys.executable, "-c", OWNER, pool_name], stdout=subprocess.PIPE, text=True, env=ENV,
-                             start_new_session=True)
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, pool_name], stdout=subprocess.PIPE, text=True, env=ENV, start_new_session=True
+    )
     try:
         pids = json.loads(owner.stdout.readline())
         with shmpool.attach(pool_name) as handle:
@@ -145,8 +152,9 @@ def test_owner_death_and_close_make_handles_dead_not_crash(pool_name: str) -> No
 
 
 def test_stale_pool_is_reported_as_stale(pool_name: str) -> None:
-    child = subprocess.Popen([sys.executable, "-c", OWNER, pool_name], stdout=subprocess.PIPE, text=True, env=ENV,
-                             start_new_session=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", OWNER, pool_name], stdout=subprocess.PIPE, text=True, env=ENV, start_new_session=True
+    )
     pids = json.loads(child.stdout.readline())
     os.killpg(child.pid, signal.SIGKILL)  # owner and workers at once: the segment stays behind
     child.wait(5)

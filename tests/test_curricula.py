@@ -57,7 +57,7 @@ def test_adr_widens_on_success_and_narrows_on_failure(pool_name: str) -> None:
         assert wide["length"][0] < 0.5 < wide["length"][1] and wide["gravity"][0] < 9.8 < wide["gravity"][1]
         assert wide["length"][0] >= 0.1 and wide["gravity"][1] <= 15.0  # never past the hard bounds
         # Pinned envs carry the boundary in the block; the others the whole range.
-        for env, (name, side, value, _) in adr.pinned.items():
+        for env, (name, _side, value, _) in adr.pinned.items():
             assert pool.params[name]["low"][env] == pool.params[name]["high"][env] == value
         feed_boundaries(adr, pool, score=10.0, rounds=40)
         assert adr.ranges["length"][1] - adr.ranges["length"][0] < wide["length"][1] - wide["length"][0]
@@ -80,7 +80,9 @@ def test_adr_state_round_trips(pool_name: str) -> None:
 
 
 def test_threshold_steps_a_parameter(pool_name: str) -> None:
-    with shmpool.launch("CartPole-v1", 4, num_workers=1, name=pool_name, params={"length": Param(low=0.1, high=0.7)}) as pool:
+    with shmpool.launch(
+        "CartPole-v1", 4, num_workers=1, name=pool_name, params={"length": Param(low=0.1, high=0.7)}
+    ) as pool:
         curriculum = Threshold("length", step=0.15, target=100.0, window=4)
         records = np.zeros(4, dtype=pool.episodes.dtype)
         records["return"] = [90, 120, 110, 100]
@@ -100,14 +102,33 @@ def test_threshold_steps_a_parameter(pool_name: str) -> None:
 
 def test_curriculum_script_attaches_steers_and_resumes(pool_name: str, tmp_path: Path) -> None:
     state = tmp_path / "adr.json"
-    command = [sys.executable, "scripts/curriculum.py", "--pool", pool_name, "--algo", "adr", "--state", str(state),
-               "--low-threshold", "5", "--high-threshold", "15", "--buffer", "2", "--p-boundary", "1", "--poll", "0.01"]
+    command = [
+        sys.executable,
+        "scripts/curriculum.py",
+        "--pool",
+        pool_name,
+        "--algo",
+        "adr",
+        "--state",
+        str(state),
+        "--low-threshold",
+        "5",
+        "--high-threshold",
+        "15",
+        "--buffer",
+        "2",
+        "--p-boundary",
+        "1",
+        "--poll",
+        "0.01",
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     lows = [0.5]
     for attempt in range(2):
         with shmpool.launch("CartPole-v1", 8, num_workers=2, name=pool_name, params=PARAMS, seed=attempt) as pool:
-            curriculum = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                          env=env)
+            curriculum = subprocess.Popen(
+                command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+            )
             first_lines = [curriculum.stdout.readline() for _ in range(attempt + 1)]
             assert first_lines[-1].startswith("attached to"), first_lines
             pool.reset()

@@ -87,7 +87,9 @@ def test_worker_killed_mid_step(pool_name: str) -> None:
 
 
 def test_step_timeout_then_bounded_close(pool_name: str) -> None:
-    pool = shmpool.launch(lambda: helpers.CountingEnv(length=100, sleep=30), 2, num_workers=2, name=pool_name, timeout=0.5)
+    pool = shmpool.launch(
+        lambda: helpers.CountingEnv(length=100, sleep=30), 2, num_workers=2, name=pool_name, timeout=0.5
+    )
     pool.reset()
     started = time.monotonic()
     with pytest.raises(PoolTimeoutError, match=r"worker\(s\) \[0, 1\] did not finish step within 0.5 s"):
@@ -138,8 +140,8 @@ def test_bad_actions_are_refused_before_sending(actions, message: str, pool_name
             pool.step(actions)
         assert "CartPole-v1" in str(caught.value)
         # Nothing reached the workers: the next step continues from the reset state.
-        from gymnasium.vector import SyncVectorEnv
         import gymnasium as gym
+        from gymnasium.vector import SyncVectorEnv
 
         reference = SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(4)])
         reference.reset(seed=0)

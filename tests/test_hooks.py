@@ -60,8 +60,9 @@ def test_reward_scale_and_episode_returns(pool_name: str) -> None:
             if "episode" in infos:
                 done = infos["_episode"]
                 np.testing.assert_allclose(infos["episode"]["r"][done], returns[done])
-                np.testing.assert_allclose(infos["episode"]["r"][done] / infos["episode"]["l"][done],
-                                           np.array([1.0, 0.5, 2.0, -1.0])[done])
+                np.testing.assert_allclose(
+                    infos["episode"]["r"][done] / infos["episode"]["l"][done], np.array([1.0, 0.5, 2.0, -1.0])[done]
+                )
                 returns[done] = 0
                 returns[done] -= 0  # the next step is the autoreset (reward 0)
 
@@ -114,8 +115,15 @@ def test_reset_event_resets_in_place_of_the_step(pool_name: str) -> None:
 
 def test_resample_redraws_dist_params(pool_name: str) -> None:
     params = {"masscart": Param(dist="uniform", low=0.5, high=2.0, when="reset")}
-    with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, params=params,
-                        hooks=[hooks.Resample(["masscart"], every=2)], seed=0) as pool:
+    with shmpool.launch(
+        "CartPole-v1",
+        2,
+        num_workers=1,
+        name=pool_name,
+        params=params,
+        hooks=[hooks.Resample(["masscart"], every=2)],
+        seed=0,
+    ) as pool:
         pool.reset()
         values = []
         for _ in range(6):
@@ -128,8 +136,9 @@ def test_resample_redraws_dist_params(pool_name: str) -> None:
 
 def test_hooks_see_param_writes_of_the_same_step(pool_name: str) -> None:
     params = {"a": Param(0.0, low=-10, high=10)}
-    with shmpool.launch(helpers.PairEnv, 4, num_workers=2, name=pool_name, params=params,
-                        hooks=[helpers.SeesParams()]) as pool:
+    with shmpool.launch(
+        helpers.PairEnv, 4, num_workers=2, name=pool_name, params=params, hooks=[helpers.SeesParams()]
+    ) as pool:
         pool.reset(seed=0)
         for value in (1.0, 2.5, -3.0):
             pool.params["a"][:] = value
@@ -141,14 +150,23 @@ def test_hook_error_names_hook_worker_and_envs(pool_name: str) -> None:
         pool.reset(seed=0)
         pool.step(np.zeros(4, int))
         pool.step(np.zeros(4, int))
-        with pytest.raises(shmpool.WorkerError, match=r"worker 0 .* failed in hook 'Explodes' \(envs 0\.\.1\)") as caught:
+        with pytest.raises(
+            shmpool.WorkerError, match=r"worker 0 .* failed in hook 'Explodes' \(envs 0\.\.1\)"
+        ) as caught:
             pool.step(np.zeros(4, int))
         assert "hook went wrong on purpose" in caught.value.__cause__.text
 
 
 def test_events_at_step_and_full_rings(pool_name: str, tmp_path: Path) -> None:
-    with shmpool.launch("CartPole-v1", 4, num_workers=2, name=pool_name, hooks=[helpers.EventLog(str(tmp_path))],
-                        event_capacity=3, event_payload=2) as pool:
+    with shmpool.launch(
+        "CartPole-v1",
+        4,
+        num_workers=2,
+        name=pool_name,
+        hooks=[helpers.EventLog(str(tmp_path))],
+        event_capacity=3,
+        event_payload=2,
+    ) as pool:
         pool.reset(seed=0)
         pool.events.send("Log", [3], [1, 1], at_step=4)
         pool.events.send("Log", [0, 3], [2, 2])
@@ -194,12 +212,17 @@ np.save(out, after)
 
 def test_100k_events_from_two_processes_exactly_once_in_order(pool_name: str, tmp_path: Path) -> None:
     per_writer = 50_000
-    with shmpool.launch("CartPole-v1", 4, num_workers=2, name=pool_name, hooks=[helpers.EventLog(str(tmp_path))],
-                        event_payload=3) as pool:
+    with shmpool.launch(
+        "CartPole-v1", 4, num_workers=2, name=pool_name, hooks=[helpers.EventLog(str(tmp_path))], event_payload=3
+    ) as pool:
         pool.reset(seed=0)
         writers = [
-            subprocess.Popen([sys.executable, "-c", SENDER, pool.name, str(w), str(per_writer), str(tmp_path / f"sent{w}.npy")],
-                             stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+            subprocess.Popen(
+                [sys.executable, "-c", SENDER, pool.name, str(w), str(per_writer), str(tmp_path / f"sent{w}.npy")],
+                stdout=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+            )
             for w in (1, 2)
         ]
         for writer in writers:
@@ -237,11 +260,16 @@ with shmpool.attach(sys.argv[1], timeout=10) as handle:
 
 
 def test_a_sender_killed_mid_send_does_not_wedge_the_ring(pool_name: str, tmp_path: Path) -> None:
-    with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, hooks=[helpers.EventLog(str(tmp_path))],
-                        event_payload=3) as pool:
+    with shmpool.launch(
+        "CartPole-v1", 2, num_workers=1, name=pool_name, hooks=[helpers.EventLog(str(tmp_path))], event_payload=3
+    ) as pool:
         pool.reset(seed=0)
-        sender = subprocess.Popen([sys.executable, "-c", KILLED_SENDER, pool.name], stdout=subprocess.PIPE, text=True,
-                                  env={**os.environ, "PYTHONPATH": str(ROOT)})
+        sender = subprocess.Popen(
+            [sys.executable, "-c", KILLED_SENDER, pool.name],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         assert sender.stdout.readline().strip() == "holding"
         sender.kill()
         sender.wait(5)

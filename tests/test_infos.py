@@ -6,9 +6,9 @@ import helpers
 import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from test_equivalence import assert_same
 
 import shmpool
-from test_equivalence import assert_same
 
 
 @pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])

@@ -47,13 +47,17 @@ BINDINGS = [
 
 @pytest.mark.parametrize("label, binding, where, value", BINDINGS, ids=[b[0] for b in BINDINGS])
 def test_binding_matches_a_hand_edited_model(label, binding, where, value, pool_name: str) -> None:
-    with shmpool.launch(ENV, 2, num_workers=2, name=pool_name, params={label: Param(bind=binding, low=-1000, high=1000)}) as pool:
+    with shmpool.launch(
+        ENV, 2, num_workers=2, name=pool_name, params={label: Param(bind=binding, low=-1000, high=1000)}
+    ) as pool:
         nominal = float(pool.params[label][0])
         pool.params[label][1] = value
         observations, _ = pool.reset(seed=3)
         references = [gym.make(ENV), hand_edited(*where, value)]
         assert nominal != value
-        np.testing.assert_array_equal(observations, np.stack([r.reset(seed=3 + i)[0] for i, r in enumerate(references)]))
+        np.testing.assert_array_equal(
+            observations, np.stack([r.reset(seed=3 + i)[0] for i, r in enumerate(references)])
+        )
         pool.action_space.seed(0)
         for t in range(25):
             actions = pool.action_space.sample()
@@ -72,17 +76,30 @@ def test_unknown_names_fail_at_launch_listing_the_model_names(pool_name: str) ->
 
 
 RANDOMIZED = {
-    "mass": Param(dist="uniform", default={"low": 0.8, "high": 1.2}, low=0.5, high=2.0, when="reset",
-                  bind=smj.body_mass("torso", relative=True)),
-    "friction": Param(dist="uniform", default={"low": 0.5, "high": 1.5}, low=0.1, high=3.0, when="reset",
-                      bind=smj.geom_friction("floor", axis=0, relative=True)),
+    "mass": Param(
+        dist="uniform",
+        default={"low": 0.8, "high": 1.2},
+        low=0.5,
+        high=2.0,
+        when="reset",
+        bind=smj.body_mass("torso", relative=True),
+    ),
+    "friction": Param(
+        dist="uniform",
+        default={"low": 0.5, "high": 1.5},
+        low=0.1,
+        high=3.0,
+        when="reset",
+        bind=smj.geom_friction("floor", axis=0, relative=True),
+    ),
 }
 
 
 def applied_per_episode(name: str, seed: int, workers: int) -> list[np.ndarray]:
     rows = []
-    with shmpool.launch(ENV, 4, num_workers=workers, name=name, params=RANDOMIZED, seed=seed,
-                        env_kwargs={"max_episode_steps": 5}) as pool:
+    with shmpool.launch(
+        ENV, 4, num_workers=workers, name=name, params=RANDOMIZED, seed=seed, env_kwargs={"max_episode_steps": 5}
+    ) as pool:
         pool.reset()
         rows.append(pool.applied.copy())
         for _ in range(3):
@@ -117,10 +134,14 @@ def test_relative_values_are_applied_exactly(pool_name: str) -> None:
             mujoco.mj_setConst(model, mujoco.MjData(model))
             model.geom_friction[0, 0] = model.geom_friction[0, 0] * scales["friction"][env]
             references.append(reference)
-        np.testing.assert_array_equal(observations, np.stack([r.reset(seed=8 + i)[0] for i, r in enumerate(references)]))
+        np.testing.assert_array_equal(
+            observations, np.stack([r.reset(seed=8 + i)[0] for i, r in enumerate(references)])
+        )
         for _ in range(20):
             actions = np.full((2, 6), 0.5, np.float32)
-            np.testing.assert_array_equal(pool.step(actions)[0], np.stack([r.step(actions[i])[0] for i, r in enumerate(references)]))
+            np.testing.assert_array_equal(
+                pool.step(actions)[0], np.stack([r.step(actions[i])[0] for i, r in enumerate(references)])
+            )
 
 
 @pytest.mark.parametrize("mode", ["force", "velocity"])

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -58,7 +56,9 @@ def configured(env_id: str, name: str, value: float) -> gym.Env:
 
 
 @pytest.mark.parametrize("env_id, name, value", CLASSIC_PARAMS)
-def test_classic_control_parameter_changes_dynamics_exactly(env_id: str, name: str, value: float, pool_name: str) -> None:
+def test_classic_control_parameter_changes_dynamics_exactly(
+    env_id: str, name: str, value: float, pool_name: str
+) -> None:
     references = [gym.make(env_id), configured(env_id, name, value)]
     with shmpool.launch(env_id, 2, num_workers=2, name=pool_name, params={name: Param(low=0, high=100)}) as pool:
         nominal = float(pool.params[name][0])
@@ -134,7 +134,9 @@ def run_schedule(num_workers: int, name: str, seed: int = 42) -> tuple[list[np.n
         rng = np.random.default_rng(0)
         for t in range(120):
             if t % 10 == 0:
-                pool.params.write(rng.integers(0, 6, 2), gravity=rng.uniform(5, 15), masscart={"high": rng.uniform(1, 2)})
+                pool.params.write(
+                    rng.integers(0, 6, 2), gravity=rng.uniform(5, 15), masscart={"high": rng.uniform(1, 2)}
+                )
             if t == 50:
                 pool.params["length"]["mean"][:3] = 0.8
             trajectory.append(pool.step(rng.integers(0, 2, 6))[0])
@@ -227,11 +229,15 @@ def test_rebuild_params_remake_the_env(pool_name: str) -> None:
         observations, infos = pool.reset(seed=5)
         assert infos["params"]["g"].tolist() == [10.0, 3.0]
         references = [gym.make("Pendulum-v1", g=10.0), gym.make("Pendulum-v1", g=3.0)]
-        np.testing.assert_array_equal(observations, np.stack([r.reset(seed=5 + i)[0] for i, r in enumerate(references)]))
+        np.testing.assert_array_equal(
+            observations, np.stack([r.reset(seed=5 + i)[0] for i, r in enumerate(references)])
+        )
         for _ in range(10):
             actions = np.full((2, 1), 1.5, np.float32)
             observations = pool.step(actions)[0]
-            np.testing.assert_array_equal(observations, np.stack([r.step(actions[i])[0] for i, r in enumerate(references)]))
+            np.testing.assert_array_equal(
+                observations, np.stack([r.step(actions[i])[0] for i, r in enumerate(references)])
+            )
         assert pool.applied["g"].tolist() == [10.0, 3.0]
 
 
@@ -252,8 +258,12 @@ def test_writes_from_an_attached_process_are_atomic_per_env(pool_name: str) -> N
     params = {"a": Param(0.0, low=-10, high=10), "b": Param(0.0, low=-10, high=10)}
     with shmpool.launch(helpers.PairEnv, 8, num_workers=2, name=pool_name, params=params) as pool:
         pool.reset(seed=0)
-        writer = subprocess.Popen([sys.executable, "-c", WRITER, pool.name, "20000"], stdout=subprocess.PIPE, text=True,
-                                  env={**os.environ, "PYTHONPATH": str(ROOT)})
+        writer = subprocess.Popen(
+            [sys.executable, "-c", WRITER, pool.name, "20000"],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         assert writer.stdout.readline().strip() == "attached"
         steps, distinct = 0, set()
         while writer.poll() is None or steps < 100:
@@ -268,7 +278,9 @@ def test_writes_from_an_attached_process_are_atomic_per_env(pool_name: str) -> N
 
 
 def test_attach_sees_params_and_applied(pool_name: str) -> None:
-    with shmpool.launch("CartPole-v1", 4, num_workers=2, name=pool_name, params={"length": Param(low=0.1, high=2)}) as pool:
+    with shmpool.launch(
+        "CartPole-v1", 4, num_workers=2, name=pool_name, params={"length": Param(low=0.1, high=2)}
+    ) as pool:
         pool.reset(seed=0)
         with shmpool.attach(pool.name) as handle:
             assert handle.num_envs == 4 and handle.alive

@@ -7,9 +7,9 @@ import helpers
 import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from test_equivalence import assert_same
 
 import shmpool
-from test_equivalence import assert_same
 
 
 @pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
@@ -40,7 +40,9 @@ def test_structured_actions_are_validated(pool_name: str) -> None:
         pool.reset(seed=0)
         actions = pool.action_space.sample()
         actions["b"]["m"][1] = [0, 4]  # nvec is [3, 4]: 4 is out of range
-        with pytest.raises(ValueError, match=r"env 1: action \[0, 4\] in actions\['b'\]\['m'\] is outside MultiDiscrete"):
+        with pytest.raises(
+            ValueError, match=r"env 1: action \[0, 4\] in actions\['b'\]\['m'\] is outside MultiDiscrete"
+        ):
             pool.step(actions)
         actions = pool.action_space.sample()
         actions["b"]["bin"][0, 2] = 2

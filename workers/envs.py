@@ -151,8 +151,14 @@ class EnvSlice:
         self._episode_length[index] = self._lengths[index]
         self._episode_time[index] = round(time.perf_counter() - self._starts[index], 6)
         self._episodes.append(
-            self.start + index, int(self._episode_index[index]), self.global_step, self._returns[index],
-            self._lengths[index], bool(terminated), bool(truncated), info,
+            self.start + index,
+            int(self._episode_index[index]),
+            self.global_step,
+            self._returns[index],
+            self._lengths[index],
+            bool(terminated),
+            bool(truncated),
+            info,
         )
 
     # -- commands --------------------------------------------------------------------------------
@@ -196,7 +202,9 @@ class EnvSlice:
                 if env_info:
                     info.add(index, env_info)
             else:
-                observation, rewards[index], terminations[index], truncations[index], env_info = env.step(actions[index])
+                observation, rewards[index], terminations[index], truncations[index], env_info = env.step(
+                    actions[index]
+                )
                 stepped[index], step_infos[index] = True, env_info
             if len(observations) == 1:
                 observations[0][index] = observation
@@ -210,7 +218,9 @@ class EnvSlice:
             hooks.on_reset(reset_rows, lengths)
             hooks.after_step(stepped, lengths)
             rewards, terminations, truncations = (
-                self._rewards.tolist(), self._terminations.tolist(), self._truncations.tolist()
+                self._rewards.tolist(),
+                self._terminations.tolist(),
+                self._truncations.tolist(),
             )
         episodes_ended, same_step_resets = 0, []
         for index, did_step in enumerate(stepped):

@@ -15,7 +15,9 @@ class HookFailed(Exception):
     """A hook raised; the message names it and the envs of the slot it was running over."""
 
     def __init__(self, name: str, env_ids: tuple[int, int], cause: BaseException) -> None:
-        super().__init__(f"hook {name!r} raised over envs {env_ids[0]}..{env_ids[1] - 1}: {type(cause).__name__}: {cause}")
+        super().__init__(
+            f"hook {name!r} raised over envs {env_ids[0]}..{env_ids[1] - 1}: {type(cause).__name__}: {cause}"
+        )
         self.name = name
         self.env_ids = env_ids
 
@@ -40,8 +42,11 @@ class HookRunner:
         rows = slice(start, stop)
         self._slot = slot
         self._calls = {
-            phase: [(index, hook_name(hook), getattr(hook, phase)) for index, hook in enumerate(hooks)
-                    if callable(getattr(hook, phase, None))]
+            phase: [
+                (index, hook_name(hook), getattr(hook, phase))
+                for index, hook in enumerate(hooks)
+                if callable(getattr(hook, phase, None))
+            ]
             for phase in PHASES
         }
         self._events = EventReader(views, worker_id, slot) if "events" in views else None
@@ -50,7 +55,8 @@ class HookRunner:
         ctx.env_ids = np.arange(start, stop)
         ctx.envs = envs
         ctx.observations = assemble(
-            observation_space, iter([views[leaf.field_name("observations")][rows] for leaf in leaves(observation_space)])
+            observation_space,
+            iter([views[leaf.field_name("observations")][rows] for leaf in leaves(observation_space)]),
         )
         ctx.rewards = views["rewards"][rows]
         ctx.terminations = views["terminations"][rows]

@@ -128,8 +128,15 @@ class Worker:
         config = self._config
         try:
             params = (
-                ParamApplier(list(config.params), self._views, config.env_ids, config.worker_id, config.param_seed,
-                             self._control, config.env_label)
+                ParamApplier(
+                    list(config.params),
+                    self._views,
+                    config.env_ids,
+                    config.worker_id,
+                    config.param_seed,
+                    self._control,
+                    config.env_label,
+                )
                 if config.params
                 else None
             )
@@ -137,8 +144,15 @@ class Worker:
             envs.build()
             if config.hooks:
                 envs.hooks = HookRunner(
-                    list(config.hooks), self._views, config.worker_id, config.env_ids, config.param_seed, envs.envs,
-                    config.observation_space, config.action_space, envs.request_reset,
+                    list(config.hooks),
+                    self._views,
+                    config.worker_id,
+                    config.env_ids,
+                    config.param_seed,
+                    envs.envs,
+                    config.observation_space,
+                    config.action_space,
+                    envs.request_reset,
                     lambda names, rows: self._resample(params, names, rows),
                 )
         except Exception:  # noqa: BLE001 - any failure is reported to the trainer, not lost
@@ -150,7 +164,7 @@ class Worker:
         last_seq = 0
         while True:
             self._doorbell.wait_until(
-                lambda: words[CTL_COMMAND] >> 8 != last_seq,
+                lambda seq=last_seq: words[CTL_COMMAND] >> 8 != seq,
                 spin=self._config.spin,
                 poll_interval=self._config.poll_interval,
                 on_idle=self._check_owner,

@@ -62,7 +62,9 @@ class ParamApplier:
         self._step_draws = [s for s in specs if s.when == "step" and s.dist]
         self._episode_specs = [s for s in specs if s.when == "reset" or (s.when == "step" and s.dist)]
         self._rebuild = [s for s in specs if s.when == "rebuild"]
-        self._bindings: dict[int, list[Binding | None]] = {s.index: [None] * count for s in specs if s.when != "rebuild"}
+        self._bindings: dict[int, list[Binding | None]] = {
+            s.index: [None] * count for s in specs if s.when != "rebuild"
+        }
         self._scalars = _ScalarColumns.find(specs, self._block.dtype)
         self._refreshers: list[Callable[[], None] | None] = [None] * count
         self._built_with: list[bytes] = [b""] * count
@@ -120,7 +122,9 @@ class ParamApplier:
         rows = np.array([local])
         for spec in self._episode_specs:
             if spec.dist:
-                values = draw(spec, self._good[spec.name][rows], self._seed, self._env_ids[rows], self._episodes[rows], 0)
+                values = draw(
+                    spec, self._good[spec.name][rows], self._seed, self._env_ids[rows], self._episodes[rows], 0
+                )
             else:
                 values = self._good[spec.name][rows]
             self._apply(spec, rows, values)
@@ -159,7 +163,9 @@ class ParamApplier:
             general = self._sync_scalars(snapshot, touched)
         for spec in general:
             new, old = snapshot[spec.name][rows], self._seen[spec.name][rows]
-            differs = (new.reshape(len(rows), -1).view(np.uint8) != old.reshape(len(rows), -1).view(np.uint8)).any(axis=1)
+            differs = (new.reshape(len(rows), -1).view(np.uint8) != old.reshape(len(rows), -1).view(np.uint8)).any(
+                axis=1
+            )
             if not differs.any():
                 continue
             candidates, values = rows[differs], new[differs]
@@ -222,10 +228,14 @@ class ParamApplier:
         for name in names:
             spec = by_name.get(name)
             if spec is None or not spec.dist:
-                raise KeyError(f"{name!r} is not a dist parameter of this pool; those are "
-                               f"{[s.name for s in self._specs if s.dist]}")
+                raise KeyError(
+                    f"{name!r} is not a dist parameter of this pool; those are "
+                    f"{[s.name for s in self._specs if s.dist]}"
+                )
             steps = np.asarray(lengths)[rows] + 1
-            values = draw(spec, self._good[spec.name][rows], self._seed, self._env_ids[rows], self._episodes[rows], steps)
+            values = draw(
+                spec, self._good[spec.name][rows], self._seed, self._env_ids[rows], self._episodes[rows], steps
+            )
             self._apply(spec, rows, values)
         self._refresh(rows)
 
@@ -258,8 +268,13 @@ class _ScalarColumns:
     def find(cls, specs: list[ParamSpec], record: np.dtype[Any]) -> _ScalarColumns | None:
         """The columns, or None when the record holds anything but float64 values."""
         leaves = [record.fields[s.name][0] for s in specs]  # type: ignore[index]
-        if any(leaf.fields is not None and any(sub.base != np.float64 for sub, *_ in leaf.fields.values())
-               or leaf.fields is None and leaf.base != np.float64 for leaf in leaves):
+        if any(
+            leaf.fields is not None
+            and any(sub.base != np.float64 for sub, *_ in leaf.fields.values())
+            or leaf.fields is None
+            and leaf.base != np.float64
+            for leaf in leaves
+        ):
             return None
         if record.itemsize % 8:
             return None
