@@ -22,11 +22,8 @@ def scores(records: np.ndarray, metric: str) -> np.ndarray:
     """The score of each record: its return, or the named episode metric."""
     if metric == "return":
         return records["return"].astype(np.float64)
-    if (
-        records.dtype.names is None
-        or "metrics" not in records.dtype.names
-        or metric not in records.dtype["metrics"].names
-    ):
+    names = records.dtype.names or ()
+    if "metrics" not in names or metric not in (records.dtype["metrics"].names or ()):
         raise KeyError(
             f"no episode metric {metric!r}; declare it with launch(episode_metrics={{{metric!r}: 'info key'}})"
         )

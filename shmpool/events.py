@@ -163,7 +163,8 @@ class EventReader:
             self._tails[self._worker_id] = head  # after the copies: the slots may now be reused
         if not self._waiting:
             return []
-        ready, later = [], []
+        ready: list[tuple[int, int, np.ndarray, np.ndarray]] = []
+        later: list[tuple[int, int, np.ndarray, np.ndarray]] = []
         for item in self._waiting:
             (ready if item[1] <= step else later).append(item)
         self._waiting = later

@@ -75,7 +75,7 @@ class PoolHandle:
             for field in ("events", "event_heads", "event_tails"):
                 if field not in views:
                     raise LayoutMismatchError(f"pool {name!r} has hooks but no {field!r} field")
-            slots = [tuple(int(v) for v in slot) for slot in meta["slots"]]
+            slots = [(int(start), int(stop)) for start, stop in meta["slots"]]
             self.events = EventSender(hook_names, views, slots, self._lock, self.env, self._check_open)
         if specs:
             for field, expected in (("params", block_dtype(specs)), ("applied", applied_dtype(specs))):

@@ -233,8 +233,8 @@ class ActionDelay:
         self.max_steps = int(max_steps if max_steps is not None else steps)
         if not 0 <= self.steps <= self.max_steps:
             raise ValueError(f"ActionDelay needs 0 <= steps <= max_steps, got {steps}, {max_steps}")
-        self._history: np.ndarray | None = None
-        self._count: np.ndarray | None = None
+        self._history = np.zeros(0)
+        self._count = np.zeros(0, dtype=np.int64)
 
     def params(self) -> dict[str, Param]:
         """Declares the delay in steps (an int in ``[0, max_steps]``)."""
@@ -245,7 +245,7 @@ class ActionDelay:
         actions = ctx.actions
         if not isinstance(actions, np.ndarray):
             raise TypeError(f"{self.name} needs an array action space (Box, Discrete, MultiDiscrete, MultiBinary)")
-        if self._history is None:
+        if not self._history.size:
             self._history = np.zeros((len(actions), self.max_steps + 1, *actions.shape[1:]), dtype=actions.dtype)
             self._count = np.zeros(len(actions), dtype=np.int64)
             self._rows = np.arange(len(actions))
@@ -258,7 +258,7 @@ class ActionDelay:
 
     def on_reset(self, ctx: HookContext) -> None:
         """A reset starts the env's action history afresh."""
-        if self._count is not None:
+        if self._count.size:
             self._count[ctx.reset_rows] = 0
 
 

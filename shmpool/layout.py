@@ -176,7 +176,7 @@ def decode_dtype(description: Any) -> np.dtype[Any]:
     if isinstance(description, str):
         dtype = np.dtype(description)
     elif isinstance(description, list):
-        parts = []
+        parts: list[Any] = []
         for item in description:
             if not isinstance(item, list) or len(item) not in (2, 3) or not isinstance(item[0], str):
                 raise LayoutMismatchError(f"bad structured dtype entry {item!r}")
@@ -219,18 +219,18 @@ class Layout:
     @classmethod
     def plan(cls, specs: Iterable[tuple[str, npt.DTypeLike, tuple[int, ...]]], meta: Mapping[str, Any]) -> Layout:
         """Places the given (name, dtype, shape) fields after the header and the field table."""
-        specs = [(name, np.dtype(dtype), tuple(int(n) for n in shape)) for name, dtype, shape in specs]
-        names = [name for name, _, _ in specs]
+        planned = [(name, np.dtype(dtype), tuple(int(n) for n in shape)) for name, dtype, shape in specs]
+        names = [name for name, _, _ in planned]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate field names in {names}")
         # The table's length depends on the offsets it records: size it with placeholder offsets of
         # the largest width first, then place the fields after it.
-        fields_json = [{"name": n, "dtype": _encode_dtype(d), "shape": list(s), "offset": 0} for n, d, s in specs]
+        fields_json = [{"name": n, "dtype": _encode_dtype(d), "shape": list(s), "offset": 0} for n, d, s in planned]
         placeholder = json.dumps({"meta": dict(meta), "fields": fields_json}).encode()
-        table_room = _align(len(placeholder) + 20 * len(specs) + 64)
+        table_room = _align(len(placeholder) + 20 * len(planned) + 64)
         offset = HEADER_BYTES + table_room
         fields: dict[str, Field] = {}
-        for entry, (name, dtype, shape) in zip(fields_json, specs):
+        for entry, (name, dtype, shape) in zip(fields_json, planned):
             offset = _align(offset)
             field = Field(name, dtype, shape, offset)
             fields[name] = field

@@ -241,8 +241,8 @@ def bad_rows(spec: ParamSpec, values: Any) -> np.ndarray:
     if spec.dist:
         arguments = {argument: _rows(values[argument]) for argument in spec.arguments}
         bad = np.zeros(len(next(iter(arguments.values()))), dtype=np.bool_)
-        for array in arguments.values():
-            bad |= ~np.isfinite(array).all(axis=1)
+        for rows in arguments.values():
+            bad |= ~np.isfinite(rows).all(axis=1)
         if spec.dist == "normal":
             return bad | (arguments["std"] < 0).any(axis=1) | _outside_rows(spec, arguments["mean"])
         low, high = arguments["low"], arguments["high"]
@@ -250,16 +250,15 @@ def bad_rows(spec: ParamSpec, values: Any) -> np.ndarray:
         if spec.dist == "loguniform":
             bad |= (low <= 0).any(axis=1)
         return bad
-    array = np.asarray(values, dtype=np.float64)
+    array: np.ndarray = np.asarray(values, dtype=np.float64)
     if array.size:
         # Fast path: NaN propagates through min/max and fails every comparison.
         smallest, largest = float(array.min()), float(array.max())
-        low, high = spec.bounds
         if (
             math.isfinite(smallest)
             and math.isfinite(largest)
-            and smallest >= low
-            and largest <= high
+            and smallest >= spec.bounds[0]
+            and largest <= spec.bounds[1]
             and (spec.low.size <= 1 or not _outside_rows(spec, _rows(array)).any())
         ):
             return np.zeros(len(array), dtype=np.bool_)
@@ -273,7 +272,7 @@ def _rows(values: Any) -> np.ndarray:
 
 
 def _outside_rows(spec: ParamSpec, rows: np.ndarray) -> np.ndarray:
-    return (rows < spec.low.ravel()).any(axis=1) | (rows > spec.high.ravel()).any(axis=1)
+    return np.asarray((rows < spec.low.ravel()).any(axis=1) | (rows > spec.high.ravel()).any(axis=1))
 
 
 def _outside(spec: ParamSpec, array: np.ndarray, what: str) -> str | None:

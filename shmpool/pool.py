@@ -339,7 +339,7 @@ class Pool(VectorEnv):
         if episode_capacity < 1:
             raise ValueError(f"episode_capacity must be >= 1, got {episode_capacity}")
         self._episode_capacity = int(episode_capacity)
-        declared = {}
+        declared: dict[str, Param] = {}
         for hook in self._hooks:
             declared.update(hook.params() if callable(getattr(hook, "params", None)) else {})
         declared.update(params or {})  # the user's declarations win over a hook's defaults
@@ -468,9 +468,13 @@ class Pool(VectorEnv):
         self._global_step = 0
         self._rate_since = (monotonic(), 0)
         self._control = views["control"]
-        self._words = memoryview(views["control"]).cast("B").cast("q")
+        self._words = memoryview(views["control"].data).cast("B").cast("q")
         self._obs_views = [views[leaf.field_name("observations")] for leaf in self._obs_leaves]
-        self._final_obs_views = [views.get(leaf.field_name("final_observations")) for leaf in self._obs_leaves]
+        self._final_obs_views = [
+            views[leaf.field_name("final_observations")]
+            for leaf in self._obs_leaves
+            if self.autoreset_mode == AutoresetMode.SAME_STEP
+        ]
         self._action_views = [views[leaf.field_name("actions")] for leaf in self._act_leaves]
         self._infos = InfoReader(
             views["info_keys"], views["info_values"], views["info_mask"], self._control, self._slots
@@ -807,13 +811,13 @@ class Pool(VectorEnv):
                 raise error
         if deadline is not None and monotonic() > deadline:
             stuck = [k for k in range(len(processes)) if not finished(k)]
-            error = PoolTimeoutError(
+            timeout = PoolTimeoutError(
                 f"pool {self._name!r}: worker(s) {stuck} did not finish {phase} within {limit} s "
                 f"(envs {', '.join(f'{self._slots[k][0]}..{self._slots[k][1] - 1}' for k in stuck)}); "
                 f"raise launch(timeout=...) if the env is this slow"
             )
-            self._break(error)
-            raise error
+            self._break(timeout)
+            raise timeout
 
     def _raise_failures(self, phase: str) -> None:
         words = self._words
@@ -864,7 +868,7 @@ class Pool(VectorEnv):
         self._usable = False
         self._views = {}
         self._control = self._words = None  # type: ignore[assignment]
-        self._obs_views = self._final_obs_views = self._action_views = []
+        self._obs_views, self._final_obs_views, self._action_views = [], [], []
         self._infos = None  # type: ignore[assignment]
         self._header = None  # type: ignore[assignment]
         self.__dict__.pop("events", None)

@@ -61,7 +61,7 @@ class EnvSlice:
         self._returns = [0.0] * count
         self._lengths = [0] * count
         self._starts = [time.perf_counter()] * count
-        self._reward_row = [0.0] * count
+        self._reward_row: list[Any] = [0.0] * count
         self._termination_row = [False] * count
         self._truncation_row = [False] * count
         self._stepped = [False] * count
@@ -191,6 +191,7 @@ class EnvSlice:
         stepped, step_infos, observations = self._stepped, self._step_infos, self._obs
         reset_rows = []
         env_id = self.start
+        env_info: dict[str, Any] | None
         for index, env in enumerate(self.envs):
             self.current_env = env_id
             if needs_reset[index]:

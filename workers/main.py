@@ -12,6 +12,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -107,7 +108,7 @@ class Worker:
         self._config = config
         self._views = views
         self._control = views["control"][config.worker_id]
-        self._words = memoryview(self._control).cast("B").cast("q")
+        self._words = memoryview(self._control.data).cast("B").cast("q")
         self._doorbell = doorbell
         self._trainer_doorbell = trainer_doorbell
         self._owner = owner
@@ -161,10 +162,13 @@ class Worker:
             words[CTL_STATUS] = WORKER_READY
         self._trainer_doorbell.ring()
 
+        def command_after(seq: int) -> Callable[[], bool]:
+            return lambda: words[CTL_COMMAND] >> 8 != seq
+
         last_seq = 0
         while True:
             self._doorbell.wait_until(
-                lambda seq=last_seq: words[CTL_COMMAND] >> 8 != seq,
+                command_after(last_seq),
                 spin=self._config.spin,
                 poll_interval=self._config.poll_interval,
                 on_idle=self._check_owner,
