@@ -197,24 +197,7 @@ def cases(env_id: str, num_envs: int, workers: int) -> list[tuple[str, Callable[
     if env_id.startswith("HalfCheetah"):
         from shmpool import mujoco as smj
 
-        randomized = {
-            "mass_scale": shmpool.Param(
-                dist="uniform",
-                default={"low": 0.8, "high": 1.2},
-                low=0.5,
-                high=2.0,
-                when="reset",
-                bind=smj.body_mass("torso", relative=True),
-            ),
-            "friction_scale": shmpool.Param(
-                dist="uniform",
-                default={"low": 0.5, "high": 1.5},
-                low=0.1,
-                high=3.0,
-                when="reset",
-                bind=smj.geom_friction("floor", relative=True),
-            ),
-        }
+        randomized = smj.scale_randomization()  # torso mass x U(0.8, 1.2), floor friction x U(0.5, 1.5)
         rows.append(
             (
                 "shmpool, randomized",

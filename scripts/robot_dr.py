@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import shmpool
-from shmpool import Param, hooks
+from shmpool import hooks
 from shmpool import mujoco as smj
 
 
@@ -58,24 +58,7 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
 def main(argv: list[str] | None = None) -> None:
     """Runs the randomized pool and prints what was applied."""
     settings = parse_settings(argv)
-    params = {
-        "mass_scale": Param(
-            dist="uniform",
-            default={"low": 0.8, "high": 1.2},
-            low=0.5,
-            high=2.0,
-            when="reset",
-            bind=smj.body_mass(settings.body, relative=True),
-        ),
-        "friction_scale": Param(
-            dist="uniform",
-            default={"low": 0.5, "high": 1.5},
-            low=0.1,
-            high=3.0,
-            when="reset",
-            bind=smj.geom_friction(settings.floor, axis=0, relative=True),
-        ),
-    }
+    params = smj.scale_randomization(settings.body, settings.floor)
     push = hooks.Perturb(settings.push_force, every=settings.push_every, kick=smj.Push(settings.body), dims=3)
     with shmpool.launch(
         settings.env,

@@ -6,7 +6,10 @@ A hook is any picklable object with any of these methods, each taking a :class:`
 - ``after_step(ctx)``: after they stepped; ``ctx.observations``, ``ctx.rewards``,
   ``ctx.terminations`` and ``ctx.truncations`` are writable (a termination set here ends the
   episode as if the env had ended it).
-- ``on_reset(ctx)``: after envs reset (commanded or automatic); ``ctx.reset_rows`` says which.
+- ``on_reset(ctx)``: after envs reset outside a step's view: ``pool.reset()`` and same-step
+  autoresets; ``ctx.reset_rows`` says which. An env that resets *in place of* a step (next-step
+  autoreset, a ``Reset`` event) is in ``ctx.resetting`` during ``before_step`` and its first
+  observation is in the rows ``after_step`` sees (with ``ctx.stepped`` False).
 
 and optionally ``params()`` returning ``{name: shmpool.Param}`` declarations that the hook reads
 (merged into the pool's parameters unless the user declared the same names). Hooks run once per
@@ -186,12 +189,11 @@ class ObservationNoise:
             ctx.observations[rows] += noise[rows] * std[rows]
 
     def after_step(self, ctx: HookContext) -> None:
-        """Noise on the observations of the envs that stepped."""
-        stepped = ctx.stepped
-        self._add_noise(ctx, None if stepped.all() else np.flatnonzero(stepped))
+        """Noise on every observation of the step (first observations of envs that reset included)."""
+        self._add_noise(ctx, None)
 
     def on_reset(self, ctx: HookContext) -> None:
-        """Noise on the first observations of the envs that reset."""
+        """Noise on the first observations of envs reset by ``pool.reset()`` or a same-step autoreset."""
         self._add_noise(ctx, ctx.reset_rows)
 
 
@@ -249,15 +251,15 @@ class ActionDelay:
             self._history = np.zeros((len(actions), self.max_steps + 1, *actions.shape[1:]), dtype=actions.dtype)
             self._count = np.zeros(len(actions), dtype=np.int64)
             self._rows = np.arange(len(actions))
-        count, history, size = self._count, self._history, self.max_steps + 1
-        rows = np.flatnonzero(~ctx.resetting) if ctx.resetting.any() else self._rows
-        history[rows, count[rows] % size] = actions[rows]
-        delayed = np.maximum(count[rows] - ctx.applied[self.param][rows], 0)  # type: ignore[index]
-        actions[rows] = history[rows, delayed % size]
-        count[rows] += 1
+        count, history, size, rows = self._count, self._history, self.max_steps + 1, self._rows
+        history[rows, count % size] = actions
+        actions[...] = history[rows, np.maximum(count - ctx.applied[self.param], 0) % size]  # type: ignore[index]
+        count += 1
+        if ctx.resetting.any():  # they reset instead of stepping: their next action is their first
+            count[ctx.resetting] = 0
 
     def on_reset(self, ctx: HookContext) -> None:
-        """A reset starts the env's action history afresh."""
+        """A reset outside a step starts the env's action history afresh."""
         if self._count.size:
             self._count[ctx.reset_rows] = 0
 

@@ -137,6 +137,37 @@ def timestep(*, relative: bool = False) -> ModelBinding:
     return ModelBinding("opt.timestep", None, None, None, relative=relative)
 
 
+def scale_randomization(
+    body: str = "torso",
+    floor: str = "floor",
+    mass: tuple[float, float] = (0.8, 1.2),
+    friction: tuple[float, float] = (0.5, 1.5),
+) -> dict[str, Any]:
+    """The usual per-episode randomization of legged-robot papers, as declarations for ``launch``:
+    ``mass_scale`` (the body's mass x U(mass)) and ``friction_scale`` (the floor's sliding friction x
+    U(friction)), both ``when="reset"`` and changeable by a curriculum through their ``low``/``high``."""
+    from .params import Param
+
+    return {
+        "mass_scale": Param(
+            dist="uniform",
+            default={"low": mass[0], "high": mass[1]},
+            low=0.5 * mass[0],
+            high=2.0 * mass[1],
+            when="reset",
+            bind=body_mass(body, relative=True),
+        ),
+        "friction_scale": Param(
+            dist="uniform",
+            default={"low": friction[0], "high": friction[1]},
+            low=0.2 * friction[0],
+            high=2.0 * friction[1],
+            when="reset",
+            bind=geom_friction(floor, axis=0, relative=True),
+        ),
+    }
+
+
 class Push:
     """A kick for :class:`shmpool.hooks.Perturb` on MuJoCo envs: an external force on a named body for
     the next step (``mode="force"``, through ``data.xfrc_applied``) or a change of the body's

@@ -25,7 +25,7 @@ import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -36,6 +36,14 @@ DISTRIBUTIONS: dict[str, tuple[str, str]] = {
     "normal": ("mean", "std"),
 }
 Binder = Callable[[Any, Any], None]
+
+
+class BindTarget(Protocol):
+    """A binding object: resolves, once per env, to functions that read and write the value."""
+
+    def resolve(self, env: Any, name: str) -> tuple[Callable[[], Any], Callable[[Any], None]]: ...  # pragma: no cover
+
+
 #: One refusal message per worker and parameter, as plain bytes in the segment.
 REFUSAL_TEXT_DTYPE = np.dtype("S240")
 
@@ -74,7 +82,7 @@ class Param:
     dtype: str = field(default="float64", kw_only=True)
     shape: tuple[int, ...] = field(default=(), kw_only=True)
     when: str = field(default="step", kw_only=True)
-    bind: str | Binder | bool | None = field(default=None, kw_only=True)
+    bind: str | Binder | BindTarget | bool | None = field(default=None, kw_only=True)
     dist: str | None = field(default=None, kw_only=True)
 
 
@@ -89,7 +97,7 @@ class ParamSpec:
     low: np.ndarray
     high: np.ndarray
     when: str
-    bind: str | Binder | bool | None
+    bind: str | Binder | BindTarget | bool | None
     dist: str | None
 
     @functools.cached_property

@@ -163,6 +163,12 @@ class EnvSlice:
 
     # -- commands --------------------------------------------------------------------------------
 
+    def resample(self, names: list[str], rows: np.ndarray) -> None:
+        """Draws new values of the named ``dist`` parameters for the envs at ``rows`` (hooks ask)."""
+        if self._params is None:
+            raise KeyError(f"the pool has no parameters to resample ({names})")
+        self._params.resample(names, rows, self._lengths)
+
     def request_reset(self, rows: np.ndarray) -> None:
         """Makes the envs at ``rows`` reset instead of stepping this step (hooks ask for it)."""
         for row in np.atleast_1d(rows).tolist():
@@ -189,7 +195,6 @@ class EnvSlice:
             params.before_step(needs_reset, lengths)
         rewards, terminations, truncations = self._reward_row, self._termination_row, self._truncation_row
         stepped, step_infos, observations = self._stepped, self._step_infos, self._obs
-        reset_rows = []
         env_id = self.start
         env_info: dict[str, Any] | None
         for index, env in enumerate(self.envs):
@@ -199,7 +204,6 @@ class EnvSlice:
                 observation, env_info = env.reset(seed=seed)
                 rewards[index], terminations[index], truncations[index] = 0.0, False, False
                 needs_reset[index], stepped[index] = False, False
-                reset_rows.append(index)
                 if env_info:
                     info.add(index, env_info)
             else:
@@ -216,7 +220,6 @@ class EnvSlice:
         self._terminations[:] = terminations
         self._truncations[:] = truncations
         if hooks is not None:
-            hooks.on_reset(reset_rows, lengths)
             hooks.after_step(stepped, lengths)
             rewards, terminations, truncations = (
                 self._rewards.tolist(),

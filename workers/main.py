@@ -154,7 +154,7 @@ class Worker:
                     config.observation_space,
                     config.action_space,
                     envs.request_reset,
-                    lambda names, rows: self._resample(params, names, rows),
+                    envs.resample,
                 )
         except Exception:  # noqa: BLE001 - any failure is reported to the trainer, not lost
             self._fail(None if self.envs is None else self.envs.current_env)
@@ -192,11 +192,6 @@ class Worker:
                     self._fail(self.envs.current_env)
             words[CTL_DONE] = seq  # published last: the trainer reads results after seeing it
             self._trainer_doorbell.ring()
-
-    def _resample(self, params: ParamApplier | None, names: list[str], rows: Any) -> None:
-        if params is None:
-            raise KeyError(f"the pool has no parameters to resample ({names})")
-        params.resample(names, rows, self.envs._lengths)  # type: ignore[union-attr]
 
     def _check_owner(self) -> None:
         if not self._owner.alive():

@@ -152,6 +152,8 @@ class ParamApplier:
 
     def sync(self) -> None:
         """Reads the block; validates what changed; applies changed ``step`` values now."""
+        if self._block.tobytes() == self._seen_bytes:  # nothing written since (the common case)
+            return
         snapshot = self._read()
         snapshot_bytes = snapshot.tobytes()
         if snapshot_bytes == self._seen_bytes:
