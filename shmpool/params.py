@@ -317,6 +317,7 @@ class ParamBlock:
     ) -> None:
         self.specs = {spec.name: spec for spec in specs}
         self._block = block
+        self._all = np.arange(len(block))
         self._seq = seq
         self._lock = lock
         self._thread_lock = threading.Lock()
@@ -371,18 +372,19 @@ class ParamBlock:
             if spec is None:
                 raise KeyError(f"no parameter {name!r}; the pool has {self.names}")
             staged.extend(self._stage(spec, ids, value))
+        rows = slice(None) if env_ids is None else ids  # every env: plain views are cheaper than indexing
         with self._thread_lock, self._lock:
             seq = self._seq
-            seq[ids] = seq[ids] | 1  # odd: a write is in progress (stays odd after a dead writer)
+            seq[rows] = seq[rows] | 1  # odd: a write is in progress (stays odd after a dead writer)
             for name, argument, array in staged:
                 target = self._block[name] if argument is None else self._block[name][argument]
-                target[ids] = array
-            seq[ids] = seq[ids] + 1  # even: the records are whole again
+                target[rows] = array
+            seq[rows] = seq[rows] + 1  # even: the records are whole again
 
     def _env_ids(self, env_ids: Any) -> np.ndarray:
         n = len(self._block)
         if env_ids is None:
-            return np.arange(n)
+            return self._all
         if isinstance(env_ids, slice):
             return np.arange(n)[env_ids]
         ids = np.atleast_1d(np.asarray(env_ids))
