@@ -27,7 +27,7 @@ from .layout import (
 )
 from .params import ParamBlock, ParamSpec, applied_dtype, block_dtype
 from .registry import list_pools
-from .system import Segment, WriterLock, process_alive
+from .system import ProcessWatch, Segment, WriterLock, process_alive
 
 _WORKER_STATES = {WORKER_STARTING: "starting", WORKER_READY: "ready", WORKER_FAILED: "failed", WORKER_CLOSED: "closed"}
 
@@ -56,7 +56,8 @@ class PoolHandle:
     def __init__(self, name: str, segment: Segment, layout: Layout, owner_pid: int, owner_start_ticks: int) -> None:
         self.name = name
         self._segment = segment
-        self._owner = (owner_pid, owner_start_ticks)
+        self._owner = ProcessWatch(owner_pid, owner_start_ticks)  # a pidfd: cheap to ask on every write
+        self._header = header_words(segment.buffer)
         self._closed = False
         meta = layout.meta
         self.num_envs = int(meta["num_envs"])
@@ -98,13 +99,13 @@ class PoolHandle:
         """Whether the pool's owner still runs and has not begun closing the pool."""
         if self._closed:
             return False
-        return process_alive(*self._owner) and header_words(self._segment.buffer)[H_STATE] != STATE_CLOSING
+        return self._header[H_STATE] != STATE_CLOSING and self._owner.alive()
 
     @property
     def stats(self) -> PoolStats:
         """Global step, steps/s, worker states, refusal counts, finished episodes."""
         self._check_open()
-        header = header_words(self._segment.buffer)
+        header = self._header
         refusals = self._views["param_refusals"].sum(axis=0) if "param_refusals" in self._views else []
         return PoolStats(
             global_step=int(header[H_GLOBAL_STEP]),
@@ -112,7 +113,7 @@ class PoolHandle:
             workers=[_WORKER_STATES.get(int(self._control[k, CTL_STATUS]), "?") for k in range(self.num_workers)],
             refusals={name: int(refusals[spec.index]) for name, spec in self.param_specs.items()},
             episodes=self.episodes.total,
-            owner_pid=self._owner[0],
+            owner_pid=self._owner.pid,
             age=time.time() - self._created,
         )
 
@@ -120,7 +121,7 @@ class PoolHandle:
     def global_step(self) -> int:
         """How many steps the pool's trainer has issued."""
         self._check_open()
-        return int(header_words(self._segment.buffer)[H_GLOBAL_STEP])
+        return int(self._header[H_GLOBAL_STEP])
 
     @property
     def applied(self) -> np.ndarray:
@@ -140,6 +141,8 @@ class PoolHandle:
             return
         self._closed = True
         self._lock.close()
+        self._owner.close()
+        self._header.release()
         self._views = {}
         self.__dict__.pop("events", None)
         self.__dict__.pop("episodes", None)

@@ -64,12 +64,9 @@ class HookContext:
     rewards: np.ndarray
     terminations: np.ndarray
     truncations: np.ndarray
-    resetting: np.ndarray
-    stepped: np.ndarray
     reset_rows: np.ndarray
     params: np.ndarray | None
     applied: np.ndarray | None
-    step_counts: np.ndarray
     episode_indices: np.ndarray
     global_step: int
     rng: np.random.Generator
@@ -84,6 +81,33 @@ class HookContext:
         self._request_reset = request_reset
         self._resample = resample
         self.events = []
+        self.begin_phase([], [], [])
+
+    def begin_phase(self, lengths: list[int], resetting: list[bool], stepped: list[bool]) -> None:
+        """Sets the per-env flags of the coming phase; they become arrays only if a hook reads them."""
+        self._lists = (lengths, resetting, stepped)
+        self._arrays: dict[int, np.ndarray] = {}
+
+    def _array(self, which: int) -> np.ndarray:
+        array = self._arrays.get(which)
+        if array is None:
+            array = self._arrays[which] = np.array(self._lists[which])
+        return array
+
+    @property
+    def step_counts(self) -> np.ndarray:
+        """Steps taken in the current episode, per env."""
+        return self._array(0)
+
+    @property
+    def resetting(self) -> np.ndarray:
+        """In ``before_step``: which envs reset instead of stepping this step."""
+        return self._array(1)
+
+    @property
+    def stepped(self) -> np.ndarray:
+        """In ``after_step``: which envs stepped (False: they reset this step instead)."""
+        return self._array(2)
 
     def rows(self, env_ids: np.ndarray) -> np.ndarray:
         """The rows of the slot's arrays that hold the given pool-wide env ids."""
@@ -181,8 +205,8 @@ class ObservationNoise:
             box = _box_leaf(ctx.observation_space, "observation", self.name)
             self._streams = EnvStreams(ctx.seed, _stream_id(self.name), ctx.env_ids, box.shape)
             self._std_shape = (-1,) + (1,) * len(box.shape)
-        std = ctx.applied[self.param].reshape(self._std_shape)  # type: ignore[index]
-        noise = self._streams.normal(ctx.global_step)
+            self._std = ctx.applied[self.param].reshape(self._std_shape)  # type: ignore[index]
+        std, noise = self._std, self._streams.normal(ctx.global_step)
         if rows is None:
             ctx.observations += noise * std
         else:
@@ -251,10 +275,13 @@ class ActionDelay:
             self._history = np.zeros((len(actions), self.max_steps + 1, *actions.shape[1:]), dtype=actions.dtype)
             self._count = np.zeros(len(actions), dtype=np.int64)
             self._rows = np.arange(len(actions))
-        count, history, size, rows = self._count, self._history, self.max_steps + 1, self._rows
-        history[rows, count % size] = actions
-        actions[...] = history[rows, np.maximum(count - ctx.applied[self.param], 0) % size]  # type: ignore[index]
-        count += 1
+        # A shift register per env: column j holds the action of j steps ago; column ``count`` holds
+        # the episode's first action, which stands in for actions older than the episode.
+        history, count = self._history, self._count
+        history[:, 1:] = history[:, :-1]
+        history[:, 0] = actions
+        actions[...] = history[self._rows, np.minimum(ctx.applied[self.param], count)]  # type: ignore[index]
+        np.minimum(count + 1, self.max_steps, out=count)
         if ctx.resetting.any():  # they reset instead of stepping: their next action is their first
             count[ctx.resetting] = 0
 

@@ -219,8 +219,7 @@ class EnvSlice:
         self._rewards[:] = rewards
         self._terminations[:] = terminations
         self._truncations[:] = truncations
-        if hooks is not None:
-            hooks.after_step(stepped, lengths)
+        if hooks is not None and hooks.after_step(stepped, lengths):  # they may have changed the results
             rewards, terminations, truncations = (
                 self._rewards.tolist(),
                 self._terminations.tolist(),

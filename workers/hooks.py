@@ -70,8 +70,8 @@ class HookRunner:
         ctx.actions = None
         ctx.observation_space = observation_space
         ctx.action_space = action_space
-        none = np.zeros(stop - start, dtype=np.bool_)
-        ctx.resetting, ctx.stepped, ctx.reset_rows = none, none, np.zeros(0, dtype=np.int64)
+        ctx.reset_rows = np.zeros(0, dtype=np.int64)
+        self._none = [False] * (stop - start)
 
     def begin_step(self, global_step: int) -> None:
         """Takes the events due at this step out of the ring, grouped by hook."""
@@ -86,24 +86,27 @@ class HookRunner:
         if not self._calls["before_step"]:
             return
         ctx = self.ctx
-        ctx.actions, ctx.resetting, ctx.step_counts = actions, np.array(resetting), np.array(lengths)
+        ctx.actions = actions
+        ctx.begin_phase(lengths, resetting, self._none)
         self._run("before_step")
         ctx.actions = None
 
-    def after_step(self, stepped: list[bool], lengths: list[int]) -> None:
-        """Runs ``after_step`` hooks; they may change the slot's results in place."""
+    def after_step(self, stepped: list[bool], lengths: list[int]) -> bool:
+        """Runs ``after_step`` hooks, which may change the slot's results in place; says if any ran."""
         if not self._calls["after_step"]:
-            return
+            return False
         ctx = self.ctx
-        ctx.stepped, ctx.step_counts = np.array(stepped), np.array(lengths)
+        ctx.begin_phase(lengths, self._none, stepped)
         self._run("after_step")
+        return True
 
     def on_reset(self, rows: list[int], lengths: list[int]) -> None:
         """Runs ``on_reset`` hooks for the envs at ``rows``, which just reset."""
         if not self._calls["on_reset"] or not rows:
             return
         ctx = self.ctx
-        ctx.reset_rows, ctx.step_counts = np.array(rows), np.array(lengths)
+        ctx.reset_rows = np.array(rows)
+        ctx.begin_phase(lengths, self._none, self._none)
         self._run("on_reset")
 
     def _run(self, phase: str) -> None:
