@@ -100,8 +100,9 @@ def test_attach_failures_say_what_is_wrong(pool_name: str) -> None:
             shmpool.LayoutMismatchError,
             f"layout version {LAYOUT_VERSION + 7}",
         ),
-        ("theirs", MAGIC, 65534, PermissionError, "belongs to uid 65534"),
     ]
+    if os.geteuid() == 0:  # only root can make a segment that belongs to someone else
+        cases.append(("theirs", MAGIC, 65534, PermissionError, "belongs to uid 65534"))
     for suffix, content, uid, error, message in cases:
         name = f"{pool_name}-{suffix}"
         _fake_segment(name, content, uid)
