@@ -557,6 +557,12 @@ class Binding:
             target = target[token] if isinstance(token, int) else getattr(target, token)
         return target
 
+    @property
+    def attribute(self) -> tuple[Any, str] | None:
+        """(object, attribute name) when the value is a plain attribute set as is, else None: lets
+        a caller that sets many envs skip the general path."""
+        return (self._root, self._simple) if self._simple is not None else None
+
     def set(self, value: Any) -> None:
         """Applies one env's value: a Python scalar for shape (), an array assigned in place where the
         env holds a matching array."""

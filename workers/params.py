@@ -46,6 +46,7 @@ class ParamApplier:
         self._seed = seed
         self._label = env_label
         self._env_ids = np.arange(start, stop)
+        self._all_rows = np.arange(count)
         self._block = views["params"][start:stop]
         self._seq = views["params_seq"][start:stop]
         self._applied = views["applied"][start:stop]
@@ -66,6 +67,7 @@ class ParamApplier:
             s.index: [None] * count for s in specs if s.when != "rebuild"
         }
         self._scalars = _ScalarColumns.find(specs, self._block.dtype)
+        self._attributes: dict[int, list[tuple[Any, str] | None]] = {index: [None] * count for index in self._bindings}
         self._refreshers: list[Callable[[], None] | None] = [None] * count
         self._built_with: list[bytes] = [b""] * count
 
@@ -101,7 +103,8 @@ class ParamApplier:
         """Resolves the bindings of a (re)built env and applies the current step values to it."""
         for spec in self._specs:
             if spec.when != "rebuild":
-                self._bindings[spec.index][local] = Binding(env, spec, self._label)
+                binding = self._bindings[spec.index][local] = Binding(env, spec, self._label)
+                self._attributes[spec.index][local] = binding.attribute
         self._refreshers[local] = derived_refresher(env)
         rows = np.array([local])
         for spec in self._step_values:
@@ -139,7 +142,11 @@ class ParamApplier:
         """Sets ``values`` (one per row) on the envs at local ``rows`` and publishes them."""
         bindings = self._bindings[spec.index]
         for local, value in zip(rows.tolist(), plain_values(values)):
-            bindings[local].set(value)  # type: ignore[union-attr]
+            target = self._attributes[spec.index][local]
+            if target is not None:  # the common case, a plain attribute: no call through the binding
+                setattr(target[0], target[1], value)
+            else:
+                bindings[local].set(value)  # type: ignore[union-attr]
         self._applied[spec.name][rows] = values
 
     def _refresh(self, rows: Iterable[int]) -> None:
@@ -188,21 +195,28 @@ class ParamApplier:
         (the case of a curriculum rewriting several values every step). Returns the other specs."""
         columns = self._scalars
         assert columns is not None
-        new, old, good = (columns.matrix(a) for a in (snapshot, self._seen, self._good))
+        new, old = columns.matrix(snapshot), columns.matrix(self._seen)
         changed = new.view(np.int64) != old.view(np.int64)  # bitwise, so NaN -> NaN is no change
-        if changed.any():
-            valid = (new >= columns.low) & (new <= columns.high)  # NaN fails both
-            if columns.needs_finite:
-                valid &= np.isfinite(new)
+        if not changed.any():
+            return columns.others
+        valid = (new >= columns.low) & (new <= columns.high)  # NaN fails both
+        if columns.needs_finite:
+            valid &= np.isfinite(new)
+        accepted = changed & valid
+        if not valid.all():
             for local, column in zip(*np.nonzero(changed & ~valid)):
                 spec = columns.specs[column]
                 self._refuse(spec, int(local), snapshot[spec.name][local])
-            accepted = changed & valid
-            columns.store(self._good, np.where(accepted, new, good))
-            for column in np.flatnonzero(accepted.any(axis=0) & columns.step):
-                spec, rows = columns.specs[column], np.flatnonzero(accepted[:, column])
-                self._apply(spec, rows, new[rows, column])
-                touched[rows] = True
+            columns.store(self._good, np.where(accepted, new, columns.matrix(self._good)))
+        elif changed.all():  # a writer rewrote every value of the slot: all of them are good
+            columns.store(self._good, new)
+        else:
+            columns.store(self._good, np.where(accepted, new, columns.matrix(self._good)))
+        every = accepted.all(axis=0)
+        for column in np.nonzero(accepted.any(axis=0) & columns.step)[0]:
+            rows = self._all_rows if every[column] else np.nonzero(accepted[:, column])[0]
+            self._apply(columns.specs[column], rows, new[rows, column])
+            touched[rows] = True
         return columns.others
 
     def before_step(self, resetting: list[bool], lengths: list[int]) -> None:
