@@ -25,7 +25,7 @@ from .layout import (
     Layout,
     header_words,
 )
-from .params import ParamBlock, ParamSpec, applied_dtype, block_dtype
+from .params import ParamBlock, ParamSpec
 from .registry import list_pools
 from .system import ProcessWatch, Segment, WriterLock, process_alive
 
@@ -79,20 +79,10 @@ class PoolHandle:
             slots = [(int(start), int(stop)) for start, stop in meta["slots"]]
             self.events = EventSender(hook_names, views, slots, self._lock, self.env, self._check_open)
         if specs:
-            for field, expected in (("params", block_dtype(specs)), ("applied", applied_dtype(specs))):
-                if field not in views or views[field].dtype != expected or views[field].shape != (self.num_envs,):
-                    raise LayoutMismatchError(f"pool {name!r}: field {field!r} does not match its parameter table")
-            self.params = ParamBlock(
-                specs,
-                views["params"],
-                views["params_seq"],
-                self._lock,
-                self.env,
-                self._check_open,
-                lambda: views["param_refusals"].sum(axis=0),
-            )
-            self._applied = views["applied"].view()
-            self._applied.flags.writeable = False
+            missing = {"params", "params_seq", "applied", "param_refusals"} - set(views)
+            if missing:
+                raise LayoutMismatchError(f"pool {name!r} declares parameters but has no {sorted(missing)} fields")
+            self.params = ParamBlock(specs, views, self._lock, self.env, self._check_open)
 
     @property
     def alive(self) -> bool:
@@ -127,7 +117,7 @@ class PoolHandle:
     def applied(self) -> np.ndarray:
         """What each env uses now: one read-only record per env."""
         self._check_open()
-        return self._applied
+        return self.params.applied
 
     def _check_open(self) -> None:
         if self._closed:
@@ -147,7 +137,6 @@ class PoolHandle:
         self.__dict__.pop("events", None)
         self.__dict__.pop("episodes", None)
         self.__dict__.pop("params", None)
-        self.__dict__.pop("_applied", None)
         self._segment.close()
 
     def __enter__(self) -> PoolHandle:

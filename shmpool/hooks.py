@@ -142,41 +142,30 @@ def hook_name(hook: Any) -> str:
 
 class EnvStreams:
     """Per-env random numbers indexed by global step: env ``e`` at step ``s`` gets the same numbers
-    whichever worker runs it. Each env has its own generator (seeded from the pool seed, a stream
-    id and the env id) that fills blocks of steps ahead, so a step costs one array index."""
+    whichever worker runs it. Each env has its own generator (seeded from the pool seed, the stream's
+    name and the env id) that fills blocks of steps ahead, so a step costs one array index."""
 
     BLOCK = 64
 
-    def __init__(self, seed: int, stream: int, env_ids: np.ndarray, shape: tuple[int, ...]) -> None:
+    def __init__(self, seed: int, name: str, env_ids: np.ndarray, shape: tuple[int, ...], kind: str) -> None:
+        stream = int.from_bytes(name.encode()[:8].ljust(8, b"\0"), "little") & ((1 << 62) - 1)
         self._generators = [np.random.default_rng([seed % (1 << 63), stream, int(e)]) for e in env_ids]
+        if kind not in ("normal", "uniform"):
+            raise ValueError(f"kind must be 'normal' or 'uniform', got {kind!r}")
+        self._normal = kind == "normal"
         self._shape = shape
         self._block = -1
-        self._normal = np.zeros((len(env_ids), self.BLOCK, *shape))
-        self._uniform = np.zeros((len(env_ids), self.BLOCK, *shape))
+        self._values = np.zeros((len(env_ids), self.BLOCK, *shape))
 
-    def _fill(self, step: int) -> None:
+    def at(self, step: int) -> np.ndarray:
+        """The numbers of shape ``(envs, *shape)`` for global step ``step``."""
         block = step // self.BLOCK
         while self._block < block:  # blocks are made in order, so skipping steps changes nothing
             self._block += 1
             for row, generator in enumerate(self._generators):
-                self._normal[row] = generator.standard_normal((self.BLOCK, *self._shape))
-                self._uniform[row] = generator.random((self.BLOCK, *self._shape))
-
-    def normal(self, step: int) -> np.ndarray:
-        """Standard normal numbers of shape ``(envs, *shape)`` for global step ``step``."""
-        if step // self.BLOCK != self._block:
-            self._fill(step)
-        return self._normal[:, step % self.BLOCK]
-
-    def uniform(self, step: int) -> np.ndarray:
-        """Uniform numbers in [0, 1) of shape ``(envs, *shape)`` for global step ``step``."""
-        if step // self.BLOCK != self._block:
-            self._fill(step)
-        return self._uniform[:, step % self.BLOCK]
-
-
-def _stream_id(name: str) -> int:
-    return int.from_bytes(name.encode()[:8].ljust(8, b"\0"), "little") & ((1 << 62) - 1)
+                size = (self.BLOCK, *self._shape)
+                self._values[row] = generator.standard_normal(size) if self._normal else generator.random(size)
+        return self._values[:, step % self.BLOCK]
 
 
 def _box_leaf(space: spaces.Space[Any], what: str, hook: str) -> spaces.Box:
@@ -203,10 +192,10 @@ class ObservationNoise:
         """Adds noise to the observations at ``rows`` (None: every row)."""
         if self._streams is None:
             box = _box_leaf(ctx.observation_space, "observation", self.name)
-            self._streams = EnvStreams(ctx.seed, _stream_id(self.name), ctx.env_ids, box.shape)
+            self._streams = EnvStreams(ctx.seed, self.name, ctx.env_ids, box.shape, "normal")
             self._std_shape = (-1,) + (1,) * len(box.shape)
             self._std = ctx.applied[self.param].reshape(self._std_shape)  # type: ignore[index]
-        std, noise = self._std, self._streams.normal(ctx.global_step)
+        std, noise = self._std, self._streams.at(ctx.global_step)
         if rows is None:
             ctx.observations += noise * std
         else:
@@ -239,9 +228,9 @@ class ActionNoise:
         """Noise on this step's actions."""
         if self._streams is None:
             box = _box_leaf(ctx.action_space, "action", self.name)
-            self._streams = EnvStreams(ctx.seed, _stream_id(self.name), ctx.env_ids, box.shape)
+            self._streams = EnvStreams(ctx.seed, self.name, ctx.env_ids, box.shape, "normal")
         std = ctx.applied[self.param]  # type: ignore[index]
-        noise = self._streams.normal(ctx.global_step) * std.reshape(-1, *([1] * (ctx.actions.ndim - 1)))
+        noise = self._streams.at(ctx.global_step) * std.reshape(-1, *([1] * (ctx.actions.ndim - 1)))
         ctx.actions += noise.astype(ctx.actions.dtype)
 
 
@@ -377,8 +366,8 @@ class Perturb:
         if not due.any():
             return
         if self._streams is None:
-            self._streams = EnvStreams(ctx.seed, _stream_id(self.name), ctx.env_ids, (self.dims,))
-        signs = np.where(self._streams.uniform(ctx.global_step) < 0.5, -1.0, 1.0)
+            self._streams = EnvStreams(ctx.seed, self.name, ctx.env_ids, (self.dims,), "uniform")
+        signs = np.where(self._streams.at(ctx.global_step) < 0.5, -1.0, 1.0)
         self._kicked = np.flatnonzero(due)
         for row in self._kicked:
             self.kick(ctx.envs[row], strength[row] * signs[row])

@@ -29,6 +29,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .errors import LayoutMismatchError
+
 WHEN = ("step", "reset", "rebuild")
 DISTRIBUTIONS: dict[str, tuple[str, str]] = {
     "uniform": ("low", "high"),
@@ -140,8 +142,6 @@ class ParamSpec:
                 raise ValueError(f"bad when/dist {when!r}/{dist!r}")
             return cls(str(data["name"]), index, dtype, shape, low, high, when, data.get("bind"), dist)
         except (KeyError, TypeError, ValueError) as exc:
-            from .errors import LayoutMismatchError
-
             raise LayoutMismatchError(f"bad parameter description {data!r:.200}: {exc}") from exc
 
 
@@ -207,27 +207,53 @@ def applied_dtype(specs: Sequence[ParamSpec]) -> np.dtype[Any]:
 # -- validation -----------------------------------------------------------------------------------
 
 
+Check = Callable[[dict[str, np.ndarray]], Any]  # -> a bool mask of the rows that fail
+
+
+def _rules(spec: ParamSpec) -> list[tuple[str, Check]]:
+    """What a value must satisfy to be applied: (reason, rows -> mask of the rows that fail), in the
+    order messages name them. Rows are ``{"value": ...}``, or one entry per distribution argument."""
+    bounds = f"outside [{_bound(spec.low)}, {_bound(spec.high)}]"
+    if not spec.dist:
+        return [
+            ("not finite", functools.partial(_not_finite, "value")),
+            (bounds, lambda rows: _outside_rows(spec, rows["value"])),
+        ]
+    rules: list[tuple[str, Check]] = [
+        (f"{argument} is not finite", functools.partial(_not_finite, argument)) for argument in spec.arguments
+    ]
+    if spec.dist == "normal":
+        return rules + [
+            ("std is negative", lambda rows: (rows["std"] < 0).any(axis=1)),
+            (f"mean {bounds}", lambda rows: _outside_rows(spec, rows["mean"])),
+        ]
+    rules.append(("low exceeds high", lambda rows: (rows["low"] > rows["high"]).any(axis=1)))
+    if spec.dist == "loguniform":
+        rules.append(("loguniform needs low > 0", lambda rows: (rows["low"] <= 0).any(axis=1)))
+    return rules + [
+        (f"low {bounds}", lambda rows: _outside_rows(spec, rows["low"])),
+        (f"high {bounds}", lambda rows: _outside_rows(spec, rows["high"])),
+    ]
+
+
+def _not_finite(name: str, rows: dict[str, np.ndarray]) -> np.ndarray:
+    return np.asarray(~np.isfinite(rows[name]).all(axis=1))
+
+
+def _as_rows(spec: ParamSpec, values: Any) -> dict[str, np.ndarray]:
+    if spec.dist:
+        return {argument: _rows(values[argument]) for argument in spec.arguments}
+    return {"value": _rows(values)}
+
+
 def problem(spec: ParamSpec, value: Any) -> str | None:
     """Why one env's ``value`` (or record of distribution arguments) may not be applied, or None."""
     if spec.dist:
-        arguments = {argument: np.asarray(value[argument], dtype=np.float64) for argument in spec.arguments}
-        for argument, array in arguments.items():
-            if not np.all(np.isfinite(array)):
-                return f"{argument} is not finite"
-        if spec.dist == "normal":
-            if np.any(arguments["std"] < 0):
-                return "std is negative"
-            return _outside(spec, arguments["mean"], "mean ")
-        low, high = arguments["low"], arguments["high"]
-        if np.any(low > high):
-            return "low exceeds high"
-        if spec.dist == "loguniform" and np.any(low <= 0):
-            return "loguniform needs low > 0"
-        return _outside(spec, low, "low ") or _outside(spec, high, "high ")
-    array = np.asarray(value, dtype=np.float64)
-    if not np.all(np.isfinite(array)):
-        return "not finite"
-    return _outside(spec, array, "")
+        batch: Any = {argument: np.asarray(value[argument], dtype=np.float64)[None] for argument in spec.arguments}
+    else:
+        batch = np.asarray(value, dtype=np.float64)[None]
+    rows = _as_rows(spec, batch)
+    return next((reason for reason, fails in _rules(spec) if fails(rows)[0]), None)
 
 
 def show(value: Any) -> str:
@@ -246,32 +272,25 @@ def bad_rows(spec: ParamSpec, values: Any) -> np.ndarray:
     ``values`` is an array of ``(rows, *shape)`` values, or for a distribution a mapping (or
     structured array) of such arrays per argument.
     """
-    if spec.dist:
-        arguments = {argument: _rows(values[argument]) for argument in spec.arguments}
-        bad = np.zeros(len(next(iter(arguments.values()))), dtype=np.bool_)
-        for rows in arguments.values():
-            bad |= ~np.isfinite(rows).all(axis=1)
-        if spec.dist == "normal":
-            return bad | (arguments["std"] < 0).any(axis=1) | _outside_rows(spec, arguments["mean"])
-        low, high = arguments["low"], arguments["high"]
-        bad |= (low > high).any(axis=1) | _outside_rows(spec, low) | _outside_rows(spec, high)
-        if spec.dist == "loguniform":
-            bad |= (low <= 0).any(axis=1)
-        return bad
-    array: np.ndarray = np.asarray(values, dtype=np.float64)
-    if array.size:
-        # Fast path: NaN propagates through min/max and fails every comparison.
-        smallest, largest = float(array.min()), float(array.max())
-        if (
-            math.isfinite(smallest)
-            and math.isfinite(largest)
-            and smallest >= spec.bounds[0]
-            and largest <= spec.bounds[1]
-            and (spec.low.size <= 1 or not _outside_rows(spec, _rows(array)).any())
-        ):
-            return np.zeros(len(array), dtype=np.bool_)
-    array = _rows(array)
-    return ~np.isfinite(array).all(axis=1) | _outside_rows(spec, array)
+    if not spec.dist:
+        array: np.ndarray = np.asarray(values, dtype=np.float64)
+        if array.size:
+            # Fast path: NaN propagates through min/max and fails every comparison.
+            smallest, largest = float(array.min()), float(array.max())
+            if (
+                math.isfinite(smallest)
+                and math.isfinite(largest)
+                and smallest >= spec.bounds[0]
+                and largest <= spec.bounds[1]
+                and (spec.low.size <= 1 or not _outside_rows(spec, _rows(array)).any())
+            ):
+                return np.zeros(len(array), dtype=np.bool_)
+        values = array
+    rows = _as_rows(spec, values)
+    bad = np.zeros(len(next(iter(rows.values()))), dtype=np.bool_)
+    for _, fails in _rules(spec):
+        bad |= fails(rows)
+    return bad
 
 
 def _rows(values: Any) -> np.ndarray:
@@ -281,12 +300,6 @@ def _rows(values: Any) -> np.ndarray:
 
 def _outside_rows(spec: ParamSpec, rows: np.ndarray) -> np.ndarray:
     return np.asarray((rows < spec.low.ravel()).any(axis=1) | (rows > spec.high.ravel()).any(axis=1))
-
-
-def _outside(spec: ParamSpec, array: np.ndarray, what: str) -> str | None:
-    if np.any(array < spec.low) or np.any(array > spec.high):
-        return f"{what}outside [{_bound(spec.low)}, {_bound(spec.high)}]"
-    return None
 
 
 def _bound(array: np.ndarray) -> Any:
@@ -308,22 +321,27 @@ class ParamBlock:
     def __init__(
         self,
         specs: Sequence[ParamSpec],
-        block: np.ndarray,
-        seq: np.ndarray,
+        views: Mapping[str, np.ndarray],
         lock: Any,
         env_label: str,
         check_open: Callable[[], None],
-        refusal_counts: Callable[[], np.ndarray],
     ) -> None:
+        num_envs = len(views["params"])
+        for name, expected in (("params", block_dtype(specs)), ("applied", applied_dtype(specs))):
+            if views[name].dtype != expected or views[name].shape != (num_envs,):
+                raise LayoutMismatchError(f"field {name!r} does not match the parameter table")
         self.specs = {spec.name: spec for spec in specs}
-        self._block = block
-        self._all = np.arange(len(block))
-        self._seq = seq
+        self._block = views["params"]
+        self._all = np.arange(num_envs)
+        self._seq = views["params_seq"]
+        self._refusal_table = views["param_refusals"]
         self._lock = lock
         self._thread_lock = threading.Lock()
         self._label = env_label
         self._check_open = check_open
-        self._refusal_counts = refusal_counts
+        #: What each env uses now (a drawn value for a ``dist`` parameter): read-only, workers write it.
+        self.applied = views["applied"].view()
+        self.applied.flags.writeable = False
 
     @property
     def dtype(self) -> np.dtype[Any]:
@@ -338,7 +356,7 @@ class ParamBlock:
     @property
     def refusals(self) -> dict[str, int]:
         """How many raw writes each parameter's workers refused so far."""
-        counts = self._refusal_counts()
+        counts = self._refusal_table.sum(axis=0)
         return {name: int(counts[spec.index]) for name, spec in self.specs.items()}
 
     def __len__(self) -> int:

@@ -375,16 +375,16 @@ class Pool(VectorEnv):
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.action_space = batch_space(self.single_action_space, num_envs)
         self._check_actions = ActionChecker(self.single_action_space, num_envs, self._env_label)
-        same_step = self.autoreset_mode == AutoresetMode.SAME_STEP
+        self._same_step = self.autoreset_mode == AutoresetMode.SAME_STEP
         self._slots = _slots(num_envs, self.num_workers)
 
         sweep_stale()
-        layout = self._plan_layout(info_keys, info_bytes, same_step)
+        layout = self._plan_layout(info_keys, info_bytes)
         resources = self._resources = _Resources(name)
         self._finalizer = weakref.finalize(self, resources.close)
         try:
             self._create(resources, layout, initial)
-            self._start_workers(resources, context, env, env_kwargs, same_step)
+            self._start_workers(resources, context, env, env_kwargs)
             self._wait_ready(launch_timeout)
         except BaseException:
             self._finalizer()
@@ -394,14 +394,14 @@ class Pool(VectorEnv):
 
     # -- launching -------------------------------------------------------------------------------
 
-    def _plan_layout(self, info_keys: int, info_bytes: int, same_step: bool) -> Layout:
+    def _plan_layout(self, info_keys: int, info_bytes: int) -> Layout:
         n, w = self.num_envs, self.num_workers
         specs: list[tuple[str, Any, tuple[int, ...]]] = [
             ("control", np.int64, (w, CONTROL_WORDS)),
             ("errors", np.uint8, (w, ERROR_BYTES)),
         ]
         specs += [(leaf.field_name("actions"), leaf.dtype, (n, *leaf.shape)) for leaf in self._act_leaves]
-        prefixes = ["observations", "final_observations"] if same_step else ["observations"]
+        prefixes = ["observations", "final_observations"] if self._same_step else ["observations"]
         specs += [(leaf.field_name(p), leaf.dtype, (n, *leaf.shape)) for p in prefixes for leaf in self._obs_leaves]
         specs += [
             ("rewards", np.float64, (n,)),
@@ -471,9 +471,7 @@ class Pool(VectorEnv):
         self._words = memoryview(views["control"].data).cast("B").cast("q")
         self._obs_views = [views[leaf.field_name("observations")] for leaf in self._obs_leaves]
         self._final_obs_views = [
-            views[leaf.field_name("final_observations")]
-            for leaf in self._obs_leaves
-            if self.autoreset_mode == AutoresetMode.SAME_STEP
+            views[leaf.field_name("final_observations")] for leaf in self._obs_leaves if self._same_step
         ]
         self._action_views = [views[leaf.field_name("actions")] for leaf in self._act_leaves]
         self._infos = InfoReader(
@@ -487,23 +485,11 @@ class Pool(VectorEnv):
             )
         if initial is not None:
             views["params"][:], views["applied"][:] = initial
-            self.params = ParamBlock(
-                self._param_specs,
-                views["params"],
-                views["params_seq"],
-                self._lock,
-                self._env_label,
-                self._check_open,
-                lambda: self._views["param_refusals"].sum(axis=0),
-            )
-            self._applied = views["applied"].view()
-            self._applied.flags.writeable = False
+            self.params = ParamBlock(self._param_specs, views, self._lock, self._env_label, self._check_open)
             self._refusals_seen = [0] * self.num_workers
             self._refusals_warned: set[int] = set()
 
-    def _start_workers(
-        self, resources: _Resources, context: Any, env: EnvFactory, env_kwargs: dict[str, Any], same_step: bool
-    ) -> None:
+    def _start_workers(self, resources: _Resources, context: Any, env: EnvFactory, env_kwargs: dict[str, Any]) -> None:
         module_name, function_name = WORKER_ENTRY_POINT.split(":")
         entry_point: Callable[[WorkerConfig], None] = getattr(importlib.import_module(module_name), function_name)
         all_doorbells = (resources.trainer_doorbell.path, *(d.path for d in resources.worker_doorbells))  # type: ignore[union-attr]
@@ -519,7 +505,7 @@ class Pool(VectorEnv):
                     env_factory=env,
                     env_kwargs=env_kwargs,
                     env_label=self._env_label,
-                    same_step_autoreset=same_step,
+                    same_step_autoreset=self._same_step,
                     owner_pid=os.getpid(),
                     owner_start_ticks=self._owner_start_ticks,
                     observation_space=self.single_observation_space,
@@ -571,7 +557,7 @@ class Pool(VectorEnv):
         self._check_open()
         if not self._param_specs:
             raise AttributeError(f"pool {self._name!r} was launched without params")
-        return self._applied
+        return self.params.applied
 
     def _check_open(self) -> None:
         if self.closed:
@@ -721,7 +707,7 @@ class Pool(VectorEnv):
 
     def _add_episode_infos(self, infos: dict[str, Any], dones: np.ndarray) -> None:
         views = self._views
-        if self.autoreset_mode == AutoresetMode.SAME_STEP:
+        if self._same_step:
             final = np.full(self.num_envs, None, dtype=object)
             for env_id in np.flatnonzero(dones):
                 final[env_id] = assemble(
@@ -850,8 +836,7 @@ class Pool(VectorEnv):
 
     def _enter(self) -> None:
         """Raises if the pool cannot be used; finishes a call that Ctrl-C interrupted."""
-        if self.closed:
-            raise PoolClosedError(f"pool {self._name!r} is closed")
+        self._check_open()
         if self._broken is not None:
             raise PoolBrokenError(
                 f"pool {self._name!r} failed earlier ({type(self._broken).__name__}: {self._broken}); "
@@ -874,7 +859,6 @@ class Pool(VectorEnv):
         self.__dict__.pop("events", None)
         self.__dict__.pop("episodes", None)
         self.__dict__.pop("params", None)
-        self.__dict__.pop("_applied", None)
         if getattr(self, "_lock", None) is not None:
             self._lock.close()
         if getattr(self, "_finalizer", None) is not None:
