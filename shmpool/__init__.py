@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import (
     EventQueueFull,
+    ForeignProcessError,
     LayoutMismatchError,
     PoolBrokenError,
     PoolClosedError,
@@ -26,6 +27,7 @@ from .errors import (
     ShmpoolError,
     WorkerDiedError,
     WorkerError,
+    WriterLockTimeout,
 )
 
 if TYPE_CHECKING:
@@ -60,6 +62,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "EventQueueFull",
+    "ForeignProcessError",
     "LayoutMismatchError",
     "Param",
     "ParamBlock",
@@ -74,6 +77,7 @@ __all__ = [
     "ShmpoolError",
     "WorkerDiedError",
     "WorkerError",
+    "WriterLockTimeout",
     "attach",
     "launch",
 ]

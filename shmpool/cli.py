@@ -1,6 +1,6 @@
 """The ``shmpool`` command: find pools on this machine, look at them, change their parameters.
 
-shmpool ls                       live pools (stale ones marked)
+shmpool ls                       this user's pools (stale ones, and ones of unknown liveness, marked)
 shmpool show NAME                parameters, applied values and recent episodes per env
 shmpool set NAME length=0.8 [--envs 0:8]   a validated write (masscart.low=0.5 for a dist)
 shmpool watch NAME               a live view: steps/s, returns, parameter ranges
@@ -10,6 +10,8 @@ shmpool gc                       remove shared memory left by pools whose owner 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import sys
 import time
 from typing import Any
@@ -43,6 +45,31 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def _state(alive: bool | None) -> str:
+    if alive is None:
+        return "unknown (owner in another pid namespace; never removed from here)"
+    return "alive" if alive else "stale (owner dead; shmpool gc removes it)"
+
+
+def _meta_text(meta: dict[str, Any], key: str) -> str:
+    """A table value from a segment's metadata, which any process of this user could have written."""
+    value = meta.get(key, "?")
+    text = value if isinstance(value, str) else json.dumps(value) if _plain(value) else "?"
+    # One short printable line: a crafted name must not break the table or the terminal.
+    return "".join(c if c.isprintable() else "?" for c in text[:40])
+
+
+def _plain(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, float))
+
+
+def _age_text(meta: dict[str, Any]) -> str:
+    created = meta.get("created")
+    if not isinstance(created, (int, float)) or isinstance(created, bool) or not math.isfinite(created):
+        return "?"
+    return _age(max(0.0, time.time() - created))
+
+
 def command_ls() -> int:
     """Prints every pool of this user."""
     records = list_pools()
@@ -56,13 +83,13 @@ def command_ls() -> int:
             [
                 record.name,
                 record.owner_pid,
-                "alive" if record.alive else "stale (owner dead; shmpool gc removes it)",
-                meta.get("env", "?"),
-                meta.get("num_envs", "?"),
-                meta.get("num_workers", "?"),
+                _state(record.alive),
+                _meta_text(meta, "env"),
+                _meta_text(meta, "num_envs"),
+                _meta_text(meta, "num_workers"),
                 record.steps_per_second,
                 record.global_step,
-                _age(time.time() - float(meta.get("created", time.time()))),
+                _age_text(meta),
             ]
         )
     print(table(["name", "owner", "state", "env", "envs", "workers", "steps/s", "step", "age"], rows))
@@ -177,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="shmpool", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("ls", help="list this user's pools (live and stale)")
+    commands.add_parser("ls", help="list this user's pools (live, stale, or unknown: owner in another pid namespace)")
     show = commands.add_parser("show", help="a pool's parameters, applied values and recent episodes per env")
     show.add_argument("name")
     show.add_argument("--recent", type=int, default=10, help="episodes per env to average")

@@ -86,3 +86,22 @@ class PoolExistsError(ShmpoolError, FileExistsError):
 
 class EventQueueFull(ShmpoolError, queue.Full):
     """A worker's event ring had no room for an event within the sender's timeout."""
+
+
+class WriterLockTimeout(ShmpoolError, TimeoutError):
+    """Another writer held the pool's writer lock past the deadline (often a stopped process)."""
+
+    def __init__(self, message: str, *, holder_pid: int | None = None) -> None:
+        super().__init__(message)
+        self.holder_pid = holder_pid
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (_rebuild_lock_timeout, (self.args[0], self.holder_pid))
+
+
+def _rebuild_lock_timeout(message: str, holder_pid: int | None) -> WriterLockTimeout:
+    return WriterLockTimeout(message, holder_pid=holder_pid)
+
+
+class ForeignProcessError(ShmpoolError, RuntimeError):
+    """A pool was used from a process that did not create it (a forked child); attach by name instead."""

@@ -1,11 +1,12 @@
 """One-shot events for hooks, through one ring per worker in the segment.
 
-A ring holds ``event_capacity`` fixed-size records (hook index, due step, payload, and a bitmask of
-the worker's envs it concerns). Senders (the trainer and attached processes) take the writers'
-lock (a ``flock`` the kernel drops if a sender dies), check that every ring the event touches has
-room, write the records, and only then advance each ring's ``head``: a sender killed mid-send never
-publishes a half-written record, and the next sender overwrites it. The worker alone advances
-``tail`` after copying the records out, so it reads every event exactly once, in send order.
+A ring holds ``event_capacity`` fixed-size records (hook index, due step, payload, a bitmask of the
+worker's envs it concerns, and the ticket that publishes it). Senders (the trainer and attached
+processes, any of their threads) take the writers' lock and hand the records to
+:class:`shmpool.protocol.EventRings`, which publishes an event to all the rings it touches with one
+store, so a sender killed mid-send delivers to no worker rather than to some. The worker alone
+advances its ring's ``tail`` after copying the records out, so it reads every event exactly once, in
+send order.
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ from typing import Any
 import numpy as np
 
 from .errors import EventQueueFull
+from .protocol import EventRings, WriterLock
+
+#: The shortest wait for the writers' lock, even with ``timeout=0``: a live holder keeps it for
+#: microseconds, so only a stopped or stuck one makes a sender wait this long.
+LOCK_GRACE = 0.25
 
 NOT_SCHEDULED = -1
 
@@ -26,6 +32,7 @@ def event_dtype(payload_size: int, mask_bytes: int) -> np.dtype[Any]:
     """The record of one event in a worker's ring."""
     return np.dtype(
         [
+            ("ticket", "<i8"),
             ("hook", "<i8"),
             ("at_step", "<i8"),
             ("payload_size", "<i8"),
@@ -56,23 +63,21 @@ class EventSender:
     def __init__(
         self,
         hook_names: Sequence[str],
-        views: dict[str, np.ndarray],
+        rings: EventRings,
         slots: Sequence[tuple[int, int]],
-        lock: Any,
+        lock: WriterLock,
         env_label: str,
         check_open: Callable[[], None],
     ) -> None:
         self.hook_names = list(hook_names)
-        self._records = views["events"]
-        self._heads = views["event_heads"]
-        self._tails = views["event_tails"]
+        self._rings = rings
         self._slots = list(slots)
         self._starts = np.array([start for start, _ in slots])
         self._lock = lock
         self._label = env_label
         self._check_open = check_open
-        self.capacity = self._records.shape[1]
-        self.payload_size = self._records.dtype["payload"].shape[0]
+        self.capacity = rings.capacity
+        self.payload_size = rings.records.dtype["payload"].shape[0]
         self.num_envs = self._slots[-1][1]
 
     def send(
@@ -109,12 +114,16 @@ class EventSender:
         owners = np.searchsorted(self._starts, ids, side="right") - 1
         workers = np.unique(owners).tolist()
         deadline = None if timeout is None else time.monotonic() + timeout
+        lock_wait = None if timeout is None else max(timeout, LOCK_GRACE)
+        parts = [
+            (worker_id, self._filler(worker_id, hook_index, ids[owners == worker_id], values, at_step))
+            for worker_id in workers
+        ]
         while True:
-            with self._lock:
-                full = [w for w in workers if self._heads[w] - self._tails[w] >= self.capacity]
+            with self._lock.hold(lock_wait, self._check_open):
+                full = self._rings.full(workers)
                 if not full:
-                    for worker_id in workers:
-                        self._write(worker_id, hook_index, ids[owners == worker_id], values, at_step)
+                    self._rings.publish(parts)
                     return
             if deadline is not None and time.monotonic() >= deadline:
                 raise EventQueueFull(
@@ -122,45 +131,46 @@ class EventSender:
                     f"waiting); send with a timeout, or launch with a larger event_capacity"
                 )
             time.sleep(0.0005)
+            self._check_open()  # a sender waiting for room stops when the pool closes
 
-    def _write(self, worker_id: int, hook_index: int, ids: np.ndarray, values: np.ndarray, at_step: int | None) -> None:
-        head = int(self._heads[worker_id])
-        record = self._records[worker_id, head % self.capacity]
-        record["hook"] = hook_index
-        record["at_step"] = NOT_SCHEDULED if at_step is None else at_step
-        record["payload_size"] = values.size
-        record["payload"][: values.size] = values
-        bits = np.zeros(record["mask"].size * 8, dtype=np.bool_)
+    def _filler(
+        self, worker_id: int, hook_index: int, ids: np.ndarray, values: np.ndarray, at_step: int | None
+    ) -> Callable[[np.ndarray], None]:
+        """What writes this event's record for one worker's ring (built before taking the lock)."""
+        bits = np.zeros(self._rings.records.dtype["mask"].shape[0] * 8, dtype=np.bool_)
         bits[ids - self._slots[worker_id][0]] = True
-        record["mask"] = np.packbits(bits, bitorder="little")
-        self._heads[worker_id] = head + 1  # published last: the worker reads only below head
+        mask = np.packbits(bits, bitorder="little")
+
+        def fill(record: np.ndarray) -> None:
+            record["hook"] = hook_index
+            record["at_step"] = NOT_SCHEDULED if at_step is None else at_step
+            record["payload_size"] = values.size
+            record["payload"][: values.size] = values
+            record["mask"] = mask
+
+        return fill
 
 
 class EventReader:
     """Worker side: takes this worker's events out of its ring and hands them out when due."""
 
-    def __init__(self, views: dict[str, np.ndarray], worker_id: int, slot: tuple[int, int]) -> None:
-        self._records = views["events"][worker_id]
-        self._heads = views["event_heads"]
-        self._tails = views["event_tails"]
+    def __init__(self, rings: EventRings, worker_id: int, slot: tuple[int, int]) -> None:
+        self._rings = rings
         self._worker_id = worker_id
         self._start, stop = slot
         self._count = stop - self._start
-        self._capacity = len(self._records)
         self._waiting: list[tuple[int, int, np.ndarray, np.ndarray]] = []  # taken out, due later
 
     def due(self, step: int) -> list[tuple[int, Event]]:
         """The (hook index, event) pairs due at global step ``step``, in send order."""
-        head, tail = int(self._heads[self._worker_id]), int(self._tails[self._worker_id])
-        for position in range(tail, head):
-            record = self._records[position % self._capacity].copy()
-            bits = np.unpackbits(record["mask"], bitorder="little")[: self._count].astype(np.bool_)
-            payload = record["payload"][: int(record["payload_size"])].copy()
-            self._waiting.append(
-                (int(record["hook"]), int(record["at_step"]), np.flatnonzero(bits) + self._start, payload)
-            )
-        if head != tail:
-            self._tails[self._worker_id] = head  # after the copies: the slots may now be reused
+        rings, ring = self._rings, self._worker_id
+        if rings.heads[ring] != rings.tails[ring]:
+            for record in rings.consume(ring):
+                bits = np.unpackbits(record["mask"], bitorder="little")[: self._count].astype(np.bool_)
+                payload = record["payload"][: int(record["payload_size"])].copy()
+                self._waiting.append(
+                    (int(record["hook"]), int(record["at_step"]), np.flatnonzero(bits) + self._start, payload)
+                )
         if not self._waiting:
             return []
         ready: list[tuple[int, int, np.ndarray, np.ndarray]] = []

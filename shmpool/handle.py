@@ -26,8 +26,9 @@ from .layout import (
     header_words,
 )
 from .params import ParamBlock, ParamSpec
+from .protocol import check_memory_model, event_rings, params_seqlock, writer_lock
 from .registry import list_pools
-from .system import ProcessWatch, Segment, WriterLock, process_alive
+from .system import ProcessWatch, Segment, pid_namespace, process_alive, segment_file
 
 _WORKER_STATES = {WORKER_STARTING: "starting", WORKER_READY: "ready", WORKER_FAILED: "failed", WORKER_CLOSED: "closed"}
 
@@ -66,23 +67,53 @@ class PoolHandle:
         specs = [ParamSpec.from_json(index, data) for index, data in enumerate(meta.get("params") or [])]
         self.param_specs: dict[str, ParamSpec] = {spec.name: spec for spec in specs}
         views = layout.views(segment.buffer)
+        if "writers" not in views:
+            raise LayoutMismatchError(f"pool {name!r} has no 'writers' field")
         self._views = views
         self._control = views["control"]
-        self._lock = WriterLock(name)
+        self._lock = writer_lock(segment_file(name), views)
         self._created = float(meta.get("created", time.time()))
-        self.episodes = EpisodeReader(views, self._check_open)
+        self._episodes = EpisodeReader(views, self._check_open)
+        self._events: EventSender | None = None
+        self._params: ParamBlock | None = None
         hook_names = [str(h) for h in meta.get("hooks") or []]
         if hook_names:
-            for field in ("events", "event_heads", "event_tails"):
+            for field in ("events", "event_heads", "event_tails", "event_undo_heads", "writers"):
                 if field not in views:
                     raise LayoutMismatchError(f"pool {name!r} has hooks but no {field!r} field")
             slots = [(int(start), int(stop)) for start, stop in meta["slots"]]
-            self.events = EventSender(hook_names, views, slots, self._lock, self.env, self._check_open)
+            rings = event_rings(views)
+            assert rings is not None
+            self._events = EventSender(hook_names, rings, slots, self._lock, self.env, self._check_open)
         if specs:
-            missing = {"params", "params_seq", "applied", "param_refusals"} - set(views)
+            missing = {"params", "params_seq", "params_undo", "applied", "param_refusals"} - set(views)
             if missing:
                 raise LayoutMismatchError(f"pool {name!r} declares parameters but has no {sorted(missing)} fields")
-            self.params = ParamBlock(specs, views, self._lock, self.env, self._check_open)
+            seqlock = params_seqlock(views)
+            assert seqlock is not None
+            self._params = ParamBlock(specs, views, seqlock, self._lock, self.env, self._check_open)
+
+    @property
+    def params(self) -> ParamBlock:
+        """The pool's parameter block, writable from here (see ParamBlock)."""
+        self._check_open()
+        if self._params is None:
+            raise AttributeError(f"pool {self.name!r} was launched without params")
+        return self._params
+
+    @property
+    def events(self) -> EventSender:
+        """Sends one-shot events to the pool's hooks."""
+        self._check_open()
+        if self._events is None:
+            raise AttributeError(f"pool {self.name!r} was launched without hooks, so it takes no events")
+        return self._events
+
+    @property
+    def episodes(self) -> EpisodeReader:
+        """Finished-episode records since this handle's last ``read()``."""
+        self._check_open()
+        return self._episodes
 
     @property
     def alive(self) -> bool:
@@ -102,7 +133,7 @@ class PoolHandle:
             steps_per_second=int(header[H_STEPS_PER_SECOND]),
             workers=[_WORKER_STATES.get(int(self._control[k, CTL_STATUS]), "?") for k in range(self.num_workers)],
             refusals={name: int(refusals[spec.index]) for name, spec in self.param_specs.items()},
-            episodes=self.episodes.total,
+            episodes=self._episodes.total,
             owner_pid=self._owner.pid,
             age=time.time() - self._created,
         )
@@ -126,17 +157,13 @@ class PoolHandle:
             raise PoolClosedError(f"pool {self.name!r} has closed (or its owner died)")
 
     def close(self) -> None:
-        """Unmaps the segment (once no numpy view of it is alive); the pool goes on."""
+        """Lets go of the segment (it is unmapped once no numpy view of it is alive); the pool goes on."""
         if self._closed:
             return
         self._closed = True
         self._lock.close()
         self._owner.close()
-        self._header.release()
         self._views = {}
-        self.__dict__.pop("events", None)
-        self.__dict__.pop("episodes", None)
-        self.__dict__.pop("params", None)
         self._segment.close()
 
     def __enter__(self) -> PoolHandle:
@@ -153,9 +180,10 @@ def attach(name: str, *, timeout: float | None = None) -> PoolHandle:
     """Finds the running pool called ``name`` and maps it, after validating its segment.
 
     Waits up to ``timeout`` seconds for the pool to appear (None: do not wait). Raises
-    ``PoolNotFoundError`` (listing the pools that exist, or saying the owner is dead),
-    ``LayoutMismatchError`` for a segment that is not a shmpool one of this layout version, and
-    ``PermissionError`` for another user's pool. Nothing in the segment is unpickled.
+    ``PoolNotFoundError`` (listing the pools that exist, or saying the owner is dead or in another pid
+    namespace), ``LayoutMismatchError`` for a segment that is not a shmpool one of this layout version
+    or is damaged in any way, and ``PermissionError`` for another user's pool. Nothing in the segment
+    is unpickled.
 
     Example:
         >>> import shmpool
@@ -163,6 +191,7 @@ def attach(name: str, *, timeout: float | None = None) -> PoolHandle:
         ...     with shmpool.attach(pool.name) as handle:
         ...         handle.params.write([0, 1], length=0.8)
     """
+    check_memory_model()
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         try:
@@ -175,15 +204,88 @@ def attach(name: str, *, timeout: float | None = None) -> PoolHandle:
             time.sleep(0.05)
     try:
         layout, header = Layout.read(segment.buffer)
-        if "num_envs" not in layout.meta or "control" not in layout.fields:
-            raise LayoutMismatchError(f"segment {name!r} is not a shmpool pool")
+        _check_pool_meta(name, layout)
+        if header.owner_pid_namespace != pid_namespace():
+            raise PoolNotFoundError(
+                f"pool {name!r} belongs to a process in another pid namespace (another container sharing "
+                f"/dev/shm), whose pid means nothing here; attach from a process in the owner's namespace"
+            )
         if not process_alive(header.owner_pid, header.owner_start_ticks):
             raise PoolNotFoundError(
                 f"pool {name!r} is stale: its owner (pid {header.owner_pid}) is dead; `shmpool gc` removes it"
             )
-        if layout.fields["control"].shape != (int(layout.meta["num_workers"]), CONTROL_WORDS):
-            raise LayoutMismatchError(f"pool {name!r}: control field does not match its worker count")
-        return PoolHandle(name, segment, layout, header.owner_pid, header.owner_start_ticks)
+        try:
+            return PoolHandle(name, segment, layout, header.owner_pid, header.owner_start_ticks)
+        except LayoutMismatchError:
+            raise
+        except (KeyError, IndexError, TypeError, ValueError, OverflowError) as exc:
+            # Whatever the checks above missed: the fields do not hold what the table promises.
+            raise LayoutMismatchError(
+                f"segment {name!r} is damaged: its fields do not match its table ({type(exc).__name__}: {exc!s:.200})"
+            ) from exc
     except BaseException:
         segment.close()
         raise
+
+
+_EPISODE_FIELDS = {"env_id", "episode", "step", "return", "length"}
+
+
+def _check_pool_meta(name: str, layout: Layout) -> None:
+    """Checks the metadata and fields a handle relies on, so that a damaged or crafted segment is a
+    ``LayoutMismatchError`` here, never a ``TypeError`` or ``IndexError`` from deep inside later."""
+    meta, fields = layout.meta, layout.fields
+
+    def refuse(what: str) -> LayoutMismatchError:
+        return LayoutMismatchError(
+            f"segment {name!r} is not a valid shmpool pool ({what}): it was damaged, or written by something else"
+        )
+
+    def count(value: Any, low: int, high: int) -> bool:
+        return type(value) is int and low <= value <= high  # type(): a JSON true is not a count
+
+    num_envs, num_workers = meta.get("num_envs"), meta.get("num_workers")
+    if not count(num_envs, 1, 1 << 31):
+        raise refuse(f"num_envs is {num_envs!r:.40}")
+    if not count(num_workers, 1, num_envs):
+        raise refuse(f"num_workers is {num_workers!r:.40}")
+    slots = meta.get("slots")
+    if (
+        not isinstance(slots, list)
+        or len(slots) != num_workers
+        or not all(isinstance(s, list) and len(s) == 2 and all(count(n, 0, num_envs) for n in s) for s in slots)
+        or [s[0] for s in slots] != [0] + [s[1] for s in slots[:-1]]
+        or slots[-1][1] != num_envs
+        or any(start >= stop for start, stop in slots)
+    ):
+        raise refuse(f"slots are {slots!r:.80}")
+    for key, kind in (("env", str), ("hooks", list), ("params", list)):
+        if meta.get(key) is not None and not isinstance(meta[key], kind):
+            raise refuse(f"{key} is a {type(meta[key]).__name__}")
+    if not all(isinstance(hook, str) for hook in meta.get("hooks") or []):
+        raise refuse("a hook name is not a string")
+    if not all(isinstance(param, dict) for param in meta.get("params") or []):
+        raise refuse("a parameter description is not an object")
+    created = meta.get("created", 0.0)
+    if not isinstance(created, (int, float)) or isinstance(created, bool) or not -1e18 < created < 1e18:
+        raise refuse(f"created is {created!r:.40}")
+    control = fields.get("control")
+    if control is None or control.dtype != np.dtype(np.int64) or control.shape != (num_workers, CONTROL_WORDS):
+        raise refuse("its control field does not match its worker count")
+    records, heads = fields.get("episode_records"), fields.get("episode_heads")
+    if (
+        records is None
+        or heads is None
+        or len(records.shape) != 2
+        or records.shape[0] != num_workers
+        or not _EPISODE_FIELDS <= set(records.dtype.names or ())
+        or heads.dtype != np.dtype(np.int64)
+        or heads.shape != (num_workers,)
+    ):
+        raise refuse("its episode ring does not match its worker count")
+    refusals = fields.get("param_refusals")
+    params = meta.get("params") or []
+    if params and (
+        refusals is None or refusals.dtype != np.dtype(np.int64) or refusals.shape != (num_workers, len(params))
+    ):
+        raise refuse("its refusal counters do not match its parameters")

@@ -26,6 +26,7 @@ seed, so a run is the same whatever the number of workers.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -45,10 +46,13 @@ class HookContext:
         actions: in ``before_step``, the slot's actions (a writable copy; structured like the action
             space for Dict/Tuple spaces); None in the other phases.
         observations, rewards, terminations, truncations: the slot's rows of the results.
-        resetting: in ``before_step``, which envs reset instead of stepping this step.
+        resetting: in ``before_step``, which envs reset instead of stepping this step (those that
+            hooks earlier in the chain asked to reset included).
         stepped: in ``after_step``, which envs stepped (False: they reset this step instead).
         reset_rows: in ``on_reset``, the rows of the envs that just reset.
-        params, applied: the slot's rows of the params and applied blocks (None without params).
+        params: the slot's parameter records as the worker last read them whole and accepted them
+            (read-only; never a half-written record); None without params.
+        applied: the slot's rows of the applied block (None without params).
         step_counts: steps taken in the current episode, per env.
         episode_indices: the index of the current episode, per env.
         global_step: the index of the current step of the pool (0 for the first step).
@@ -101,7 +105,8 @@ class HookContext:
 
     @property
     def resetting(self) -> np.ndarray:
-        """In ``before_step``: which envs reset instead of stepping this step."""
+        """In ``before_step``: which envs reset instead of stepping this step (those that hooks earlier
+        in the chain asked to reset included: read it again after ``request_reset``)."""
         return self._array(1)
 
     @property
@@ -116,6 +121,7 @@ class HookContext:
     def request_reset(self, rows: np.ndarray) -> None:
         """In ``before_step``: reset the envs at ``rows`` instead of stepping them this step."""
         self._request_reset(np.asarray(rows))
+        self._arrays.pop(1, None)  # the flags changed: the next read of ``resetting`` shows the new resets
 
     def resample(self, names: list[str], rows: np.ndarray) -> None:
         """Draws new values of the named ``dist`` parameters for the envs at ``rows``, now."""
@@ -148,7 +154,9 @@ class EnvStreams:
     BLOCK = 64
 
     def __init__(self, seed: int, name: str, env_ids: np.ndarray, shape: tuple[int, ...], kind: str) -> None:
-        stream = int.from_bytes(name.encode()[:8].ljust(8, b"\0"), "little") & ((1 << 62) - 1)
+        # The whole name keys the stream: names sharing a prefix must not share numbers.
+        digest = hashlib.blake2b(name.encode(), digest_size=8).digest()
+        stream = int.from_bytes(digest, "little") & ((1 << 62) - 1)
         self._generators = [np.random.default_rng([seed % (1 << 63), stream, int(e)]) for e in env_ids]
         if kind not in ("normal", "uniform"):
             raise ValueError(f"kind must be 'normal' or 'uniform', got {kind!r}")
@@ -250,6 +258,8 @@ class ActionDelay:
             raise ValueError(f"ActionDelay needs 0 <= steps <= max_steps, got {steps}, {max_steps}")
         self._history = np.zeros(0)
         self._count = np.zeros(0, dtype=np.int64)
+        self._episodes = np.zeros(0, dtype=np.int64)  # each env's episode index at its last action
+        self._new = np.zeros(0, dtype=np.bool_)
 
     def params(self) -> dict[str, Param]:
         """Declares the delay in steps (an int in ``[0, max_steps]``)."""
@@ -260,24 +270,26 @@ class ActionDelay:
         actions = ctx.actions
         if not isinstance(actions, np.ndarray):
             raise TypeError(f"{self.name} needs an array action space (Box, Discrete, MultiDiscrete, MultiBinary)")
+        episodes = ctx.episode_indices
         if not self._history.size:
             self._history = np.zeros((len(actions), self.max_steps + 1, *actions.shape[1:]), dtype=actions.dtype)
             self._count = np.zeros(len(actions), dtype=np.int64)
             self._rows = np.arange(len(actions))
+            self._episodes = episodes.copy()
+            self._new = np.zeros(len(actions), dtype=np.bool_)
         # A shift register per env: column j holds the action of j steps ago; column ``count`` holds
         # the episode's first action, which stands in for actions older than the episode.
-        history, count = self._history, self._count
+        history, count, new = self._history, self._count, self._new
+        # An env whose episode changed since its last action (however it reset, whichever hook asked
+        # and in whatever order) starts afresh: this action is its episode's first.
+        np.not_equal(episodes, self._episodes, out=new)
+        if new.any():
+            count[new] = 0
+            self._episodes[new] = episodes[new]
         history[:, 1:] = history[:, :-1]
         history[:, 0] = actions
         actions[...] = history[self._rows, np.minimum(ctx.applied[self.param], count)]  # type: ignore[index]
         np.minimum(count + 1, self.max_steps, out=count)
-        if ctx.resetting.any():  # they reset instead of stepping: their next action is their first
-            count[ctx.resetting] = 0
-
-    def on_reset(self, ctx: HookContext) -> None:
-        """A reset outside a step starts the env's action history afresh."""
-        if self._count.size:
-            self._count[ctx.reset_rows] = 0
 
 
 class RewardScale:

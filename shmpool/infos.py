@@ -1,15 +1,21 @@
 """Env ``info`` dicts through shared memory, without pickling.
 
 Info keys are not known at launch, so each worker keeps a small *key table* in the segment: the first
-time one of its envs reports a key, the worker appends a record (the key's path as JSON, its numpy
-dtype and shape) and then publishes the new table length in its control row. Values go into a fixed
-number of bytes per env and key, with a per-env presence mask. The trainer decodes a worker's new
-table entries once and rebuilds gymnasium's vector convention: one array per key, a ``_key`` mask,
-nested dicts for nested infos.
+time one of its envs reports a key with a given numpy dtype and shape, the worker appends a record
+(the key's path as JSON, that dtype and shape) and then publishes the new table length in its control
+row. A key whose values change type (an int at reset, a float in steps) or shape has one record per
+kind. Values go into a fixed number of bytes per env and record, with a per-env presence mask. The
+trainer decodes a worker's new table entries once and rebuilds gymnasium's vector convention: one
+array per key, a ``_key`` mask, nested dicts for nested infos.
+
+As in gymnasium's vector envs, a key's array in one step has the dtype and shape of the value of the
+lowest env that reported it; other envs' values are assigned into it. A value that does not fit
+(gymnasium raises) is left out, and a float assigned into an int array (gymnasium truncates it) is
+kept truncated; the trainer warns once per key about either.
 
 Numbers, bools and numeric arrays of at most ``info_bytes`` bytes travel; other values (strings,
-objects) are left out, and the trainer warns once per key. Keys beyond ``info_keys`` per worker are
-counted and warned about the same way.
+objects) are left out, and the trainer warns once per key. Records beyond ``info_keys`` per worker
+are counted and warned about the same way.
 """
 
 from __future__ import annotations
@@ -62,7 +68,9 @@ class InfoWriter:
         self._values = values  # (slot envs, info_keys, info_bytes)
         self._mask = mask  # (slot envs, info_keys)
         self._control = control  # this worker's control row
-        self._slots: dict[Path, int] = {}
+        # (path, type) of a scalar or (path, dtype, shape) of an array -> its record (-1: none left)
+        self._slots: dict[tuple[Any, ...], int] = {}
+        self._records: dict[tuple[Path, str, tuple[int, ...]], int] = {}  # (path, dtype, shape) -> record
         self._views: list[np.ndarray | None] = []
         self.dirty = False  # whether any env of the slot reported info since begin()
 
@@ -80,26 +88,38 @@ class InfoWriter:
             if isinstance(value, dict):
                 self.add(local_index, value, path)
                 continue
-            slot = self._slots.get(path)
+            # A scalar's type fixes its dtype; an array's dtype and shape are checked on every value,
+            # so a value that changes either goes to a record of its own instead of being cast.
+            kind = (path, value.dtype, value.shape) if isinstance(value, np.ndarray) else (path, type(value))
+            slot = self._slots.get(kind)
             if slot is None:
-                slot = self._register(path, value)
+                slot = self._register(kind, path, value)
             view = self._views[slot] if slot >= 0 else None
             if view is None:
                 continue
             try:
                 view[local_index] = value
-            except (TypeError, ValueError):
-                continue  # a value whose shape changed since the key was registered: left out
+            except (OverflowError, TypeError, ValueError):
+                # An int beyond int64: reported like any value that cannot travel, not dropped quietly.
+                self._register((path, None), path, None)
+                continue
             self._mask[local_index, slot] = True
 
-    def _register(self, path: Path, value: Any) -> int:
+    def _register(self, kind: tuple[Any, ...], path: Path, value: Any) -> int:
+        fmt = info_format(value, self._values.shape[2])
+        if fmt is not None:
+            same = self._records.get((path, fmt[0].str, fmt[1]))
+            if same is not None:  # another type stored alike (an int subclass): one record for both
+                self._slots[kind] = same
+                return same
+        if kind in self._slots:
+            return self._slots[kind]
         encoded = json.dumps(list(path), default=str).encode()
         slot = len(self._views)
         if slot >= len(self._table) or len(encoded) > MAX_PATH_BYTES:
-            self._slots[path] = -1
+            self._slots[kind] = -1
             self._control[CTL_INFO_OVERFLOW] += 1
             return -1
-        fmt = info_format(value, self._values.shape[2])
         record = self._table[slot]
         record["path"] = encoded
         if fmt is None:
@@ -111,7 +131,8 @@ class InfoWriter:
             record["ndim"] = len(shape)
             record["shape"][: len(shape)] = shape
             self._views.append(typed_view(self._values, slot, dtype, shape))
-        self._slots[path] = slot
+            self._records[(path, dtype.str, shape)] = slot
+        self._slots[kind] = slot
         self._control[CTL_INFO_KEYS] = slot + 1  # publish after the record is complete
         return slot
 
@@ -124,7 +145,11 @@ class _Key:
 
 
 class InfoReader:
-    """Trainer side: rebuilds the vector info dict from the slots of the workers that reported."""
+    """Trainer side: rebuilds the vector info dict from the slots of the workers that reported.
+
+    Workers are read in the order of their slots (lowest env ids first), so that a key's array takes
+    the dtype and shape of the lowest env's value, as in gymnasium.
+    """
 
     def __init__(
         self,
@@ -141,14 +166,21 @@ class InfoReader:
         self._slots = slots
         self._num_envs = values.shape[0]
         self._keys: list[list[_Key]] = [[] for _ in slots]
+        self._paths: list[set[Path]] = [set() for _ in slots]
+        self._several = [False] * len(slots)  # whether a worker has a key with records of two kinds
         self._overflow_warned = [0] * len(slots)
+        self._warned: set[tuple[str, Path]] = set()
 
     def read_into(self, infos: dict[str, Any], worker_id: int) -> None:
         """Adds the infos that ``worker_id`` reported this step to ``infos``."""
         keys = self._refresh(worker_id)
         start, stop = self._slots[worker_id]
         mask = self._mask[start:stop, : len(keys)]
-        for slot in np.flatnonzero(mask.any(axis=0)):
+        present = np.flatnonzero(mask.any(axis=0))
+        if self._several[worker_id] and len(present) > 1:
+            # Records in the order of the first env reporting them: that env's value sizes the array.
+            present = present[np.argsort(mask[:, present].argmax(axis=0), kind="stable")]
+        for slot in present:
             key = keys[slot]
             if key.view is None:
                 continue
@@ -158,31 +190,94 @@ class InfoReader:
     def _put(self, infos: dict[str, Any], key: _Key, env_ids: np.ndarray) -> None:
         target = infos
         for part in key.path[:-1]:
-            target = self._mark(target, part, env_ids, lambda: {})
-        array = self._mark(target, key.path[-1], env_ids, lambda: np.zeros((self._num_envs, *key.shape), key.dtype))
-        array[env_ids] = key.view[env_ids]  # type: ignore[index]
+            inner = target.get(part)
+            if inner is None:
+                inner = target[part] = {}
+            target = inner
+            if not isinstance(target, dict):
+                self._warn_once("nesting", key.path, "is a dict in some envs' infos and a value in others'")
+                return
+        name = key.path[-1]
+        array = target.get(name)
+        if array is None:
+            array = target[name] = np.zeros((self._num_envs, *key.shape), key.dtype)
+            array[env_ids] = key.view[env_ids]  # type: ignore[index]
+        elif type(array) is np.ndarray and array.dtype == key.dtype and array.shape[1:] == key.shape:
+            array[env_ids] = key.view[env_ids]  # type: ignore[index]
+        else:
+            env_ids = self._put_other_kind(array, key, env_ids)
+            if not env_ids.size:
+                return
+        self._mark(infos, key.path, env_ids)
 
-    def _mark(self, target: dict[str, Any], part: Any, env_ids: np.ndarray, make: Any) -> Any:
-        value = target.get(part)
-        if value is None:
-            value = target[part] = make()
-        present = target.get(f"_{part}")
-        if present is None:
-            present = target[f"_{part}"] = np.zeros(self._num_envs, dtype=np.bool_)
-        present[env_ids] = True
-        return value
+    def _put_other_kind(self, array: Any, key: _Key, env_ids: np.ndarray) -> np.ndarray:
+        """Assigns, one env at a time as gymnasium does, values whose dtype or shape differ from those
+        of the key's array this step (made for a lower env's value); returns the envs whose values fit."""
+        if not isinstance(array, np.ndarray):
+            self._warn_once("nesting", key.path, "is a dict in some envs' infos and a value in others'")
+            return env_ids[:0]
+        view = key.view
+        assert view is not None and key.dtype is not None
+        kept = []
+        for env_id in env_ids.tolist():
+            try:
+                array[env_id] = view[env_id]
+            except (OverflowError, TypeError, ValueError):
+                self._warn_once(
+                    "fit",
+                    key.path,
+                    f"of env {env_id} (shape {key.shape}, {key.dtype}) does not fit this step's array of the key "
+                    f"(shape {array.shape[1:]}, {array.dtype}), made for a lower env's value; gymnasium's vector "
+                    f"envs raise here, shmpool leaves it out of info",
+                )
+                continue
+            kept.append(env_id)
+        if kept and not np.can_cast(key.dtype, array.dtype, casting="same_kind"):
+            self._warn_once(
+                "cast",
+                key.path,
+                f"of env {kept[0]} is {key.dtype}, but this step's array of the key is {array.dtype} (the type of "
+                f"a lower env's value): the value is truncated into it, as gymnasium's vector envs do. "
+                f"Report one type per key (e.g. always a float) to keep such values whole",
+            )
+        return np.array(kept, dtype=np.int64)
+
+    def _mark(self, infos: dict[str, Any], path: Path, env_ids: np.ndarray) -> None:
+        """Sets the ``_key`` masks along ``path`` for ``env_ids``."""
+        target = infos
+        for part in path:
+            present = target.get(f"_{part}")
+            if present is None:
+                present = target[f"_{part}"] = np.zeros(self._num_envs, dtype=np.bool_)
+            present[env_ids] = True
+            target = target[part]
+
+    def _warn_once(self, what: str, path: Path, text: str) -> None:
+        if (what, path) in self._warned:
+            return
+        self._warned.add((what, path))
+        warnings.warn(
+            f"info key {'/'.join(map(str, path))!r}: the value {text} (warned once per key)",
+            RuntimeWarning,
+            stacklevel=7,
+        )
 
     def _refresh(self, worker_id: int) -> list[_Key]:
         keys = self._keys[worker_id]
         published = min(int(self._control[worker_id, CTL_INFO_KEYS]), self._tables.shape[1])
         for slot in range(len(keys), published):
-            keys.append(self._decode(worker_id, slot))
+            key = self._decode(worker_id, slot)
+            if key.path in self._paths[worker_id]:
+                self._several[worker_id] = True
+            self._paths[worker_id].add(key.path)
+            keys.append(key)
         overflow = int(self._control[worker_id, CTL_INFO_OVERFLOW])
         if overflow > self._overflow_warned[worker_id]:
             self._overflow_warned[worker_id] = overflow
             warnings.warn(
                 f"worker {worker_id} saw {overflow} info key(s) beyond its table of {self._tables.shape[1]} keys "
-                f"(or with a path over {MAX_PATH_BYTES} bytes); they are left out of info. "
+                f"(each dtype and shape that a key's values take counts as one; or with a path over "
+                f"{MAX_PATH_BYTES} bytes); they are left out of info. "
                 f"Raise launch(info_keys=...).",
                 RuntimeWarning,
                 stacklevel=4,

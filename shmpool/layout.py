@@ -8,6 +8,7 @@ A segment is one named POSIX shared-memory object (mode 0600)::
                 │   1 layout version   2 total size   3 owner pid   4 owner start    │
                 │   5 owner uid        6 state        7 table offset 8 table length  │
                 │   9 global step (steps the trainer has issued)  10 env steps/s      │
+                │   11 owner pid namespace (pids are only comparable within one)      │
     128         ├────────────────────────────────────────────────────────────────────┤
                 │ field table: UTF-8 JSON {"meta": {...}, "fields": [{"name",        │
                 │   "dtype", "shape", "offset"}, ...]}; dtypes are numpy type strings │
@@ -58,6 +59,8 @@ full barrier, so a waiter that sleeps is always ordered correctly.
 from __future__ import annotations
 
 import json
+import math
+import re
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -67,9 +70,10 @@ import numpy as np
 import numpy.typing as npt
 
 from .errors import LayoutMismatchError
+from .system import pid_namespace
 
 MAGIC = b"SHMPOOL\x00"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2  # 2: header word H_OWNER_PIDNS
 HEADER_WORDS = 16
 HEADER_BYTES = HEADER_WORDS * 8
 ALIGNMENT = 64
@@ -88,7 +92,8 @@ MAX_TABLE_BYTES = 1 << 20
     H_TABLE_LENGTH,
     H_GLOBAL_STEP,  # steps the trainer has issued, for attached processes
     H_STEPS_PER_SECOND,  # env steps per second over the last second or so, for attached processes
-) = range(11)
+    H_OWNER_PIDNS,  # the owner's pid namespace (inode of /proc/PID/ns/pid): its pid means nothing elsewhere
+) = range(12)
 
 # Pool states (header word H_STATE).
 STATE_STARTING, STATE_RUNNING, STATE_CLOSING = 1, 2, 3
@@ -116,6 +121,11 @@ RESET_OPTION_BYTES = 4096
 RESET_THIS_ENV, RESET_WITH_SEED = 1, 2
 
 _ALLOWED_KINDS = set("biufcSV")
+# The dtype strings Layout.plan writes (``dtype.str`` of plain types). Anything else numpy would parse
+# (aliases, comma lists, subarray strings, deprecated codes) is refused rather than interpreted.
+_DTYPE_STRING = re.compile(r"[<>|=]?[biufcSV][0-9]{1,9}")
+_MAX_NDIM = 32  # numpy 1.x's limit; Layout.plan never writes more than a handful
+_MAX_FIELDS = 100_000
 
 
 def command_word(seq: int, command: int) -> int:
@@ -139,8 +149,8 @@ class Field:
 
     @property
     def nbytes(self) -> int:
-        """The size of the array in bytes."""
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        """The size of the array in bytes (exact: Python ints never wrap, int64 products do)."""
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 @dataclass(frozen=True)
@@ -153,6 +163,7 @@ class Header:
     owner_start_ticks: int
     owner_uid: int
     state: int
+    owner_pid_namespace: int = 0  # 0: unknown
 
 
 def _align(value: int) -> int:
@@ -174,6 +185,8 @@ def _encode_dtype(dtype: np.dtype[Any]) -> Any:
 def decode_dtype(description: Any) -> np.dtype[Any]:
     """Builds a dtype from its plain-data description, refusing anything that holds Python objects."""
     if isinstance(description, str):
+        if not _DTYPE_STRING.fullmatch(description):
+            raise LayoutMismatchError(f"bad dtype string {description[:40]!r}")
         dtype = np.dtype(description)
     elif isinstance(description, list):
         parts: list[Any] = []
@@ -202,8 +215,13 @@ def _leaf_types(dtype: np.dtype[Any]) -> Iterable[np.dtype[Any]]:
 
 
 def _check_shape(shape: Any) -> list[int]:
-    if not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape):
-        raise LayoutMismatchError(f"bad shape {shape!r}")
+    # type() is int: a JSON true is a Python bool, which isinstance(..., int) would let through.
+    if (
+        not isinstance(shape, list)
+        or len(shape) > _MAX_NDIM
+        or not all(type(n) is int and 0 <= n < 1 << 62 for n in shape)
+    ):
+        raise LayoutMismatchError(f"bad shape {shape!r:.100}")
     return shape
 
 
@@ -242,8 +260,20 @@ class Layout:
             raise RuntimeError("the field table outgrew the room reserved for it")
         return cls(fields, meta, size, table)
 
-    def write_header(self, buffer: Any, *, owner_pid: int, owner_start_ticks: int, owner_uid: int) -> None:
-        """Writes the table and the header words, the magic last."""
+    def write_header(
+        self,
+        buffer: Any,
+        *,
+        owner_pid: int,
+        owner_start_ticks: int,
+        owner_uid: int,
+        owner_pid_namespace: int | None = None,
+    ) -> None:
+        """Writes the table and the header words, the magic last.
+
+        ``owner_pid_namespace``: the owner's pid namespace (None: this process's), so that a process in
+        another namespace sharing ``/dev/shm`` never judges the owner by a pid that is not its own.
+        """
         buffer[HEADER_BYTES : HEADER_BYTES + len(self._table)] = self._table
         words = memoryview(buffer)[:HEADER_BYTES].cast("q")
         words[H_VERSION] = LAYOUT_VERSION
@@ -254,6 +284,7 @@ class Layout:
         words[H_STATE] = STATE_STARTING
         words[H_TABLE_OFFSET] = HEADER_BYTES
         words[H_TABLE_LENGTH] = len(self._table)
+        words[H_OWNER_PIDNS] = pid_namespace() if owner_pid_namespace is None else owner_pid_namespace
         words.release()
         buffer[0:8] = MAGIC
 
@@ -264,18 +295,24 @@ class Layout:
             raise LayoutMismatchError(f"segment is {len(buffer)} bytes, smaller than a shmpool header")
         if bytes(buffer[0:8]) != MAGIC:
             raise LayoutMismatchError("not a shmpool segment (bad magic), or one still being created")
-        version, size, pid, start, uid, state = struct.unpack_from("<6q", buffer, 8)
+        version, size, pid, start, uid, state = struct.unpack_from("<6q", buffer, H_VERSION * 8)
+        (pid_namespace_id,) = struct.unpack_from("<q", buffer, H_OWNER_PIDNS * 8)
         if version != LAYOUT_VERSION:
             raise LayoutMismatchError(
                 f"segment has layout version {version}; this shmpool reads version {LAYOUT_VERSION}"
             )
         if size != len(buffer):
             raise LayoutMismatchError(f"segment header says {size} bytes but the object has {len(buffer)}")
-        return Header(version, size, pid, start, uid, state)
+        return Header(version, size, pid, start, uid, state, pid_namespace_id)
 
     @classmethod
     def read(cls, buffer: Any) -> tuple[Layout, Header]:
-        """Validates a mapped segment and decodes its layout; trusts no offset before checking it."""
+        """Validates a mapped segment and decodes its layout; trusts no offset before checking it.
+
+        Anything malformed (bad JSON, nesting deep enough to exhaust the stack, wrong types, dtypes or
+        shapes numpy would refuse or that overflow, fields outside the segment or overlapping) is a
+        ``LayoutMismatchError``, never a raw exception from the parser or numpy.
+        """
         header = cls.read_header(buffer)
         table_offset, table_length = struct.unpack_from("<2q", buffer, H_TABLE_OFFSET * 8)
         if (
@@ -287,26 +324,29 @@ class Layout:
         table = bytes(buffer[table_offset : table_offset + table_length])
         try:
             document = json.loads(table)
-            meta = document["meta"]
-            entries = document["fields"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise LayoutMismatchError(f"field table is not valid: {exc}") from exc
-        if not isinstance(meta, dict) or not isinstance(entries, list):
+            meta, entries = document["meta"], document["fields"]
+        except (ValueError, KeyError, TypeError, IndexError, RecursionError) as exc:
+            raise LayoutMismatchError(f"field table is not valid: {type(exc).__name__}: {exc!s:.200}") from exc
+        if not isinstance(meta, dict) or not isinstance(entries, list) or len(entries) > _MAX_FIELDS:
             raise LayoutMismatchError("field table is not valid: wrong types")
         fields: dict[str, Field] = {}
         end_of_table = table_offset + table_length
         for entry in entries:
+            if not isinstance(entry, dict):
+                raise LayoutMismatchError(f"bad field entry {entry!r:.200}")
             try:
                 name, offset = entry["name"], entry["offset"]
                 dtype = decode_dtype(entry["dtype"])
                 shape = tuple(_check_shape(entry["shape"]))
-            except (KeyError, TypeError, ValueError) as exc:
-                raise LayoutMismatchError(f"bad field entry {entry!r}: {exc}") from exc
-            if not isinstance(name, str) or not isinstance(offset, int) or offset % ALIGNMENT:
-                raise LayoutMismatchError(f"bad field entry {entry!r}")
+            except (KeyError, TypeError, ValueError, OverflowError, RecursionError) as exc:
+                raise LayoutMismatchError(f"bad field entry {entry!r:.200}: {exc!s:.200}") from exc
+            if not isinstance(name, str) or type(offset) is not int or offset % ALIGNMENT:
+                raise LayoutMismatchError(f"bad field entry {entry!r:.200}")
+            if name in fields:
+                raise LayoutMismatchError(f"field {name!r:.100} appears twice in the field table")
             field = Field(name, dtype, shape, offset)
             if offset < end_of_table or offset + field.nbytes > header.size:
-                raise LayoutMismatchError(f"field {name!r} at {offset}+{field.nbytes} is outside the segment")
+                raise LayoutMismatchError(f"field {name!r:.100} at {offset}+{field.nbytes} is outside the segment")
             fields[name] = field
         ordered = sorted(fields.values(), key=lambda f: f.offset)
         for before, after in zip(ordered, ordered[1:]):

@@ -4,13 +4,14 @@ Writers (the trainer, attached processes) write the ``params`` block; workers re
 step, validate what changed, and apply it to their envs per each parameter's ``when``; what each env
 really uses is published in the ``applied`` block, which only workers write.
 
-Atomic multi-field writes use a per-env sequence counter (a seqlock): :meth:`ParamBlock.write` makes
-the counter odd, writes the fields, makes it even; a worker copies the record between two reads of
-the counter and retries while it is odd or changed. Writers exclude each other with a file lock the
-kernel drops when its holder dies; a writer killed mid-write leaves the counter odd, which the next
-writer repairs, and readers give up after a bounded number of retries (that env keeps its values
-until the next consistent read). Plain numpy writes (``params["gravity"][:8] = 12.0``) skip all of
-this: each element is one aligned store, but two fields written that way may be seen half-done.
+Atomic multi-field writes use a per-env sequence counter (a seqlock, in :mod:`shmpool.protocol`):
+:meth:`ParamBlock.write` validates, makes the counters odd, writes the fields, makes them even, all
+under the writers' lock (which excludes threads, processes and forked children); a worker copies the
+records between two reads of the counters and keeps its last values for a row that is odd or moved.
+A writer killed or interrupted mid-write leaves an undo journal that the next holder of the lock rolls
+back, so its half write is never published. Plain numpy writes (``params["gravity"][:8] = 12.0``)
+skip all of this: each element is one aligned store, but two fields written that way may be seen
+half-done.
 
 Random draws for ``dist`` parameters come from a counter-based hash of (pool seed, env id, episode
 index, parameter, step, element): the same seed and writes give the same draws whatever the number
@@ -22,7 +23,6 @@ from __future__ import annotations
 import functools
 import math
 import re
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -30,6 +30,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from .errors import LayoutMismatchError
+from .protocol import Seqlock, WriterLock
+
+#: How long :meth:`ParamBlock.write` waits for another writer before raising ``WriterLockTimeout``.
+WRITE_LOCK_TIMEOUT = 5.0
 
 WHEN = ("step", "reset", "rebuild")
 DISTRIBUTIONS: dict[str, tuple[str, str]] = {
@@ -322,7 +326,8 @@ class ParamBlock:
         self,
         specs: Sequence[ParamSpec],
         views: Mapping[str, np.ndarray],
-        lock: Any,
+        seqlock: Seqlock,
+        lock: WriterLock,
         env_label: str,
         check_open: Callable[[], None],
     ) -> None:
@@ -333,15 +338,19 @@ class ParamBlock:
         self.specs = {spec.name: spec for spec in specs}
         self._block = views["params"]
         self._all = np.arange(num_envs)
-        self._seq = views["params_seq"]
+        self._seqlock = seqlock
         self._refusal_table = views["param_refusals"]
         self._lock = lock
-        self._thread_lock = threading.Lock()
         self._label = env_label
         self._check_open = check_open
-        #: What each env uses now (a drawn value for a ``dist`` parameter): read-only, workers write it.
-        self.applied = views["applied"].view()
-        self.applied.flags.writeable = False
+        self._applied = views["applied"].view()
+        self._applied.flags.writeable = False
+
+    @property
+    def applied(self) -> np.ndarray:
+        """What each env uses now (a drawn value for a ``dist`` parameter): read-only, workers write it."""
+        self._check_open()
+        return self._applied
 
     @property
     def dtype(self) -> np.dtype[Any]:
@@ -384,20 +393,20 @@ class ParamBlock:
         """
         self._check_open()
         ids = self._env_ids(env_ids)
-        staged: list[tuple[str, str | None, np.ndarray]] = []
-        for name, value in values.items():
+        specs = []
+        for name in values:
             spec = self.specs.get(name)
             if spec is None:
                 raise KeyError(f"no parameter {name!r}; the pool has {self.names}")
-            staged.extend(self._stage(spec, ids, value))
+            specs.append(spec)
         rows = slice(None) if env_ids is None else ids  # every env: plain views are cheaper than indexing
-        with self._thread_lock, self._lock:
-            seq = self._seq
-            seq[rows] = seq[rows] | 1  # odd: a write is in progress (stays odd after a dead writer)
-            for name, argument, array in staged:
-                target = self._block[name] if argument is None else self._block[name][argument]
-                target[rows] = array
-            seq[rows] = seq[rows] + 1  # even: the records are whole again
+        # Validated under the lock: a distribution's arguments are merged with what the block holds,
+        # which another writer could change between a check outside the lock and the write.
+        with self._lock.hold(WRITE_LOCK_TIMEOUT, self._check_open):
+            staged: list[tuple[np.ndarray, np.ndarray]] = []
+            for spec in specs:
+                staged.extend(self._stage(spec, ids, values[spec.name]))
+            self._seqlock.write(rows, staged)
 
     def _env_ids(self, env_ids: Any) -> np.ndarray:
         n = len(self._block)
@@ -412,7 +421,8 @@ class ParamBlock:
             raise ValueError(f"env_ids {ids.tolist()} out of range for num_envs={n}")
         return np.unique(ids % n)
 
-    def _stage(self, spec: ParamSpec, ids: np.ndarray, value: Any) -> list[tuple[str, str | None, np.ndarray]]:
+    def _stage(self, spec: ParamSpec, ids: np.ndarray, value: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The validated ``(column view, values)`` pairs of one parameter; raises naming the bad value."""
         if spec.dist:
             if not isinstance(value, Mapping) or set(value) - set(spec.arguments):
                 raise ValueError(
@@ -428,7 +438,7 @@ class ParamBlock:
                     f"{self._label}: params[{spec.name!r}][{ids[row]}] = {show(record)} "
                     f"rejected: {problem(spec, record)}"
                 )
-            return [(spec.name, arg, arrays[arg]) for arg in spec.arguments if arg in value]
+            return [(self._block[spec.name][arg], arrays[arg]) for arg in spec.arguments if arg in value]
         array = self._broadcast(spec, ids, value, "")
         bad = bad_rows(spec, array)
         if bad.any():
@@ -437,22 +447,31 @@ class ParamBlock:
                 f"{self._label}: params[{spec.name!r}][{ids[row]}] = {show(array[row])} "
                 f"rejected: {problem(spec, array[row])}"
             )
-        return [(spec.name, None, array)]
+        return [(self._block[spec.name], array)]
 
     def _broadcast(self, spec: ParamSpec, ids: np.ndarray, value: Any, where: str) -> np.ndarray:
+        """``value`` as float64 rows of one env each (validation happens on these, before any cast to
+        an integer dtype could turn NaN or 2.5 into something else)."""
         try:
-            array = np.asarray(value, dtype=np.float64 if spec.dtype.kind == "f" else None)
-            if array.dtype.kind not in "biuf":
-                raise TypeError(f"dtype {array.dtype}")
+            array = np.asarray(value, dtype=np.float64)
             shape = (len(ids), *spec.shape)
             if array.shape != shape:
                 array = np.broadcast_to(array, shape)
-            return array.astype(spec.dtype, copy=False)
         except (TypeError, ValueError) as exc:
             raise ValueError(
                 f"{self._label}: params[{spec.name!r}]{where} = {value!r:.100} does not fit "
                 f"{len(ids)} env(s) of shape {spec.shape}: {exc}"
             ) from exc
+        if spec.dtype.kind in "iub":
+            finite = np.isfinite(array)
+            inexact = ~finite | (array != np.round(array))
+            if inexact.any():
+                row = int(np.flatnonzero(inexact.reshape(len(ids), -1).any(axis=1))[0])
+                raise ValueError(
+                    f"{self._label}: params[{spec.name!r}][{ids[row]}]{where} = {show(array[row])} rejected: "
+                    f"not a whole number, and {spec.name!r} has dtype {spec.dtype}"
+                )
+        return array
 
 
 # -- random draws ---------------------------------------------------------------------------------

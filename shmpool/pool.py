@@ -22,6 +22,7 @@ from gymnasium.vector.utils import batch_space
 from .config import WORKER_ENTRY_POINT, EnvFactory, WorkerConfig, describe_factory, make_env
 from .episodes import EpisodeReader, episode_dtype
 from .errors import (
+    ForeignProcessError,
     PoolBrokenError,
     PoolClosedError,
     PoolTimeoutError,
@@ -70,15 +71,16 @@ from .params import (
     constructor_defaults,
     initial_records,
 )
+from .protocol import WRITERS_WORDS, check_memory_model, event_rings, params_seqlock, writer_lock
 from .registry import sweep_stale
-from .spaces import ActionChecker, assemble, leaves
+from .spaces import ActionChecker, assemble, is_leaf, leaves
 from .system import (
     Doorbell,
     Segment,
-    WriterLock,
     doorbell_path,
     monotonic,
     process_start_ticks,
+    segment_file,
     usable_cores,
 )
 
@@ -213,17 +215,25 @@ class _Resources:
         self.processes: list[Any] = []
         self.seq = 0
 
-    def send(self, command: int, worker_ids: Sequence[int] | None = None) -> int:
-        """Issues ``command`` to the given workers (all by default) and rings them."""
+    def next_seq(self) -> int:
+        """The sequence number of the next command (taken before sending, so that an interrupted
+        send can be repeated with the same number)."""
         self.seq += 1
-        word = command_word(self.seq, command)
+        return self.seq
+
+    def send(self, seq: int, command: int, worker_ids: Sequence[int] | None = None) -> None:
+        """Issues command ``seq`` to the given workers (all by default) and rings them.
+
+        Idempotent: a worker runs each sequence number once, and surplus rings are only wake-ups,
+        so a send that Ctrl-C cut short is completed by sending it again.
+        """
+        word = command_word(seq, command)
         control = self.views["control"]
         targets = range(len(self.worker_doorbells)) if worker_ids is None else worker_ids
         for worker_id in targets:
             control[worker_id, CTL_COMMAND] = word
         for worker_id in targets:
             self.worker_doorbells[worker_id].ring()
-        return self.seq
 
     def close(self) -> None:
         """Stops the workers (close command, then SIGTERM, then SIGKILL) and unlinks everything."""
@@ -239,7 +249,7 @@ class _Resources:
             header_words(self.segment.buffer)[H_STATE] = STATE_CLOSING
             alive = [k for k, process in enumerate(self.processes) if process.is_alive()]
             if alive:
-                self.send(CMD_CLOSE, alive)
+                self.send(self.next_seq(), CMD_CLOSE, alive)
         deadline = monotonic() + CLOSE_GRACE
         for process in self.processes:
             process.join(max(0.0, deadline - monotonic()))
@@ -301,6 +311,10 @@ class Pool(VectorEnv):
     ) -> None:
         self._usable = False
         self._resources: _Resources | None = None
+        self._owner_pid = os.getpid()
+        self._params: ParamBlock | None = None
+        self._events: EventSender | None = None
+        check_memory_model()
         if not isinstance(env, str) and not callable(env):
             raise TypeError(f"env must be a registered gymnasium id or a callable returning an env, got {env!r}")
         if not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
@@ -355,7 +369,10 @@ class Pool(VectorEnv):
         self._timeout = timeout
         self._env_label = describe_factory(env)
         self._broken: BaseException | None = None
-        self._pending: int | None = None
+        #: A command sent (or being sent) whose results are not in yet: (seq, command, global step
+        #: once done). Set before the first control word is written, so Ctrl-C anywhere in a send
+        #: leaves it set, and the next call completes that command before issuing another.
+        self._pending: tuple[int, int, int] | None = None
         self._reset_once = False
 
         probe = make_env(env, {**env_kwargs, **constructor_defaults(self._param_specs, declared)})
@@ -371,6 +388,7 @@ class Pool(VectorEnv):
             probe.close()
         self.metadata["autoreset_mode"] = self.autoreset_mode
         self._obs_leaves = leaves(self.single_observation_space)
+        self._obs_is_leaf = is_leaf(self.single_observation_space)
         self._act_leaves = leaves(self.single_action_space)
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.action_space = batch_space(self.single_action_space, num_envs)
@@ -399,6 +417,7 @@ class Pool(VectorEnv):
         specs: list[tuple[str, Any, tuple[int, ...]]] = [
             ("control", np.int64, (w, CONTROL_WORDS)),
             ("errors", np.uint8, (w, ERROR_BYTES)),
+            ("writers", np.int64, (WRITERS_WORDS,)),
         ]
         specs += [(leaf.field_name("actions"), leaf.dtype, (n, *leaf.shape)) for leaf in self._act_leaves]
         prefixes = ["observations", "final_observations"] if self._same_step else ["observations"]
@@ -429,11 +448,13 @@ class Pool(VectorEnv):
                 ("events", event_dtype(self._event_payload, mask_bytes(self._slots)), (w, self._event_capacity)),
                 ("event_heads", np.int64, (w,)),
                 ("event_tails", np.int64, (w,)),
+                ("event_undo_heads", np.int64, (w,)),
             ]
         if self._param_specs:
             specs += [
                 ("params", block_dtype(self._param_specs), (n,)),
                 ("params_seq", np.int64, (n,)),
+                ("params_undo", block_dtype(self._param_specs), (n,)),
                 ("applied", applied_dtype(self._param_specs), (n,)),
                 ("param_refusals", np.int64, (w, len(self._param_specs))),
                 ("param_refusal_text", REFUSAL_TEXT_DTYPE, (w, len(self._param_specs))),
@@ -477,17 +498,21 @@ class Pool(VectorEnv):
         self._infos = InfoReader(
             views["info_keys"], views["info_values"], views["info_mask"], self._control, self._slots
         )
-        self._lock = WriterLock(self._name)
-        self.episodes = EpisodeReader(views, self._check_open)
-        if self._hooks:
-            self.events = EventSender(
-                self._hook_names, views, self._slots, self._lock, self._env_label, self._check_open
-            )
-        if initial is not None:
+        self._lock = writer_lock(segment_file(self._name), views)
+        self._episodes = EpisodeReader(views, self._check_open)
+        rings = event_rings(views)
+        self._events = (
+            EventSender(self._hook_names, rings, self._slots, self._lock, self._env_label, self._check_open)
+            if rings is not None
+            else None
+        )
+        seqlock = params_seqlock(views)
+        if initial is not None and seqlock is not None:
             views["params"][:], views["applied"][:] = initial
-            self.params = ParamBlock(self._param_specs, views, self._lock, self._env_label, self._check_open)
+            self._params = ParamBlock(self._param_specs, views, seqlock, self._lock, self._env_label, self._check_open)
             self._refusals_seen = [0] * self.num_workers
             self._refusals_warned: set[int] = set()
+        _LIVE_POOLS.add(self)
 
     def _start_workers(self, resources: _Resources, context: Any, env: EnvFactory, env_kwargs: dict[str, Any]) -> None:
         module_name, function_name = WORKER_ENTRY_POINT.split(":")
@@ -552,16 +577,41 @@ class Pool(VectorEnv):
         return self._name
 
     @property
+    def params(self) -> ParamBlock:
+        """The parameter block: writable numpy views per parameter, and ``write()`` (see ParamBlock)."""
+        self._check_open()
+        if self._params is None:
+            raise AttributeError(f"pool {self._name!r} was launched without params")
+        return self._params
+
+    @property
     def applied(self) -> np.ndarray:
         """What each env uses now, one read-only record per env (a drawn value for a ``dist`` one)."""
-        self._check_open()
-        if not self._param_specs:
-            raise AttributeError(f"pool {self._name!r} was launched without params")
         return self.params.applied
+
+    @property
+    def events(self) -> EventSender:
+        """Sends one-shot events to the pool's hooks (see EventSender.send)."""
+        self._check_open()
+        if self._events is None:
+            raise AttributeError(f"pool {self._name!r} was launched without hooks, so it takes no events")
+        return self._events
+
+    @property
+    def episodes(self) -> EpisodeReader:
+        """Finished-episode records since this reader's last ``read()``."""
+        self._check_open()
+        return self._episodes
 
     def _check_open(self) -> None:
         if self.closed:
             raise PoolClosedError(f"pool {self._name!r} is closed")
+        if os.getpid() != self._owner_pid:
+            raise ForeignProcessError(
+                f"pool {self._name!r} belongs to process {self._owner_pid}, which created it; this process "
+                f"({os.getpid()}) was forked from it and must not drive its workers: call "
+                f"shmpool.attach({self._name!r}) here to write params, send events or read episodes"
+            )
 
     @property
     def global_step(self) -> int:
@@ -663,11 +713,8 @@ class Pool(VectorEnv):
         for view, part in zip(self._action_views, parts):
             view[...] = part
         self._run(CMD_STEP, "step")
-        self._global_step += 1
-        header = self._header
-        header[H_GLOBAL_STEP] = self._global_step
         if self._global_step % 64 == 0:
-            self._publish_rate(header)
+            self._publish_rate(self._header)
         views = self._views
         rewards = views["rewards"].copy()
         terminations = views["terminations"].copy()
@@ -696,7 +743,7 @@ class Pool(VectorEnv):
 
     def _observations(self) -> Any:
         arrays = [view.copy() for view in self._obs_views] if self._copy else self._obs_views
-        if len(arrays) == 1:
+        if self._obs_is_leaf:
             return arrays[0]
         return assemble(self.single_observation_space, iter(arrays))
 
@@ -727,13 +774,20 @@ class Pool(VectorEnv):
 
     def _run(self, command: int, phase: str) -> None:
         """Sends ``command`` to every worker and waits until all have done it."""
-        resources = self._resources
-        assert resources is not None
-        seq = resources.send(command)
-        self._pending = seq
         self._usable = False
+        steps = self._global_step + (command == CMD_STEP)
+        self._pending = (self._resources.next_seq(), command, steps)  # type: ignore[union-attr]
+        self._finish(phase)
+
+    def _finish(self, phase: str) -> None:
+        """Sends the pending command (again, if Ctrl-C cut its send short), waits, and records it done."""
+        assert self._pending is not None and self._resources is not None
+        seq, command, steps = self._pending
+        self._resources.send(seq, command)
         self._wait(seq, phase)
         self._pending = None
+        self._global_step = steps
+        self._header[H_GLOBAL_STEP] = steps
         self._usable = True
         self._raise_failures(phase)
         if self._param_specs:
@@ -843,9 +897,7 @@ class Pool(VectorEnv):
                 f"close() it and launch a new one"
             ) from self._broken
         if self._pending is not None:  # a reset or step was interrupted: let the workers finish it
-            self._wait(self._pending, "an interrupted call")
-            self._pending = None
-            self._raise_failures("an interrupted call")
+            self._finish("an interrupted call")
         self._usable = True
 
     def close_extras(self, **kwargs: Any) -> None:
@@ -856,10 +908,31 @@ class Pool(VectorEnv):
         self._obs_views, self._final_obs_views, self._action_views = [], [], []
         self._infos = None  # type: ignore[assignment]
         self._header = None  # type: ignore[assignment]
-        self.__dict__.pop("events", None)
-        self.__dict__.pop("episodes", None)
-        self.__dict__.pop("params", None)
+        self._params = self._events = None
         if getattr(self, "_lock", None) is not None:
             self._lock.close()
         if getattr(self, "_finalizer", None) is not None:
             self._finalizer()
+
+
+#: Pools of this process, so that a forked child can disown them (see _after_fork_in_child).
+_LIVE_POOLS: weakref.WeakSet[Pool] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """Disowns the parent's pools in a forked child.
+
+    The child's copies would otherwise drive the parent's workers (``step`` overwriting the
+    parent's actions), and multiprocess's exit handler in the child would SIGTERM the parent's
+    daemonic workers, which it wrongly takes for its own children. Every later use raises
+    ``ForeignProcessError`` (see ``Pool._check_open``).
+    """
+    children = getattr(multiprocess.process, "_children", None)
+    for pool in list(_LIVE_POOLS):
+        pool._usable = False
+        if pool._resources is not None and children is not None:
+            for process in pool._resources.processes:
+                children.discard(process)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,13 +1,36 @@
-"""Finding pools by name in ``/dev/shm`` and removing the ones whose owner is dead."""
+"""Finding pools by name in ``/dev/shm`` and removing the ones whose owner is dead.
+
+Liveness is judged from the owner's pid and start time through ``/proc``, which only means something
+for an owner in this process's pid namespace: containers that share ``/dev/shm`` see each other's
+segments, and a pool whose owner lives in another namespace is listed with unknown liveness and never
+removed from here.
+"""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import LayoutMismatchError, PoolNotFoundError
+from .errors import LayoutMismatchError
 from .layout import H_GLOBAL_STEP, H_STEPS_PER_SECOND, Layout, header_words
-from .system import Segment, list_entries, owned_by_me, process_alive, unlink_doorbell, unlink_segment
+from .system import (
+    FileIdentity,
+    Segment,
+    doorbell_file,
+    entry_file,
+    file_identity,
+    list_entries,
+    owned_by_me,
+    pid_namespace,
+    process_alive,
+    segment_file,
+    unlink_if_same,
+)
+
+# What reading one entry may raise for a segment that is not a readable pool of this user: skipped.
+# (PoolNotFoundError and PermissionError are OSErrors.)
+_UNREADABLE = (LayoutMismatchError, OSError)
 
 
 @dataclass(frozen=True)
@@ -16,11 +39,12 @@ class PoolRecord:
 
     name: str
     owner_pid: int
-    alive: bool
+    alive: bool | None  # None: unknown, the owner is in another pid namespace (another container)
     state: int
     meta: dict[str, Any]
     global_step: int = 0
     steps_per_second: int = 0
+    identity: FileIdentity | None = None  # of the segment file that was read
 
 
 def read_record(name: str) -> PoolRecord:
@@ -33,35 +57,50 @@ def read_record(name: str) -> PoolRecord:
         words.release()
     finally:
         segment.close()
-    alive = process_alive(header.owner_pid, header.owner_start_ticks)
-    return PoolRecord(name, header.owner_pid, alive, header.state, layout.meta, global_step, rate)
+    alive: bool | None = None
+    if header.owner_pid_namespace == pid_namespace():
+        alive = process_alive(header.owner_pid, header.owner_start_ticks)
+    return PoolRecord(
+        name, header.owner_pid, alive, header.state, layout.meta, global_step, rate, identity=segment.identity
+    )
 
 
 def list_pools() -> list[PoolRecord]:
-    """Every readable shmpool segment of this user, live or stale."""
+    """Every readable shmpool segment of this user, live, stale or of unknown liveness."""
     records = []
     for entry in list_entries():
         if entry.kind != "segment" or not owned_by_me(entry):
             continue
         try:
             records.append(read_record(entry.pool_name))
-        except (LayoutMismatchError, PoolNotFoundError, PermissionError):
+        except _UNREADABLE:
             continue
     return sorted(records, key=lambda record: record.name)
 
 
-def remove_pool_objects(name: str) -> None:
-    """Unlinks a pool's doorbells, then its segment (the reverse of creation order)."""
+def remove_pool_objects(name: str, identity: FileIdentity | None) -> bool:
+    """Unlinks a dead pool's doorbells, then its segment, if its segment is still the file ``identity``.
+
+    A pool launched under the same name once the old segment is gone has new files, which stay: the
+    segment is always created first, so while the old one is still there (checked first) the
+    doorbells under the name are the old pool's. Returns whether the segment was removed.
+    """
+    path = segment_file(name)
+    if identity is None or file_identity(path) != identity:
+        return False  # already removed, perhaps replaced by a new pool: nothing here is ours to remove
     for entry in list_entries():
-        if entry.kind == "doorbell" and entry.pool_name == name:
-            unlink_doorbell(entry.posix_name)
-    unlink_segment(name)
+        if entry.kind == "doorbell" and entry.pool_name == name and owned_by_me(entry):
+            doorbell = doorbell_file(entry.posix_name)
+            unlink_if_same(doorbell, file_identity(doorbell))
+    return unlink_if_same(path, identity)
 
 
 def sweep_stale() -> list[str]:
     """Removes this user's segments whose owner process is dead, and doorbells left without a segment.
 
-    A segment still being created (no magic yet) is left alone. Returns the names removed.
+    A segment still being created (no magic yet), one that is not a readable shmpool segment, and one
+    whose owner is in another pid namespace (its pid means nothing here) are left alone. Returns the
+    names removed.
     """
     removed = []
     entries = [entry for entry in list_entries() if owned_by_me(entry)]
@@ -69,14 +108,17 @@ def sweep_stale() -> list[str]:
     for name in sorted(segments):
         try:
             record = read_record(name)
-        except (LayoutMismatchError, PoolNotFoundError, PermissionError):
+        except _UNREADABLE:
             continue
-        if not record.alive:
-            remove_pool_objects(name)
+        if record.alive is False and remove_pool_objects(name, record.identity):
             removed.append(name)
     for entry in entries:
-        if entry.kind == "doorbell" and entry.pool_name not in segments:
-            unlink_doorbell(entry.posix_name)
-            if entry.pool_name not in removed:
-                removed.append(entry.pool_name)
+        if entry.kind != "doorbell" or entry.pool_name in segments:
+            continue
+        # Re-check: a pool being launched right now creates its segment first, then its doorbells.
+        if os.path.lexists(segment_file(entry.pool_name)):
+            continue
+        path = entry_file(entry)
+        if unlink_if_same(path, file_identity(path)) and entry.pool_name not in removed:
+            removed.append(entry.pool_name)
     return removed

@@ -72,6 +72,11 @@ def _(space: spaces.Tuple, path: Path = ()) -> list[Leaf]:
     return [leaf for index, sub in enumerate(space.spaces) for leaf in leaves(sub, (*path, index))]
 
 
+def is_leaf(space: spaces.Space[Any]) -> bool:
+    """Whether ``space`` is a leaf itself, not a Dict or Tuple (even one holding a single leaf)."""
+    return not isinstance(space, (spaces.Dict, spaces.Tuple))
+
+
 @singledispatch
 def flatten(space: spaces.Space[Any], value: Any) -> list[Any]:
     """The leaf values of ``value`` (one env's, or a batch's) in the order of :func:`leaves`."""
@@ -163,6 +168,7 @@ class ActionChecker:
     def __init__(self, space: spaces.Space[Any], num_envs: int, env_label: str) -> None:
         self._space = space
         self._leaves = leaves(space)
+        self._is_leaf = is_leaf(space)
         self._label = env_label
         self._checks = [
             (
@@ -175,7 +181,7 @@ class ActionChecker:
         ]
 
     def __call__(self, actions: Any) -> list[np.ndarray]:
-        parts = flatten(self._space, actions) if len(self._leaves) > 1 else [actions]
+        parts = [actions] if self._is_leaf else flatten(self._space, actions)
         checked = []
         for (leaf, expected, range_check, where), part in zip(self._checks, parts):
             array = np.asarray(part)
@@ -197,3 +203,61 @@ class ActionChecker:
                 )
             checked.append(array)
         return checked
+
+
+class _LeafSlot:
+    """One leaf's rows of a field, and what a value must look like to be written there."""
+
+    __slots__ = ("view", "leaf", "shape", "dtype", "where", "dtypes", "scalar_types")
+
+    def __init__(self, view: np.ndarray, leaf: Leaf) -> None:
+        self.view, self.leaf, self.shape, self.dtype = view, leaf, leaf.shape, leaf.dtype
+        self.where = "observation" + "".join(f"[{p!r}]" for p in leaf.path)
+        self.dtypes: dict[np.dtype[Any], bool] = {leaf.dtype: True}  # which array dtypes cast 'same_kind'
+        self.scalar_types: set[type] = set()  # non-array types seen to fit a leaf of shape ()
+
+    def write(self, row: int, value: Any) -> None:
+        """Writes ``value`` to ``row``; raises ``ValueError`` if its shape is not the leaf's or its dtype
+        does not cast 'same_kind' to the leaf's (gymnasium's vector envs raise there too)."""
+        kind = type(value)
+        if kind is np.ndarray:
+            if value.shape == self.shape:
+                fits = self.dtypes.get(value.dtype)
+                if fits is None:
+                    fits = self.dtypes[value.dtype] = bool(np.can_cast(value.dtype, self.dtype, "same_kind"))
+                if fits:
+                    self.view[row] = value
+                    return
+        elif kind in self.scalar_types:
+            self.view[row] = value
+            return
+        self._write_checked(row, value)
+
+    def _write_checked(self, row: int, value: Any) -> None:
+        array = np.asarray(value)
+        if array.shape != self.shape or not np.can_cast(array.dtype, self.dtype, "same_kind"):
+            raise ValueError(
+                f"{self.where} is {type(value).__name__} of shape {array.shape} and dtype {array.dtype}, but "
+                f"{self.leaf.space} needs shape {self.shape} and dtype {self.dtype} (or one that casts to it "
+                f"'same_kind')"
+            )
+        if type(value) is not np.ndarray and not self.shape:
+            self.scalar_types.add(type(value))  # a Python or numpy scalar: its type fixes its dtype
+        self.view[row] = array
+
+
+class ObservationWriter:
+    """Writes one env's observation into its rows of the leaf fields, checking every leaf's shape and
+    dtype: a value that does not fit raises ``ValueError`` naming the leaf, the value's shape and dtype
+    and the space's, where casting would broadcast it, fill it or drop its imaginary part."""
+
+    def __init__(self, space: spaces.Space[Any], views: list[np.ndarray]) -> None:
+        self._space = space
+        self._slots = [_LeafSlot(view, leaf) for view, leaf in zip(views, leaves(space))]
+        #: ``write(row, observation)`` writes one env's observation (structured like the space) to
+        #: ``row`` of every leaf's view; a plain leaf goes straight to its slot (one call per step).
+        self.write: Callable[[int, Any], None] = self._slots[0].write if is_leaf(space) else self._write_parts
+
+    def _write_parts(self, row: int, observation: Any) -> None:
+        for slot, part in zip(self._slots, flatten(self._space, observation)):
+            slot.write(row, part)

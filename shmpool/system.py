@@ -12,16 +12,15 @@ created first and unlinked last, so a semaphore whose segment is gone is a lefto
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import mmap
 import os
+import re
 import select
 import signal
 import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import posix_ipc
 
@@ -30,11 +29,22 @@ from .errors import LayoutMismatchError, PoolExistsError, PoolNotFoundError, Shm
 SEGMENT_PREFIX = "shmpool-"
 SHM_DIR = "/dev/shm"
 _SEMAPHORE_FILE_PREFIX = "sem."
+#: The names ``launch`` accepts (pool.py checks the same pattern); anything else in /dev/shm that starts
+#: with the prefix was not made by shmpool and is skipped, never opened.
+POOL_NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
+
+#: What tells one file from another that later takes the same name: (st_dev, st_ino).
+FileIdentity = tuple[int, int]
 
 
 def segment_path(name: str) -> str:
     """The POSIX name (``/shmpool-NAME``) of the segment of the pool called ``name``."""
     return f"/{SEGMENT_PREFIX}{name}"
+
+
+def segment_file(name: str) -> str:
+    """The file of the segment of the pool called ``name`` (Linux keeps POSIX shared memory in /dev/shm)."""
+    return os.path.join(SHM_DIR, SEGMENT_PREFIX + name)
 
 
 def doorbell_path(name: str, suffix: str) -> str:
@@ -53,11 +63,12 @@ def usable_cores() -> int:
 class Segment:
     """One mapped named shared-memory object: created by the pool's owner, opened by everyone else."""
 
-    def __init__(self, name: str, buffer: mmap.mmap, *, created: bool) -> None:
+    def __init__(self, name: str, buffer: mmap.mmap, *, created: bool, identity: FileIdentity | None = None) -> None:
         self.name = name
         self.buffer = buffer
         self.size = len(buffer)
         self.created = created
+        self.identity = identity  # of the file that was mapped (set by open): removal checks it is still that one
 
     @classmethod
     def create(cls, name: str, size: int) -> Segment:
@@ -89,18 +100,35 @@ class Segment:
 
     @classmethod
     def open(cls, name: str) -> Segment:
-        """Maps an existing segment after checking that this user owns it and only this user can use it.
+        """Maps an existing segment after checking that it is a regular file that this user owns and only
+        this user can use.
 
-        Never creates, truncates or unlinks anything.
+        On Linux a POSIX shared-memory object is the file ``/dev/shm/shmpool-NAME``: it is opened
+        directly with ``O_NOFOLLOW``, so a symlink planted under a pool's name is refused instead of
+        followed, and a directory, fifo or device is refused before anything reads it. Never creates,
+        truncates or unlinks anything.
         """
+        if not name or "/" in name or "\0" in name:
+            raise PoolNotFoundError(f"{name!r} is not a pool name: pool names have no '/' (see launch's name=)")
+        path = segment_file(name)
         try:
-            shm = posix_ipc.SharedMemory(segment_path(name))
-        except posix_ipc.ExistentialError as exc:
+            # O_NONBLOCK: opening a fifo planted under the name must not wait for a writer.
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError as exc:
             raise PoolNotFoundError(f"no shared-memory segment {segment_path(name)!r}") from exc
-        except posix_ipc.PermissionsError as exc:
-            raise PermissionError(f"segment {segment_path(name)!r} belongs to another user") from exc
+        except PermissionError as exc:
+            raise PermissionError(f"segment {path} belongs to another user: only its owner can open it") from exc
+        except (OSError, ValueError) as exc:  # ELOOP: a symlink; EISDIR: a directory; ...
+            raise LayoutMismatchError(
+                f"{path} is not a shared-memory segment ({exc}); shmpool did not make it: remove it if it is yours"
+            ) from exc
         try:
-            info = os.fstat(shm.fd)
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise LayoutMismatchError(
+                    f"{path} is not a shared-memory segment (file type {stat.S_IFMT(info.st_mode):o}); "
+                    f"shmpool did not make it: remove it if it is yours"
+                )
             if info.st_uid != os.getuid():
                 raise PermissionError(
                     f"segment {segment_path(name)!r} belongs to uid {info.st_uid}, not to this user ({os.getuid()})"
@@ -111,21 +139,29 @@ class Segment:
                 )
             if info.st_size == 0:
                 raise LayoutMismatchError(f"segment {segment_path(name)!r} is empty")
-            buffer = mmap.mmap(shm.fd, info.st_size)
+            try:
+                buffer = mmap.mmap(fd, info.st_size)
+            except (OSError, OverflowError, ValueError) as exc:
+                raise LayoutMismatchError(
+                    f"segment {segment_path(name)!r} of {info.st_size} bytes cannot be mapped ({exc}); "
+                    f"shmpool never makes one that large: remove it if it is yours"
+                ) from exc
         finally:
-            shm.close_fd()
-        return cls(name, buffer, created=False)
+            os.close(fd)
+        return cls(name, buffer, created=False, identity=(info.st_dev, info.st_ino))
 
     def unlink(self) -> None:
         """Removes the name; mappings that exist stay valid until they are closed."""
         unlink_segment(self.name)
 
     def close(self) -> None:
-        """Unmaps the segment, unless numpy views of it are still alive (then their owners' GC does)."""
-        try:
-            self.buffer.close()
-        except BufferError:
-            pass
+        """Lets go of the mapping; it is unmapped when the last numpy view of it is gone.
+
+        Never ``mmap.close()``: arrays made with ``np.ndarray(buffer=...)`` keep the mmap object alive
+        but hold no buffer export, so an explicit unmap would succeed under them and leave every view
+        a user kept (``pool.params["x"]``, ``copy=False`` observations) pointing at unmapped memory.
+        """
+        self.buffer = None  # type: ignore[assignment]
 
 
 def unlink_segment(name: str) -> None:
@@ -226,46 +262,51 @@ class Doorbell:
             pass
 
 
-class WriterLock:
-    """Excludes writers of one pool's params block from each other, across processes.
-
-    A ``flock`` on the segment's file: the kernel drops it when its holder dies, so a writer killed
-    mid-write cannot wedge the others (a semaphore would stay taken). Each lock opens its own file
-    description, so two handles in one process exclude each other too.
-    """
-
-    def __init__(self, name: str) -> None:
-        self._path = os.path.join(SHM_DIR, SEGMENT_PREFIX + name)
-        self._fd: int | None = None
-
-    def __enter__(self) -> WriterLock:
-        if self._fd is None:
-            try:
-                self._fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError as exc:
-                from .errors import PoolClosedError
-
-                raise PoolClosedError(f"the pool's segment {self._path} is gone: the pool was closed") from exc
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-
-    def close(self) -> None:
-        """Releases the file descriptor."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
 def unlink_doorbell(path: str) -> None:
     """Removes a semaphore by name, ignoring one that is already gone."""
     try:
         posix_ipc.unlink_semaphore(path)
     except posix_ipc.ExistentialError:
         pass
+
+
+def doorbell_file(path: str) -> str:
+    """The file of the semaphore with POSIX name ``path`` (glibc keeps it as ``/dev/shm/sem.NAME``)."""
+    return os.path.join(SHM_DIR, _SEMAPHORE_FILE_PREFIX + path.lstrip("/"))
+
+
+def file_identity(path: str) -> FileIdentity | None:
+    """(st_dev, st_ino) of the file at ``path`` itself (a symlink is not followed); None if there is none."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+def unlink_if_same(path: str, identity: FileIdentity | None) -> bool:
+    """Removes ``path`` only while it is still the file that had ``identity``; whether it removed it.
+
+    A name can be taken again as soon as it is free: a pool launched under the same name after this
+    one's owner died owns new files there, and those must survive whoever cleans up after the old one.
+    The check and the unlink are two calls; the window between them is a few microseconds, not the
+    seconds a late worker or a sweep would otherwise leave.
+    """
+    if identity is None or file_identity(path) != identity:
+        return False
+    try:
+        os.unlink(path)
+    except (FileNotFoundError, PermissionError):  # gone meanwhile, or another user's
+        return False
+    return True
+
+
+def pid_namespace() -> int:
+    """The inode of this process's pid namespace (0 if unknown): pids are only comparable within one."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
 
 
 @dataclass(frozen=True)
@@ -278,26 +319,44 @@ class ShmEntry:
 
 
 def list_entries() -> Iterator[ShmEntry]:
-    """The shmpool segments and semaphores present in ``/dev/shm`` (any owner)."""
+    """The shmpool segments and semaphores present in ``/dev/shm`` (any owner).
+
+    Only regular files with a name ``launch`` could have made: a directory, symlink, fifo or oddly named
+    file that merely starts with the prefix is someone else's business, and skipping it here keeps it
+    from breaking every ``launch``, ``shmpool ls`` and ``shmpool gc``.
+    """
     try:
-        names = os.listdir(SHM_DIR)
-    except FileNotFoundError:
+        entries = list(os.scandir(SHM_DIR))
+    except OSError:
         return
-    for file_name in names:
+    for entry in entries:
+        file_name = entry.name
         if file_name.startswith(SEGMENT_PREFIX):
-            yield ShmEntry(file_name[len(SEGMENT_PREFIX) :], "segment", "/" + file_name)
+            kind, posix_name = "segment", "/" + file_name
+            pool_name = file_name[len(SEGMENT_PREFIX) :]
         elif file_name.startswith(_SEMAPHORE_FILE_PREFIX + SEGMENT_PREFIX):
-            posix_name = "/" + file_name[len(_SEMAPHORE_FILE_PREFIX) :]
+            kind, posix_name = "doorbell", "/" + file_name[len(_SEMAPHORE_FILE_PREFIX) :]
             pool_name = posix_name[len(SEGMENT_PREFIX) + 1 :].rsplit(".", 1)[0]
-            yield ShmEntry(pool_name, "doorbell", posix_name)
+        else:
+            continue
+        try:
+            regular = entry.is_file(follow_symlinks=False)
+        except OSError:  # gone meanwhile
+            continue
+        if regular and POOL_NAME_PATTERN.fullmatch(pool_name):
+            yield ShmEntry(pool_name, kind, posix_name)
+
+
+def entry_file(entry: ShmEntry) -> str:
+    """The file in ``/dev/shm`` behind an entry."""
+    return segment_file(entry.pool_name) if entry.kind == "segment" else doorbell_file(entry.posix_name)
 
 
 def owned_by_me(entry: ShmEntry) -> bool:
-    """Whether the entry's file belongs to this user."""
-    file_name = entry.posix_name[1:] if entry.kind == "segment" else _SEMAPHORE_FILE_PREFIX + entry.posix_name[1:]
+    """Whether the entry's file (not what a symlink there points to) belongs to this user."""
     try:
-        return os.stat(os.path.join(SHM_DIR, file_name)).st_uid == os.getuid()
-    except FileNotFoundError:
+        return os.lstat(entry_file(entry)).st_uid == os.getuid()
+    except OSError:
         return False
 
 
@@ -336,7 +395,7 @@ class ProcessWatch:
         self._pidfd: int | None = None
         try:
             self._pidfd = os.pidfd_open(pid)
-        except (AttributeError, OSError):
+        except (AttributeError, OSError, OverflowError, ValueError):  # no pidfds, or no such pid
             self._pidfd = None
         if not process_alive(pid, start_ticks):
             self.close()
@@ -354,6 +413,20 @@ class ProcessWatch:
         else:
             self._gone = not process_alive(self.pid, self.start_ticks)
         return not self._gone
+
+    def wait_gone(self, stop_fd: int, poll_interval: float = 0.5) -> bool:
+        """Blocks until the watched process exits (True) or ``stop_fd`` turns readable (False).
+
+        Sleeps in ``select`` on the pidfd, so a watcher thread costs nothing while the process lives
+        and wakes the moment it dies; without pidfds it checks the pid every ``poll_interval`` seconds.
+        """
+        while self.alive():
+            pidfd = self._pidfd
+            watched = [stop_fd] if pidfd is None else [stop_fd, pidfd]
+            readable, _, _ = select.select(watched, [], [], poll_interval if pidfd is None else None)
+            if stop_fd in readable:
+                return False
+        return True
 
     def close(self) -> None:
         """Releases the pidfd."""

@@ -220,3 +220,143 @@ class Explodes:
     def after_step(self, ctx) -> None:
         if ctx.global_step >= self.at:
             raise KeyError("hook went wrong on purpose")
+
+
+class ShiftingInfoEnv(gym.Env):
+    """Infos whose types change between reset and steps: ``dist`` is an int at reset and a float in
+    steps, ``vec`` has 2 entries at reset and 2 or 3 in steps, ``level`` is float32 at reset and int16
+    in steps. Envs reset with an odd seed report ``odd_dist`` as a float where the others report an
+    int, and (``with_vec_mix``) ``mixed_vec`` with 3 entries where the others report 2."""
+
+    def __init__(self, length: int = 4, with_vec_mix: bool = False) -> None:
+        self.observation_space = spaces.Box(-1e6, 1e6, (1,), np.float64)
+        self.action_space = spaces.Discrete(2)
+        self.length, self.with_vec_mix = length, with_vec_mix
+        self.t, self.odd = 0, False
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if seed is not None:
+            self.odd = bool(seed % 2)
+        self.t = 0
+        return np.zeros(1), {"dist": 0, "vec": np.zeros(2), "level": np.float32(0.5)}
+
+    def step(self, action):
+        self.t += 1
+        info: dict[str, Any] = {
+            "dist": 0.75 * self.t,
+            "vec": np.arange(2 + self.t % 2, dtype=np.float64) * self.t,
+            "level": np.int16(self.t),
+            "odd_dist": 0.75 * self.t if self.odd else self.t,
+        }
+        if self.with_vec_mix:
+            info["mixed_vec"] = np.full(3 if self.odd else 2, float(self.t))
+        return np.array([float(self.t)]), 0.0, self.t >= self.length, False, info
+
+
+class BadObservationEnv(gym.Env):
+    """Returns an observation that does not fit its space (``bad``: "shape1", "scalar", "none",
+    "complex"), at reset (``when="reset"``) or at its second step, if it was first reset with seed
+    ``bad_seed``; ``nested`` puts the Box in a Dict."""
+
+    def __init__(self, bad: str = "shape1", when: str = "step", nested: bool = False, bad_seed: int = 0) -> None:
+        box = spaces.Box(-10.0, 10.0, (4,), np.float32)
+        self.observation_space = spaces.Dict({"pos": box, "t": spaces.Discrete(10)}) if nested else box
+        self.action_space = spaces.Discrete(2)
+        self.bad, self.when, self.nested, self.bad_seed = bad, when, nested, bad_seed
+        self.t, self.broken = 0, False
+
+    def _obs(self, broken: bool) -> Any:
+        if not (broken and self.broken):
+            pos: Any = np.full(4, float(self.t), np.float32)
+        else:
+            pos = {
+                "shape1": np.ones(1, np.float32),
+                "scalar": 1.0,
+                "none": None,
+                "complex": np.full(4, 1 + 2j),
+            }[self.bad]
+        return {"pos": pos, "t": self.t} if self.nested else pos
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if seed is not None:
+            self.broken = seed == self.bad_seed
+        self.t = 0
+        return self._obs(self.when == "reset"), {}
+
+    def step(self, action):
+        self.t += 1
+        return self._obs(self.when == "step" and self.t == 2), 0.0, False, False, {}
+
+
+class SingleLeafEnv(gym.Env):
+    """Dict or Tuple spaces of a single leaf: the observation echoes the action (``kind``: "dict" for
+    Dict observations and actions, "tuple" for a Tuple observation and a Dict action)."""
+
+    def __init__(self, kind: str = "dict") -> None:
+        box = spaces.Box(-5.0, 5.0, (3,), np.float32)
+        self.observation_space = spaces.Dict({"x": box}) if kind == "dict" else spaces.Tuple((box,))
+        self.action_space = spaces.Dict({"a": spaces.Box(-1.0, 1.0, (3,), np.float32)})
+        self.kind = kind
+        self.t = 0
+
+    def _obs(self, values: np.ndarray) -> Any:
+        return {"x": values} if self.kind == "dict" else (values,)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(self.np_random.uniform(-1, 1, 3).astype(np.float32)), {}
+
+    def step(self, action):
+        self.t += 1
+        return self._obs(np.asarray(action["a"], np.float32) + self.t), 1.0, self.t >= 3, False, {}
+
+
+class EchoActionEnv(gym.Env):
+    """Observation = [steps in this episode, the action it received]; the action is a float Box."""
+
+    observation_space = spaces.Box(-1e9, 1e9, (2,), np.float64)
+    action_space = spaces.Box(-1e9, 1e9, (1,), np.float64)
+
+    def __init__(self) -> None:
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0.0, -1.0]), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.array([float(self.t), float(action[0])]), 0.0, False, False, {}
+
+
+class ResetWhereNotResetting:
+    """A reset hook that reads ``ctx.resetting`` first (to skip envs already resetting), then asks to
+    reset the rows of env ``env_id`` at global step ``at``."""
+
+    name = "ResetAt"
+
+    def __init__(self, env_id: int, at: int) -> None:
+        self.env_id, self.at = env_id, at
+
+    def before_step(self, ctx) -> None:
+        rows = ctx.rows(np.intersect1d(ctx.env_ids, [self.env_id]))
+        rows = rows[~ctx.resetting[rows]]
+        if ctx.global_step == self.at and rows.size:
+            ctx.request_reset(rows)
+
+
+class SeesResetting:
+    """Reports, as rewards, the ``ctx.resetting`` flags that its before_step saw."""
+
+    def __init__(self) -> None:
+        self.seen = None
+
+    def before_step(self, ctx) -> None:
+        self.seen = ctx.resetting.astype(np.float64)
+
+    def after_step(self, ctx) -> None:
+        ctx.rewards[:] = self.seen

@@ -13,7 +13,7 @@ from shmpool.config import WorkerConfig, make_env
 from shmpool.episodes import EpisodeWriter
 from shmpool.infos import InfoWriter
 from shmpool.layout import RESET_THIS_ENV, RESET_WITH_SEED
-from shmpool.spaces import assemble, flatten, leaves
+from shmpool.spaces import ObservationWriter, assemble, flatten, is_leaf, leaves
 from workers.hooks import HookRunner
 from workers.params import ParamApplier
 
@@ -44,6 +44,8 @@ class EnvSlice:
             [views[leaf.field_name("final_observations")][rows] for leaf in self._obs_leaves] if self.same_step else []
         )
         self._actions = [views[leaf.field_name("actions")][rows] for leaf in self._act_leaves]
+        self._act_is_leaf = is_leaf(self._act_space)
+        self._obs_writer = ObservationWriter(self._obs_space, self._obs)
         self._rewards = views["rewards"][rows]
         self._terminations = views["terminations"][rows]
         self._truncations = views["truncations"][rows]
@@ -108,22 +110,15 @@ class EnvSlice:
 
     # -- writing results -------------------------------------------------------------------------
 
-    def _write_observation(self, views: list[np.ndarray], index: int, observation: Any) -> None:
-        if len(views) == 1:
-            views[0][index] = observation
-        else:
-            for view, part in zip(views, flatten(self._obs_space, observation)):
-                view[index] = part
-
     def _read_actions(self) -> Any:
         """A private copy of the slot's actions (an env may keep its action; hooks may edit it)."""
-        if len(self._actions) == 1:
+        if self._act_is_leaf:
             return self._actions[0].copy()
         return assemble(self._act_space, iter([view.copy() for view in self._actions]))
 
     def _per_env_actions(self, batch: Any) -> Any:
         """Something that ``[i]`` indexes to env ``i``'s action."""
-        if len(self._actions) == 1:
+        if self._act_is_leaf:
             return batch
         parts = flatten(self._act_space, batch)
         return [assemble(self._act_space, iter([part[i] for part in parts])) for i in range(len(self.envs))]
@@ -195,6 +190,7 @@ class EnvSlice:
             params.before_step(needs_reset, lengths)
         rewards, terminations, truncations = self._reward_row, self._termination_row, self._truncation_row
         stepped, step_infos, observations = self._stepped, self._step_infos, self._obs
+        write_observation = self._obs_writer.write
         env_id = self.start
         env_info: dict[str, Any] | None
         for index, env in enumerate(self.envs):
@@ -211,10 +207,7 @@ class EnvSlice:
                     actions[index]
                 )
                 stepped[index], step_infos[index] = True, env_info
-            if len(observations) == 1:
-                observations[0][index] = observation
-            else:
-                self._write_observation(observations, index, observation)
+            write_observation(index, observation)  # raises for one that does not fit the space
             env_id += 1
         self._rewards[:] = rewards
         self._terminations[:] = terminations
@@ -243,7 +236,7 @@ class EnvSlice:
                         info.add(index, env_info, ("final_info",))
                     env, seed = self._begin_episode(index)
                     observation, env_info = env.reset(seed=seed)
-                    self._write_observation(observations, index, observation)
+                    write_observation(index, observation)
                     same_step_resets.append(index)
                 else:
                     needs_reset[index] = True
@@ -273,7 +266,7 @@ class EnvSlice:
             seed = int(self._reset_seed[index]) if flags & RESET_WITH_SEED else rebuilt_seed
             observation, env_info = env.reset(seed=seed, options=options)
             self._needs_reset[index] = False
-            self._write_observation(self._obs, index, observation)
+            self._obs_writer.write(index, observation)
             reset_rows.append(index)
             if env_info:
                 info.add(index, env_info)

@@ -8,6 +8,7 @@ import numpy as np
 
 from shmpool.events import Event, EventReader
 from shmpool.hooks import PHASES, HookContext, hook_name
+from shmpool.protocol import event_rings
 from shmpool.spaces import assemble, leaves
 
 
@@ -37,6 +38,7 @@ class HookRunner:
         action_space: Any,
         request_reset: Any,
         resample: Any,
+        params: np.ndarray | None = None,
     ) -> None:
         start, stop = slot
         rows = slice(start, stop)
@@ -49,7 +51,8 @@ class HookRunner:
             ]
             for phase in PHASES
         }
-        self._events = EventReader(views, worker_id, slot) if "events" in views else None
+        rings = event_rings(views)
+        self._events = EventReader(rings, worker_id, slot) if rings is not None else None
         self._due: dict[int, list[Event]] = {}
         ctx = self.ctx = HookContext(request_reset, resample)
         ctx.env_ids = np.arange(start, stop)
@@ -61,7 +64,8 @@ class HookRunner:
         ctx.rewards = views["rewards"][rows]
         ctx.terminations = views["terminations"][rows]
         ctx.truncations = views["truncations"][rows]
-        ctx.params = views["params"][rows] if "params" in views else None
+        # The worker's consistent, validated copy: the shared block itself can be mid-write.
+        ctx.params = params
         ctx.applied = views["applied"][rows] if "applied" in views else None
         ctx.episode_indices = views["episode_index"][rows]
         ctx.rng = np.random.default_rng([seed % (1 << 63), worker_id])

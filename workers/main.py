@@ -1,8 +1,15 @@
 """The entry point of a worker process: join the segment, build the slot's envs, serve commands.
 
 A worker never exits on its own while its owner lives: after a failure it reports the traceback and
-waits for the trainer's close command. When the owner dies (noticed in every bounded wait, and by
-the parent-death signal), it removes the pool's segment and doorbells so nothing outlives it.
+waits for the trainer's close command. When the owner dies it removes the pool's segment and doorbells
+so nothing outlives it, but only the very files it opened: a pool launched meanwhile under the same
+name has new ones, and they stay.
+
+The owner's death is noticed three ways: in every bounded wait, by the parent-death signal (which
+only fires when the worker is the owner's child: not with forkserver), and by a watchdog thread that
+blocks on the owner's pidfd. The watchdog is what works while the main thread is stuck in env code
+and for every start method: it interrupts the main thread so that it unwinds and closes its envs,
+and ends the process itself if that has not happened within a grace period.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -39,11 +47,15 @@ from shmpool.layout import (
 )
 from shmpool.system import (
     Doorbell,
+    FileIdentity,
     ProcessWatch,
     Segment,
+    doorbell_file,
+    file_identity,
     ignore_interrupts,
+    segment_file,
     set_parent_death_signal,
-    unlink_doorbell,
+    unlink_if_same,
 )
 from workers.envs import EnvSlice
 from workers.hooks import HookFailed, HookRunner
@@ -54,44 +66,159 @@ class OwnerGone(BaseException):
     """The trainer that owns the pool has died; derived from BaseException so env code cannot swallow it."""
 
 
+#: Seconds the watchdog lets the main thread unwind (close envs, remove the pool) before it ends the
+#: process itself; the whole exit stays well within the ~2 s the README promises.
+OWNER_GONE_GRACE = 1.0
+#: Exit status of a worker that the watchdog ended because its owner died.
+EXIT_OWNER_GONE = 70
+
+
 def run(config: WorkerConfig) -> None:
     """Runs one worker until the trainer closes the pool or dies."""
     ignore_interrupts()
+    _keep_helper_fds_from_children()
     owner = ProcessWatch(config.owner_pid, config.owner_start_ticks)
+    # OwnerGone is raised from the signal handler only inside the try below (armed), and only once
+    # (leaving): a second signal must not interrupt the cleanup the first one started.
+    armed, leaving = threading.Event(), threading.Event()
 
-    def on_parent_death(signum: int, frame: Any) -> None:
+    def on_owner_death(signum: int, frame: Any) -> None:
         # The signal comes while the parent is still exiting: give it a moment to be gone. If it
         # stays alive, the signal meant only that the thread which started us exited.
+        if not armed.is_set() or leaving.is_set():
+            return
         for _ in range(50):
             if not owner.alive():
+                leaving.set()
                 raise OwnerGone()
             time.sleep(0.01)
 
-    signal.signal(signal.SIGUSR1, on_parent_death)
+    signal.signal(signal.SIGUSR1, on_owner_death)
     set_parent_death_signal(signal.SIGUSR1)
     segment = Segment.open(config.pool_name)
-    layout, _ = Layout.read(segment.buffer)
-    views = layout.views(segment.buffer)
-    doorbell = Doorbell.open(config.doorbell)
-    trainer_doorbell = Doorbell.open(config.trainer_doorbell)
-    worker = Worker(config, views, doorbell, trainer_doorbell, owner)
+    owned = _pool_files(config, segment)
+    watchdog = OwnerWatchdog(config.owner_pid, config.owner_start_ticks, lambda: remove_pool_files(owned))
+    worker: Worker | None = None
+    doorbells: list[Doorbell] = []
     try:
-        if not owner.alive():
+        armed.set()
+        if not owner.alive():  # died before the handler was armed: the check that cannot miss it
             raise OwnerGone()
+        layout, _ = Layout.read(segment.buffer)
+        views = layout.views(segment.buffer)
+        doorbells.append(Doorbell.open(config.doorbell))
+        doorbells.append(Doorbell.open(config.trainer_doorbell))
+        worker = Worker(config, views, doorbells[0], doorbells[1], owner)
+        del views
         worker.serve()
     except OwnerGone:
-        worker.close_envs()
-        for path in config.all_doorbells:
-            unlink_doorbell(path)
-        segment.unlink()
+        pass  # cleaned up below, where a second signal can no longer interrupt it
     finally:
+        leaving.set()
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-        worker.close_envs()
-        del worker, views
-        doorbell.close()
-        trainer_doorbell.close()
+        if worker is not None:
+            worker.close_envs()
+        if not owner.alive():
+            remove_pool_files(owned)  # nobody else will: the owner is gone
+        watchdog.stop()  # after the cleanup: until then it still ends the process if closing envs hangs
+        worker = None
+        for doorbell in doorbells:
+            doorbell.close()
         owner.close()
         segment.close()
+
+
+def _pool_files(config: WorkerConfig, segment: Segment) -> dict[str, FileIdentity]:
+    """The pool's segment and doorbell files as this worker found them: all that it may ever remove.
+
+    The doorbells are looked at after the segment was opened; if the segment file is still the one
+    that was opened afterwards, the pool was not replaced in between, so they are this pool's too
+    (a pool creates its segment first and removes it last).
+    """
+    files = {doorbell_file(path): file_identity(doorbell_file(path)) for path in config.all_doorbells}
+    if segment.identity is None or file_identity(segment_file(config.pool_name)) != segment.identity:
+        return {}  # replaced before this worker even started: nothing under the name is ours
+    owned = {path: identity for path, identity in files.items() if identity is not None}
+    owned[segment_file(config.pool_name)] = segment.identity  # last: the segment goes last
+    return owned
+
+
+def remove_pool_files(owned: dict[str, FileIdentity]) -> None:
+    """Unlinks the files in ``owned`` (doorbells, then the segment) that are still the ones recorded."""
+    for path, identity in owned.items():
+        unlink_if_same(path, identity)
+
+
+def _keep_helper_fds_from_children() -> None:
+    """Marks the multiprocess helpers' pipes that a forkserver worker inherits as close-on-exec.
+
+    A forkserver child holds the write end of the forkserver's "alive" pipe and of the resource
+    tracker's pipe (received over a socket, so inheritable); those helpers exit only when every
+    holder has closed them. Programs that env code starts must not hold them: they would keep the
+    forkserver and the tracker running long after the trainer and its workers are gone.
+    """
+    for module_name in ("multiprocess", "multiprocessing"):
+        forkserver = sys.modules.get(f"{module_name}.forkserver")
+        tracker = sys.modules.get(f"{module_name}.resource_tracker")
+        fds = [
+            getattr(getattr(forkserver, "_forkserver", None), "_forkserver_alive_fd", None),
+            getattr(getattr(tracker, "_resource_tracker", None), "_fd", None),
+        ]
+        for fd in fds:
+            if isinstance(fd, int):
+                try:
+                    os.set_inheritable(fd, False)
+                except OSError:
+                    pass
+
+
+class OwnerWatchdog:
+    """A daemon thread that notices the owner's death at once, whatever the main thread is doing.
+
+    It blocks on the owner's pidfd (polls every 0.5 s without pidfds). When the owner dies it sends
+    SIGUSR1 to the main thread, whose handler raises :class:`OwnerGone` out of the env code (a
+    sleeping or waiting env returns to Python at once); if the process has not ended after
+    :data:`OWNER_GONE_GRACE` seconds (an env stuck in C code), it removes the pool's files itself and
+    ends the process with ``os._exit``.
+    """
+
+    def __init__(self, owner_pid: int, owner_start_ticks: int, cleanup: Callable[[], None]) -> None:
+        self._watch = ProcessWatch(owner_pid, owner_start_ticks)
+        self._cleanup = cleanup
+        self._stop_read, self._stop_write = os.pipe()
+        self._stopped = threading.Event()
+        self._main_thread = threading.main_thread().ident
+        self._thread = threading.Thread(target=self._run, name="shmpool-owner-watchdog", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        if not self._watch.wait_gone(self._stop_read):
+            return
+        if self._stopped.is_set():
+            return
+        try:
+            signal.pthread_kill(self._main_thread, signal.SIGUSR1)  # type: ignore[arg-type]
+        except (OSError, ValueError):  # the main thread is already gone
+            pass
+        if self._stopped.wait(OWNER_GONE_GRACE):
+            return  # the main thread unwound and cleaned up
+        try:
+            self._cleanup()
+        finally:
+            os._exit(EXIT_OWNER_GONE)
+
+    def stop(self) -> None:
+        """Ends the watch (the worker is leaving on its own); the pipe wakes the thread at once."""
+        self._stopped.set()
+        try:
+            os.write(self._stop_write, b"\0")
+        except OSError:
+            pass
+        self._thread.join(OWNER_GONE_GRACE + 1.0)
+        if not self._thread.is_alive():  # never close fds under a thread still selecting on them
+            os.close(self._stop_read)
+            os.close(self._stop_write)
+            self._watch.close()
 
 
 class Worker:
@@ -155,6 +282,7 @@ class Worker:
                     config.action_space,
                     envs.request_reset,
                     envs.resample,
+                    None if params is None else params.accepted,
                 )
         except Exception:  # noqa: BLE001 - any failure is reported to the trainer, not lost
             self._fail(None if self.envs is None else self.envs.current_env)

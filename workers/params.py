@@ -20,10 +20,7 @@ from shmpool.params import (
     problem,
     show,
 )
-
-#: Reads of a record that a writer is changing are retried this often before the env keeps its
-#: values for this step (a writer killed mid-write leaves its records odd until the next write).
-SEQLOCK_RETRIES = 64
+from shmpool.protocol import seqlock_read
 
 
 class ParamApplier:
@@ -55,7 +52,7 @@ class ParamApplier:
         self._refusal_text = views["param_refusal_text"][worker_id]
         self._control = control
         self._record = np.dtype((np.void, self._block.dtype.itemsize))
-        self._seen = self._block.copy()
+        self._seen = self._block.copy()  # what a row that never reads whole falls back to at first
         self._seen = self._read()
         self._seen_bytes = self._seen.tobytes()
         self._good = self._seen.copy()  # the last accepted values of every env
@@ -71,23 +68,19 @@ class ParamApplier:
         self._refreshers: list[Callable[[], None] | None] = [None] * count
         self._built_with: list[bytes] = [b""] * count
 
+    @property
+    def accepted(self) -> np.ndarray:
+        """The slot's records as last read whole and validated (read-only): what hooks see as
+        ``ctx.params``, never a half-written record."""
+        view = self._good.view()
+        view.flags.writeable = False
+        return view
+
     # -- consistent reads ------------------------------------------------------------------------
 
     def _read(self) -> np.ndarray:
         """A copy of the slot's records in which no record is half-written (seqlock reader)."""
-        snapshot = self._block.copy()
-        for _ in range(SEQLOCK_RETRIES):
-            before = self._seq.copy()
-            snapshot_now = self._block.copy()
-            after = self._seq.copy()
-            if before.tobytes() == after.tobytes() and not (before & 1).any():
-                return snapshot_now
-            whole = (before == after) & (before % 2 == 0)
-            snapshot[whole] = snapshot_now[whole]
-        # Records still being written keep what this worker last saw.
-        whole = (self._seq == before) & (before % 2 == 0)
-        snapshot[~whole] = self._seen[~whole]
-        return snapshot
+        return seqlock_read(self._block, self._seq, self._seen)
 
     # -- env lifecycle ---------------------------------------------------------------------------
 

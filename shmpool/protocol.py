@@ -1,0 +1,341 @@
+"""The shared-memory protocol primitives that every channel of a pool uses, in one place.
+
+Several processes (the trainer, workers, attached curricula, the CLI) and several threads of each
+share one segment. Four rules make that safe, and this module is where each is implemented:
+
+* **Ordering.** A reader must never see a flag before the data it publishes. On x86-64 the CPU
+  keeps the order of stores, and of loads, so "write the data, then the flag" in separate Python
+  statements is enough (each numpy call is an opaque C call the compiler cannot reorder across).
+  Weaker CPUs (aarch64: Graviton, Grace, Jetson) would need real acquire/release instructions,
+  which Python has no cheap way to issue: :func:`check_memory_model` refuses them at launch and
+  attach with a clear error rather than let pools be silently wrong there.
+* **Exclusion.** :class:`WriterLock` excludes writers across processes *and* threads *and* forked
+  children: a thread lock inside each process, then a ``flock`` on a file description that each
+  process (re)opens for itself (a forked child gets its own, instead of sharing its parent's). The
+  kernel drops a ``flock`` when its holder dies; a stopped holder (Ctrl-Z) makes waiters time out
+  with an error naming it, never hang.
+* **No half write is ever published.** Every critical section that writes shared records keeps an
+  undo journal in the segment. A writer that dies or is interrupted mid-write leaves its journal
+  set; the next holder of the lock (or the interrupted writer itself, on the way out) rolls the
+  half write back before anything else happens. Readers never wait on a writer and never see torn
+  data: :func:`seqlock_read` skips records whose per-row counter is odd or moved.
+* **All or nothing across rings.** An event for envs of several workers is written into each
+  worker's ring and published by one store (the global ticket), so a sender killed in between
+  delivers to no worker rather than to some (:class:`EventRings`).
+
+The ``writers`` field of the segment holds the words below (int64).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import platform
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .errors import PoolClosedError, ShmpoolError, WriterLockTimeout
+
+# Words of the ``writers`` field.
+WRITERS_WORDS = 8
+(
+    W_HOLDER,  # pid of the process inside a writers' critical section, 0 when none
+    W_PARAMS_JOURNAL,  # 1 while a params write is in flight: params_undo holds the rows before it
+    W_EVENTS_JOURNAL,  # ticket of the event being sent, 0 when none: event_undo_heads hold the heads before it
+    W_EVENTS_PUBLISHED,  # ticket of the newest event that reached all of its rings
+) = range(4)
+
+#: CPUs whose memory model keeps the order of plain stores and of plain loads (total store order).
+TSO_MACHINES = ("x86_64", "amd64", "i386", "i686")
+
+#: Reads of a record that a writer is changing are retried this often before the reader keeps what it
+#: had (a writer killed mid-write leaves its rows odd until the next writer rolls them back).
+SEQLOCK_RETRIES = 8
+
+
+def check_memory_model(machine: str | None = None) -> None:
+    """Raises ``ShmpoolError`` on a CPU whose memory model would let readers see torn data."""
+    machine = (machine or platform.machine()).lower()
+    if machine not in TSO_MACHINES:
+        raise ShmpoolError(
+            f"shmpool needs a CPU with total store order (x86-64); this one is {machine!r}, on which "
+            f"shared-memory publication without acquire/release instructions is unsafe"
+        )
+
+
+def _process_state(pid: int) -> str:
+    """The one-letter state of a process from /proc (``T`` stopped, ``R`` running, ...), or ``?``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            data = file.read()
+        return data[data.rindex(b")") + 2 :].split()[0].decode()
+    except (OSError, ValueError, IndexError):
+        return "?"
+
+
+class WriterLock:
+    """Excludes the writers of one pool's shared records: threads, processes and forked children.
+
+    Acquire with :meth:`hold`. Channels register a ``recover`` callable with :meth:`on_acquire`; it
+    runs inside every acquisition and must be a no-op (one word compare) unless an earlier holder
+    left a journal behind.
+    """
+
+    def __init__(self, path: str, words: np.ndarray) -> None:
+        self._path = path
+        self._words = words
+        self._recoveries: list[Callable[[], None]] = []
+        self._pid = -1
+        self._thread_lock = threading.Lock()
+        self._fd = -1
+        self._closed = False
+
+    def on_acquire(self, recover: Callable[[], None]) -> None:
+        """Runs ``recover`` (roll back what a dead or interrupted holder left half done) on every
+        acquisition and after a critical section that raised."""
+        self._recoveries.append(recover)
+
+    def _own_fd(self) -> int:
+        """This process's file description of the lock file, reopened after a fork (a child sharing
+        its parent's description would share its parent's lock instead of being excluded by it)."""
+        pid = os.getpid()
+        if self._pid != pid:
+            self._thread_lock = threading.Lock()  # a fork copies a lock another thread may hold
+            try:
+                fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError as exc:
+                raise PoolClosedError(f"the pool's segment {self._path} is gone: the pool was closed") from exc
+            weakref.finalize(self, os.close, fd)
+            self._fd, self._pid = fd, pid
+        return self._fd
+
+    def hold(self, timeout: float | None, check_open: Callable[[], None]) -> _Held:
+        """A context manager holding the lock; waits up to ``timeout`` seconds (None: as long as the
+        pool is open), then raises :class:`WriterLockTimeout` naming the holder."""
+        return _Held(self, timeout, check_open)
+
+    def _acquire(self, timeout: float | None, check_open: Callable[[], None]) -> None:
+        if self._closed:
+            raise PoolClosedError(f"the writer lock of {self._path} is closed")
+        fd = self._own_fd()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        thread_lock = self._thread_lock
+        while not thread_lock.acquire(timeout=0.05):
+            self._check_deadline(deadline, check_open)
+        try:
+            delay = 0.0001
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    self._check_deadline(deadline, check_open)
+                    time.sleep(delay)
+                    delay = min(delay * 2, 0.005)
+            try:
+                self._recover()
+                self._words[W_HOLDER] = os.getpid()
+            except BaseException:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                raise
+        except BaseException:
+            thread_lock.release()
+            raise
+
+    def _release(self, failed: bool) -> None:
+        try:
+            if failed:  # interrupted mid-write (Ctrl-C, an error): never leave a half write behind
+                self._recover()
+            self._words[W_HOLDER] = 0
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            self._thread_lock.release()
+
+    def _recover(self) -> None:
+        for recover in self._recoveries:
+            recover()
+
+    def _check_deadline(self, deadline: float | None, check_open: Callable[[], None]) -> None:
+        check_open()
+        if deadline is not None and time.monotonic() >= deadline:
+            holder = int(self._words[W_HOLDER])
+            state = _process_state(holder) if holder else "?"
+            what = f"pid {holder}" + (" (stopped: Ctrl-Z or SIGSTOP)" if state in ("T", "t") else "")
+            raise WriterLockTimeout(
+                f"another writer ({what if holder else 'unknown'}) has held the writer lock of "
+                f"{self._path} for too long; resume or stop that process, or retry",
+                holder_pid=holder or None,
+            )
+
+    def close(self) -> None:
+        """Refuses later acquisitions; the file description closes when the lock is collected."""
+        self._closed = True
+
+
+class _Held:
+    """The context manager of :meth:`WriterLock.hold`."""
+
+    __slots__ = ("_lock", "_timeout", "_check_open")
+
+    def __init__(self, lock: WriterLock, timeout: float | None, check_open: Callable[[], None]) -> None:
+        self._lock, self._timeout, self._check_open = lock, timeout, check_open
+
+    def __enter__(self) -> None:
+        self._lock._acquire(self._timeout, self._check_open)
+
+    def __exit__(self, exc_type: Any, *exc_info: Any) -> None:
+        self._lock._release(exc_type is not None)
+
+
+# -- seqlock --------------------------------------------------------------------------------------
+
+
+class Seqlock:
+    """Per-row sequence counters over a block of records, with the writer's undo journal.
+
+    Writer side (under the :class:`WriterLock`): :meth:`write` saves the rows to the journal, makes
+    their counters odd, writes, makes them even. Reader side: :func:`seqlock_read`. After a writer
+    dies or is interrupted, :meth:`recover` (run by the next acquisition) restores the odd rows from
+    the journal, so the half write is never published, not even by a later write of other fields.
+    """
+
+    def __init__(self, block: np.ndarray, seq: np.ndarray, undo: np.ndarray, words: np.ndarray) -> None:
+        self.block, self.seq, self._undo, self._words = block, seq, undo, words
+
+    def write(self, rows: slice | np.ndarray, staged: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
+        """Writes each ``(target column view, values)`` at ``rows``, atomically per row. Hold the lock."""
+        seq, words = self.seq, self._words
+        self._undo[rows] = self.block[rows]
+        words[W_PARAMS_JOURNAL] = 1  # after the journal is whole: a rollback restores from it
+        seq[rows] += 1  # odd: readers skip these rows from here on
+        for target, values in staged:
+            target[rows] = values
+        seq[rows] += 1  # even: the rows are whole again
+        words[W_PARAMS_JOURNAL] = 0
+
+    def recover(self) -> None:
+        """Rolls back the rows a dead or interrupted writer left odd (one word compare otherwise)."""
+        if not self._words[W_PARAMS_JOURNAL]:
+            return
+        odd = np.flatnonzero(self.seq & 1)
+        self.block[odd] = self._undo[odd]
+        self.seq[odd] += 1
+        self._words[W_PARAMS_JOURNAL] = 0
+
+
+def seqlock_read(block: np.ndarray, seq: np.ndarray, previous: np.ndarray) -> np.ndarray:
+    """A copy of ``block`` in which no row is half written: rows that a writer is changing (odd or
+    moving counter) for ``SEQLOCK_RETRIES`` tries keep their value from ``previous``. Never waits."""
+    snapshot = previous.copy()
+    pending = np.ones(len(block), dtype=np.bool_)
+    for _ in range(SEQLOCK_RETRIES):
+        before = seq.copy()
+        copy = block.copy()
+        after = seq.copy()
+        whole = (before == after) & (before & 1 == 0) & pending
+        snapshot[whole] = copy[whole]
+        pending &= ~whole
+        if not pending.any():
+            break
+    return snapshot
+
+
+# -- event rings ----------------------------------------------------------------------------------
+
+
+class EventRings:
+    """One ring of fixed-size records per worker; many senders, one consumer per ring.
+
+    A send writes one record into each target ring beyond its head, advances those heads, and then
+    publishes them all with one store of the global ticket. A consumer takes only records whose ticket
+    is at most the published one, so an event reaches all of its rings or none. A sender that dies
+    between the two leaves its journal set; the next holder of the lock moves the heads back.
+    """
+
+    def __init__(
+        self,
+        records: np.ndarray,
+        heads: np.ndarray,
+        tails: np.ndarray,
+        undo_heads: np.ndarray,
+        words: np.ndarray,
+    ) -> None:
+        self.records, self.heads, self.tails = records, heads, tails
+        self._undo_heads, self._words = undo_heads, words
+        self.capacity = records.shape[1]
+
+    def full(self, ring_ids: Sequence[int]) -> list[int]:
+        """The rings among ``ring_ids`` that have no room for one more record."""
+        heads, tails, capacity = self.heads, self.tails, self.capacity
+        return [k for k in ring_ids if heads[k] - tails[k] >= capacity]
+
+    def publish(self, parts: Sequence[tuple[int, Callable[[np.ndarray], None]]]) -> None:
+        """Writes one record per ``(ring, fill)`` with ``fill(record)`` and publishes them together.
+        Hold the lock and check :meth:`full` first."""
+        words, heads = self._words, self.heads
+        ticket = int(words[W_EVENTS_PUBLISHED]) + 1
+        self._undo_heads[:] = heads
+        words[W_EVENTS_JOURNAL] = ticket
+        for ring, fill in parts:
+            record = self.records[ring, heads[ring] % self.capacity]
+            fill(record)
+            record["ticket"] = ticket
+        for ring, _ in parts:
+            heads[ring] += 1
+        words[W_EVENTS_PUBLISHED] = ticket  # the one store that delivers to every ring at once
+        words[W_EVENTS_JOURNAL] = 0
+
+    def recover(self) -> None:
+        """Moves back the heads of a send that died before publishing (one word compare otherwise)."""
+        words = self._words
+        ticket = int(words[W_EVENTS_JOURNAL])
+        if not ticket:
+            return
+        if words[W_EVENTS_PUBLISHED] < ticket:  # never published: no consumer took any of it
+            self.heads[:] = self._undo_heads
+        words[W_EVENTS_JOURNAL] = 0
+
+    def consume(self, ring: int) -> np.ndarray:
+        """Copies out the published records of ``ring`` not taken yet, oldest first, and frees them."""
+        published = int(self._words[W_EVENTS_PUBLISHED])  # first: records up to it are whole
+        head, tail = int(self.heads[ring]), int(self.tails[ring])
+        if head == tail:
+            return self.records[ring, :0].copy()
+        taken = self.records[ring][np.arange(tail, head) % self.capacity]  # a copy
+        ready = int(np.searchsorted(taken["ticket"] > published, True))  # tickets rise along a ring
+        if ready:
+            self.tails[ring] = tail + ready  # after the copy: those slots may now be reused
+        return taken[:ready]
+
+
+# -- the channels of a segment --------------------------------------------------------------------
+
+
+def event_rings(views: dict[str, np.ndarray]) -> EventRings | None:
+    """The event rings of a mapped segment, or None for a pool without hooks."""
+    if "events" not in views:
+        return None
+    return EventRings(
+        views["events"], views["event_heads"], views["event_tails"], views["event_undo_heads"], views["writers"]
+    )
+
+
+def params_seqlock(views: dict[str, np.ndarray]) -> Seqlock | None:
+    """The seqlocked params block of a mapped segment, or None for a pool without params."""
+    if "params" not in views:
+        return None
+    return Seqlock(views["params"], views["params_seq"], views["params_undo"], views["writers"])
+
+
+def writer_lock(path: str, views: dict[str, np.ndarray]) -> WriterLock:
+    """The writers' lock of a mapped segment (``path``: the segment's file), recovering every channel."""
+    lock = WriterLock(path, views["writers"])
+    for channel in (params_seqlock(views), event_rings(views)):
+        if channel is not None:
+            lock.on_acquire(channel.recover)
+    return lock

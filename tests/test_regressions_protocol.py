@@ -1,0 +1,481 @@
+"""Regressions of the shared-memory protocol: use after close, Ctrl-C, threads, killed writers and
+senders, forks, stopped writers, CPUs without total store order (issue 9, defects 1-6, 10, 13).
+
+Anything that crashed the interpreter before the fix (a read of unmapped memory) runs in a
+subprocess, so that a SIGSEGV fails the test instead of killing the test run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import helpers
+import numpy as np
+import pytest
+
+import shmpool
+from shmpool import Param
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+
+
+def run_script(code: str, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """Runs ``code`` in a fresh interpreter; returns its exit status and output."""
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout, env=ENV, cwd=ROOT
+    )
+
+
+# -- 1. use after close ---------------------------------------------------------------------------
+
+USE_AFTER_CLOSE = """
+import sys, threading, time
+import numpy as np
+import shmpool
+from shmpool import Param
+
+name = sys.argv[1]
+with shmpool.launch("CartPole-v1", 4, num_workers=2, name=name, copy=False, params={"length": Param()}) as pool:
+    observations, _ = pool.reset(seed=0)
+    lengths = pool.params["length"]
+    with shmpool.attach(name) as handle:
+        applied = handle.applied
+    handle_after_close = handle
+junk = [np.ones(1 << 18) for _ in range(200)]  # lets the allocator reuse a freed mapping
+print(float(lengths.sum()), float(np.abs(observations).sum() >= 0), float(applied["length"].sum()))
+for name_, get in [("pool.params", lambda: pool.params), ("pool.applied", lambda: pool.applied),
+                   ("pool.episodes", lambda: pool.episodes), ("pool.step", lambda: pool.step([0, 0, 0, 0])),
+                   ("handle.applied", lambda: handle_after_close.applied),
+                   ("handle.params", lambda: handle_after_close.params)]:
+    try:
+        get()
+        print(name_, "no error")
+    except shmpool.PoolClosedError:
+        print(name_, "PoolClosedError")
+    except Exception as exc:
+        print(name_, type(exc).__name__)
+"""
+
+
+def test_views_kept_after_close_stay_readable_and_every_use_raises_closed(pool_name: str) -> None:
+    result = run_script(USE_AFTER_CLOSE, pool_name)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert lines[0].split()[0] == "2.0" and lines[0].split()[2] == "2.0"  # CartPole's nominal length 0.5 x 4
+    assert lines[1:] == [
+        "pool.params PoolClosedError",
+        "pool.applied PoolClosedError",
+        "pool.episodes PoolClosedError",
+        "pool.step PoolClosedError",
+        "handle.applied PoolClosedError",
+        "handle.params PoolClosedError",
+    ]
+
+
+SENDER_DURING_CLOSE = """
+import sys, threading, time
+import shmpool
+sys.path.insert(0, "tests")
+import helpers
+
+pool = shmpool.launch("CartPole-v1", 4, num_workers=2, name=sys.argv[1], hooks=[helpers.EventLog(sys.argv[2])],
+                      event_capacity=2, event_payload=3)
+pool.reset(seed=0)
+outcome = []
+
+def sender():
+    try:
+        for seq in range(10):  # the ring holds 2 and nobody steps: the third send waits for room
+            pool.events.send("Log", None, [0, 0, seq], timeout=None)
+        outcome.append("sent all")
+    except shmpool.PoolClosedError:
+        outcome.append("PoolClosedError")
+    except BaseException as exc:
+        outcome.append(type(exc).__name__)
+
+thread = threading.Thread(target=sender)
+thread.start()
+time.sleep(0.5)
+started = time.monotonic()
+pool.close()
+thread.join(5)
+print(outcome, thread.is_alive(), round(time.monotonic() - started, 1) < 3)
+"""
+
+
+def test_a_sender_waiting_for_room_stops_when_the_pool_closes(pool_name: str, tmp_path: Path) -> None:
+    result = run_script(SENDER_DURING_CLOSE, pool_name, str(tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split("\n")[0] == "['PoolClosedError'] False True"
+
+
+# -- 2. Ctrl-C storms -----------------------------------------------------------------------------
+
+CTRL_C_STORM = """
+import os, random, signal, sys, threading, time
+import numpy as np
+import shmpool
+sys.path.insert(0, "tests")
+import helpers
+
+pool = shmpool.launch(lambda: helpers.CountingEnv(length=10**9), 6, num_workers=3, name=sys.argv[1])
+pool.reset(seed=0)
+main = threading.main_thread()
+
+def storm():
+    rng = random.Random(int(sys.argv[2]))
+    for _ in range(300):
+        time.sleep(rng.uniform(0.0002, 0.004))
+        os.kill(os.getpid(), signal.SIGINT)
+
+thread = threading.Thread(target=storm, daemon=True)
+thread.start()
+interrupts = violations = steps = 0
+while thread.is_alive() or steps < 10:
+    try:
+        observations, *_ = pool.step(np.ones(6, dtype=np.int64))
+        counts = observations[:, 0]  # steps each env took since the reset
+        steps += 1
+        if not (counts == pool.global_step).all():
+            violations += 1
+    except KeyboardInterrupt:
+        interrupts += 1
+observations, *_ = pool.step(np.ones(6, dtype=np.int64))
+print(interrupts, violations, observations[:, 0].tolist(), pool.global_step)
+pool.close()
+"""
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_ctrl_c_storm_keeps_workers_in_lockstep_and_the_step_count_right(pool_name: str, seed: int) -> None:
+    result = run_script(CTRL_C_STORM, pool_name, str(seed), timeout=90)
+    assert result.returncode == 0, result.stderr[-2000:]
+    interrupts, violations, final = result.stdout.split(" ", 2)
+    assert int(interrupts) > 50  # the storm really hit the trainer
+    assert int(violations) == 0, result.stdout
+    counts, global_step = final.rsplit(" ", 1)
+    assert counts == str([float(global_step)] * 6)
+
+
+# -- 3. threads -----------------------------------------------------------------------------------
+
+
+def test_threads_sending_events_lose_none(pool_name: str, tmp_path: Path) -> None:
+    per_thread = 400
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often, inside critical sections too
+    try:
+        with shmpool.launch(
+            "CartPole-v1",
+            4,
+            num_workers=2,
+            name=pool_name,
+            hooks=[helpers.EventLog(str(tmp_path))],
+            event_payload=3,
+            event_capacity=64,
+        ) as pool:
+            pool.reset(seed=0)
+
+            def sender(thread_id: int) -> None:
+                for seq in range(per_thread):
+                    pool.events.send("Log", None, [thread_id, seq, 0], timeout=None)  # to both workers
+
+            threads = [threading.Thread(target=sender, args=(k,)) for k in range(4)]
+            for thread in threads:
+                thread.start()
+            while any(thread.is_alive() for thread in threads):
+                pool.step(np.zeros(4, dtype=np.int64))
+            for _ in range(3):
+                pool.step(np.zeros(4, dtype=np.int64))
+    finally:
+        sys.setswitchinterval(previous)
+    delivered = [
+        tuple(int(v) for v in line.split()[:2])
+        for file in tmp_path.glob("events-*")
+        for line in file.read_text().splitlines()
+    ]
+    assert sorted(delivered) == sorted((k, seq) for k in range(4) for seq in range(per_thread) for _ in range(2))
+
+
+PAIR_WRITER = """
+import sys, numpy as np, shmpool
+rng = np.random.default_rng(int(sys.argv[2]))
+with shmpool.attach(sys.argv[1], timeout=10) as handle:
+    print("ready", flush=True)
+    while True:
+        x = float(rng.integers(1, 1000))
+        handle.params.write(rng.choice(4, size=2, replace=False), a=x, b=-x)
+"""
+
+
+def test_threads_and_processes_writing_pairs_never_publish_a_torn_pair(pool_name: str) -> None:
+    params = {"a": Param(0.0), "b": Param(0.0), "c": Param(0.0, bind=False)}
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    stop = threading.Event()
+    with shmpool.launch(helpers.PairEnv, 4, num_workers=2, name=pool_name, params=params) as pool:
+        writer = subprocess.Popen(
+            [sys.executable, "-c", PAIR_WRITER, pool_name, "1"], stdout=subprocess.PIPE, text=True, env=ENV
+        )
+        try:
+            assert writer.stdout.readline().strip() == "ready"
+            pool.reset(seed=0)
+
+            def pairs() -> None:
+                rng = np.random.default_rng(2)
+                while not stop.is_set():
+                    x = float(rng.integers(1000, 2000))
+                    pool.params.write(rng.choice(4, size=3, replace=False), a=x, b=-x)
+
+            def others() -> None:
+                while not stop.is_set():
+                    pool.params.write(None, c=1.0)
+
+            threads = [threading.Thread(target=pairs), threading.Thread(target=others)]
+            for thread in threads:
+                thread.start()
+            torn = []
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline:
+                observations, *_ = pool.step(np.zeros(4, dtype=np.int64))
+                torn += [row.tolist() for row in observations if row[0] != -row[1]]
+        finally:
+            stop.set()
+            sys.setswitchinterval(previous)
+            writer.kill()
+            writer.wait(5)
+        for thread in threads:
+            thread.join(5)
+        assert torn == []
+        assert pool.params.refusals == {"a": 0, "b": 0, "c": 0}
+
+
+# -- 4. a killed writer's half write ----------------------------------------------------------------
+
+HALF_WRITER = """
+import os, signal, sys
+import numpy as np
+import shmpool
+
+class DieHere:
+    # Stands for the writer's death in the middle of its write: numpy asks for the values here.
+    def __array__(self, dtype=None, copy=None):
+        print("dying", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+handle = shmpool.attach(sys.argv[1], timeout=10)
+block = handle.params
+rows = np.array([0, 1])
+with block._lock.hold(None, lambda: None):
+    block._seqlock.write(rows, [(block["a"], np.array([5.0, 5.0])), (block["b"], DieHere())])
+"""
+
+
+def test_a_writer_killed_mid_write_never_gets_its_half_write_applied(pool_name: str) -> None:
+    params = {"a": Param(1.0), "b": Param(-1.0), "c": Param(0.0, bind=False)}
+    with shmpool.launch(helpers.PairEnv, 4, num_workers=2, name=pool_name, params=params) as pool:
+        pool.reset(seed=0)
+        result = run_script(HALF_WRITER, pool_name)
+        assert result.returncode == -signal.SIGKILL and "dying" in result.stdout, result.stderr[-2000:]
+        observations, *_ = pool.step(np.zeros(4, dtype=np.int64))
+        assert observations.tolist() == [[1.0, -1.0]] * 4  # the odd rows are not read meanwhile
+        pool.params.write(None, c=2.0)  # an unrelated write by the next writer rolls the half write back
+        for _ in range(2):
+            observations, *_ = pool.step(np.zeros(4, dtype=np.int64))
+            assert observations.tolist() == [[1.0, -1.0]] * 4
+        assert pool.params["a"].tolist() == [1.0] * 4
+        assert pool.params.refusals == {"a": 0, "b": 0, "c": 0}
+        pool.params.write([0], a=3.0, b=-3.0)  # and the rows take writes again
+        observations, *_ = pool.step(np.zeros(4, dtype=np.int64))
+        assert observations[0].tolist() == [3.0, -3.0]
+
+
+MERGING_WRITER = """
+import sys, shmpool
+values = [{"low": 0.8}, {"low": 0.1}] if sys.argv[2] == "low" else [{"high": 0.2}, {"high": 0.9}]
+refused = 0
+with shmpool.attach(sys.argv[1], timeout=10) as handle:
+    print("ready", flush=True)
+    for _ in range(int(sys.argv[3])):
+        for value in values:  # each is valid against one of the other writer's two values
+            try:
+                handle.params.write(None, u=value)
+            except ValueError:
+                refused += 1
+print(refused, flush=True)
+"""
+
+
+def test_concurrent_writers_of_one_distribution_never_store_low_above_high(pool_name: str) -> None:
+    params = {"u": Param({"low": 0.1, "high": 0.9}, low=0.0, high=1.0, dist="uniform", bind=False)}
+    with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, params=params) as pool:
+        writers = [
+            subprocess.Popen(
+                [sys.executable, "-c", MERGING_WRITER, pool_name, side, "3000"],
+                stdout=subprocess.PIPE,
+                text=True,
+                env=ENV,
+            )
+            for side in ("low", "high")
+        ]
+        try:
+            for writer in writers:
+                assert writer.stdout.readline().strip() == "ready"
+            inverted = 0
+            while any(writer.poll() is None for writer in writers):
+                block = pool.params["u"]
+                inverted += int((block["low"] > block["high"]).any())
+            assert [writer.wait(60) for writer in writers] == [0, 0]
+        finally:
+            for writer in writers:
+                writer.kill()
+                writer.wait(5)
+        # A raw read can catch a write in flight, so count only what was left behind and what
+        # the workers refused.
+        pool.reset(seed=0)
+        pool.step(np.zeros(2, dtype=np.int64))
+        assert (pool.params["u"]["low"] <= pool.params["u"]["high"]).all()
+        assert pool.params.refusals == {"u": 0}
+
+
+# -- 5. an event for several workers reaches all of them or none ------------------------------------
+
+HALF_SENDER = """
+import os, signal, sys
+import numpy as np
+import shmpool
+
+handle = shmpool.attach(sys.argv[1], timeout=10)
+sender = handle.events
+def die(record):
+    print("dying", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+ids = np.array([0, 3])  # one env of each worker
+with sender._lock.hold(None, lambda: None):
+    parts = [(0, sender._filler(0, 0, ids[:1], np.array([9.0, 9.0, 9.0]), None)), (1, die)]
+    sender._rings.publish(parts)
+"""
+
+
+def test_an_event_to_several_workers_from_a_killed_sender_reaches_none(pool_name: str, tmp_path: Path) -> None:
+    with shmpool.launch(
+        "CartPole-v1", 4, num_workers=2, name=pool_name, hooks=[helpers.EventLog(str(tmp_path))], event_payload=3
+    ) as pool:
+        pool.reset(seed=0)
+        result = run_script(HALF_SENDER, pool_name)
+        assert result.returncode == -signal.SIGKILL and "dying" in result.stdout, result.stderr[-2000:]
+        pool.step(np.zeros(4, dtype=np.int64))
+        pool.events.send("Log", [1, 2], [1, 1, 1])  # the next sender recovers the rings, then sends
+        for _ in range(2):
+            pool.step(np.zeros(4, dtype=np.int64))
+    delivered = sorted(line.split()[0] for file in tmp_path.glob("events-*") for line in file.read_text().splitlines())
+    assert delivered == ["1", "1"]  # the new event in both workers; the dead sender's in neither
+
+
+# -- 6. forks -------------------------------------------------------------------------------------
+
+FORKER = """
+import os, sys
+import numpy as np
+import shmpool
+
+pool = shmpool.launch("CartPole-v1", 4, num_workers=2, name=sys.argv[1], params={"length": shmpool.Param()})
+pool.reset(seed=0)
+expected, *_ = pool.step(np.zeros(4, dtype=np.int64))
+pid = os.fork()
+if pid == 0:
+    codes = []
+    for call in (lambda: pool.step(np.ones(4, dtype=np.int64)), lambda: pool.params.write(0, length=0.9),
+                 lambda: pool.reset(seed=5)):
+        try:
+            call()
+            codes.append("worked")
+        except shmpool.ShmpoolError as exc:
+            codes.append(type(exc).__name__)
+    print("child", codes, flush=True)
+    sys.exit(0)  # a normal exit: atexit handlers run in the child
+_, status = os.waitpid(pid, 0)
+observations, *_ = pool.step(np.zeros(4, dtype=np.int64))
+print("parent", os.waitstatus_to_exitcode(status), pool.params["length"].tolist(), flush=True)
+pool.close()
+"""
+
+
+def test_a_forked_child_cannot_touch_its_parents_pool_and_its_exit_spares_the_workers(pool_name: str) -> None:
+    result = run_script(FORKER, pool_name)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert lines[0] == "child ['ForeignProcessError', 'ForeignProcessError', 'ForeignProcessError']"
+    assert lines[1] == "parent 0 [0.5, 0.5, 0.5, 0.5]"
+
+
+# -- 10. stopped writers --------------------------------------------------------------------------
+
+LOCK_HOLDER = """
+import sys, time, shmpool
+handle = shmpool.attach(sys.argv[1], timeout=10)
+handle.params._lock.hold(None, lambda: None).__enter__()
+print("holding", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_stopped_writer_holding_the_lock_makes_writes_time_out_not_hang(pool_name: str, tmp_path: Path) -> None:
+    with shmpool.launch(
+        "CartPole-v1",
+        4,
+        num_workers=2,
+        name=pool_name,
+        params={"length": Param()},
+        hooks=[helpers.EventLog(str(tmp_path))],
+        event_payload=3,
+    ) as pool:
+        holder = subprocess.Popen(
+            [sys.executable, "-c", LOCK_HOLDER, pool_name], stdout=subprocess.PIPE, text=True, env=ENV
+        )
+        outcomes: list[str] = []
+        try:
+            assert holder.stdout.readline().strip() == "holding"
+            holder.send_signal(signal.SIGSTOP)  # Ctrl-Z
+
+            def try_both() -> None:
+                for call in (
+                    lambda: pool.events.send("Log", [0], [1, 2, 3], timeout=0.0),
+                    lambda: pool.params.write(0, length=0.7),
+                ):
+                    started = time.monotonic()
+                    try:
+                        call()
+                        outcomes.append("worked")
+                    except shmpool.WriterLockTimeout as exc:
+                        assert exc.holder_pid == holder.pid and "stopped" in str(exc)
+                        outcomes.append(f"timeout after {time.monotonic() - started:.0f} s")
+
+            thread = threading.Thread(target=try_both, daemon=True)
+            thread.start()
+            thread.join(15)
+            assert not thread.is_alive(), "a write hung behind a stopped writer"
+        finally:
+            holder.kill()
+            holder.wait(5)
+        assert outcomes == ["timeout after 0 s", "timeout after 5 s"]
+        pool.params.write(0, length=0.7)  # the kernel dropped the dead holder's lock
+        assert pool.params["length"][0] == 0.7
+
+
+# -- 13. memory ordering --------------------------------------------------------------------------
+
+
+def test_cpus_without_total_store_order_are_refused_with_a_clear_error() -> None:
+    from shmpool.protocol import check_memory_model
+
+    with pytest.raises(shmpool.ShmpoolError, match="aarch64.*unsafe"):
+        check_memory_model("aarch64")
+    check_memory_model("x86_64")
