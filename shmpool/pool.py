@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import re
 import secrets
 import signal
 import time
@@ -75,6 +74,7 @@ from .protocol import WRITERS_WORDS, check_memory_model, event_rings, params_seq
 from .registry import sweep_stale
 from .spaces import ActionChecker, assemble, is_leaf, leaves
 from .system import (
+    POOL_NAME_PATTERN,
     Doorbell,
     Segment,
     doorbell_path,
@@ -84,7 +84,6 @@ from .system import (
     usable_cores,
 )
 
-_NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 #: Polls while waiting for workers before sleeping; each poll yields the core (~1 us when idle).
 TRAINER_SPIN = 300
 WORKER_SPIN = 300
@@ -334,8 +333,8 @@ class Pool(VectorEnv):
             raise ValueError(f"shmpool supports NEXT_STEP and SAME_STEP autoreset, not {self.autoreset_mode}")
         if name is None:
             name = f"{os.getpid()}-{secrets.token_hex(4)}"
-        if not isinstance(name, str) or not _NAME_PATTERN.fullmatch(name):
-            raise ValueError(f"pool name must match {_NAME_PATTERN.pattern}, got {name!r}")
+        if not isinstance(name, str) or not POOL_NAME_PATTERN.fullmatch(name):
+            raise ValueError(f"pool name must match {POOL_NAME_PATTERN.pattern}, got {name!r}")
         if info_keys < 1 or info_bytes < 8 or info_bytes % 8:
             raise ValueError(f"info_keys must be >= 1 and info_bytes a multiple of 8, got {info_keys}, {info_bytes}")
         env_kwargs = dict(env_kwargs or {})

@@ -92,8 +92,9 @@ class WriterLock:
         self._recoveries: list[Callable[[], None]] = []
         self._pid = -1
         self._thread_lock = threading.Lock()
-        self._fd = -1
+        self._fd = _Descriptor()
         self._closed = False
+        _LOCKS.add(self)
 
     def on_acquire(self, recover: Callable[[], None]) -> None:
         """Runs ``recover`` (roll back what a dead or interrupted holder left half done) on every
@@ -101,18 +102,25 @@ class WriterLock:
         self._recoveries.append(recover)
 
     def _own_fd(self) -> int:
-        """This process's file description of the lock file, reopened after a fork (a child sharing
-        its parent's description would share its parent's lock instead of being excluded by it)."""
+        """This process's file description of the lock file, opened on first use in each process."""
         pid = os.getpid()
         if self._pid != pid:
-            self._thread_lock = threading.Lock()  # a fork copies a lock another thread may hold
-            try:
-                fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError as exc:
-                raise PoolClosedError(f"the pool's segment {self._path} is gone: the pool was closed") from exc
-            weakref.finalize(self, os.close, fd)
-            self._fd, self._pid = fd, pid
-        return self._fd
+            with _OPENING:  # two threads' first uses must not both open (one would never unlock)
+                if self._pid != pid:
+                    try:
+                        self._fd.value = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
+                    except FileNotFoundError as exc:
+                        raise PoolClosedError(f"the pool's segment {self._path} is gone: the pool was closed") from exc
+                    self._pid = pid
+        return self._fd.value
+
+    def _forget_after_fork(self) -> None:
+        """In a forked child: drops the inherited description. Sharing it with the parent would share
+        the parent's lock instead of being excluded by it, and would keep the lock held after the
+        parent dies holding it (the kernel releases a ``flock`` when its last descriptor closes)."""
+        self._fd.close()
+        self._pid = -1
+        self._thread_lock = threading.Lock()  # the fork copied it, maybe held by a thread not copied
 
     def hold(self, timeout: float | None, check_open: Callable[[], None]) -> _Held:
         """A context manager holding the lock; waits up to ``timeout`` seconds (None: as long as the
@@ -153,7 +161,7 @@ class WriterLock:
                 self._recover()
             self._words[W_HOLDER] = 0
         finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            fcntl.flock(self._fd.value, fcntl.LOCK_UN)
             self._thread_lock.release()
 
     def _recover(self) -> None:
@@ -173,8 +181,41 @@ class WriterLock:
             )
 
     def close(self) -> None:
-        """Refuses later acquisitions; the file description closes when the lock is collected."""
+        """Refuses later acquisitions; the file description closes when the lock is collected (a
+        thread still inside a critical section keeps it until then)."""
         self._closed = True
+
+
+class _Descriptor:
+    """A file descriptor closed exactly once: at collection, or when a forked child drops it."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = -1
+
+    def close(self) -> None:
+        if self.value >= 0:
+            fd, self.value = self.value, -1
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
+
+
+#: Every writer lock of this process, so that a forked child can drop their inherited descriptors.
+_LOCKS: weakref.WeakSet[WriterLock] = weakref.WeakSet()
+_OPENING = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    global _OPENING
+    _OPENING = threading.Lock()
+    for lock in list(_LOCKS):
+        lock._forget_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _Held:

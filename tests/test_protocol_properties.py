@@ -1,0 +1,808 @@
+"""Property tests of the shared-memory protocol primitives of :mod:`shmpool.protocol`.
+
+The event rings and the seqlock run over plain numpy arrays against a small model of what must be
+delivered. A writer's death is an exception raised at a chosen point of a send or a write: inside a
+ring's fill, inside the ``__array__`` of the values a seqlock writes, or just before any store into the
+protocol's heads, journals and counters (the arrays are a numpy subclass that watches its stores).
+``recover()`` then runs, as the next holder of the writers' lock would. Concurrent readers are
+simulated by running ``consume()`` or ``seqlock_read()`` at those same points, so they observe the
+half-done state. The writers' lock itself is tested with real threads, a subprocess holding the
+``flock`` and forked children.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from shmpool import protocol
+from shmpool.errors import WriterLockTimeout
+from shmpool.events import event_dtype
+from shmpool.protocol import (
+    W_EVENTS_JOURNAL,
+    W_EVENTS_PUBLISHED,
+    W_HOLDER,
+    W_PARAMS_JOURNAL,
+    WRITERS_WORDS,
+    EventRings,
+    Seqlock,
+    WriterLock,
+    seqlock_read,
+    writer_lock,
+)
+
+Hook = Callable[[], None]
+PAIR_DTYPE = np.dtype([("a", "<f8"), ("b", "<f8")])
+PAYLOAD = 2  # an event's payload here: (its id, the ring it was written for)
+
+
+class Died(Exception):
+    """A writer's death, simulated."""
+
+
+class Fuse:
+    """Watches the stores into a protocol object's arrays: runs hooks just before the n-th store."""
+
+    def __init__(self) -> None:
+        self.bases: list[np.ndarray] = []
+        self.hooks: dict[int, list[Hook]] = {}
+        self.after: Callable[[np.ndarray, Any], None] | None = None
+        self.armed = False
+        self.count = 0
+
+    def arm(self, hooks: dict[int, list[Hook]], after: Callable[[np.ndarray, Any], None] | None = None) -> None:
+        """Counts stores from 0, running ``hooks[n]`` before store n and ``after`` after each."""
+        self.hooks, self.after, self.armed, self.count = hooks, after, True, 0
+
+    def disarm(self) -> None:
+        """Stops watching."""
+        self.hooks, self.after, self.armed = {}, None, False
+
+    def watches(self, array: np.ndarray) -> bool:
+        """Whether ``array`` is (a view of) one of the watched arrays, rather than a copy of one."""
+        return any(np.may_share_memory(array, base) for base in self.bases)
+
+
+class Tripwire(np.ndarray):
+    """An array whose item stores go through its :class:`Fuse` (views inherit the fuse)."""
+
+    fuse: Fuse | None = None
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self.fuse = getattr(obj, "fuse", None)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        fuse = self.fuse
+        if fuse is None or not fuse.armed or not fuse.watches(self):
+            super().__setitem__(key, value)
+            return
+        index = fuse.count
+        fuse.count += 1
+        for hook in fuse.hooks.get(index, ()):
+            hook()
+        super().__setitem__(key, value)
+        if fuse.after is not None:
+            fuse.after(self, key)
+
+
+def tripwire(array: np.ndarray, fuse: Fuse) -> Tripwire:
+    """``array`` as a watched :class:`Tripwire` (same memory)."""
+    watched = array.view(Tripwire)
+    watched.fuse = fuse
+    fuse.bases.append(watched)
+    return watched
+
+
+class Values:
+    """Values whose conversion by numpy (``__array__``) first runs hooks: a reader or a death
+    between the stores of a seqlock write's fields."""
+
+    def __init__(self, values: np.ndarray, hooks: Sequence[Hook]) -> None:
+        self.values, self.hooks = values, list(hooks)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        hooks, self.hooks = self.hooks, []  # once, however often numpy converts
+        for hook in hooks:
+            hook()
+        return self.values if dtype is None else self.values.astype(dtype)
+
+
+def die() -> None:
+    """The writer dies here."""
+    raise Died
+
+
+# -- event rings ----------------------------------------------------------------------------------
+
+RING_IDS = st.integers(0, 3)  # taken modulo the number of rings
+TARGETS = st.lists(RING_IDS, min_size=1, max_size=4)
+#: Consumers running inside a send: ("fill", target position) or ("store", store index), ring.
+INNER = st.lists(st.tuples(st.sampled_from(["fill", "store"]), st.integers(0, 8), RING_IDS), max_size=3)
+
+
+class RingsWorld:
+    """Event rings over plain arrays, and the model of the events each ring must still deliver."""
+
+    def __init__(self, num_rings: int, capacity: int) -> None:
+        self.num_rings, self.capacity = num_rings, capacity
+        self.fuse = Fuse()
+        records = np.zeros((num_rings, capacity), dtype=event_dtype(PAYLOAD, 8))
+        self.heads = tripwire(np.zeros(num_rings, np.int64), self.fuse)
+        self.tails = np.zeros(num_rings, np.int64)
+        self.undo_heads = tripwire(np.zeros(num_rings, np.int64), self.fuse)
+        self.words = tripwire(np.zeros(WRITERS_WORDS, np.int64), self.fuse)
+        self.rings = EventRings(records, self.heads, self.tails, self.undo_heads, self.words)
+        self.queues: list[deque[int]] = [deque() for _ in range(num_rings)]
+        self.dead: set[int] = set()
+        self.next_id = 1
+        self.dirty = False  # a dead sender's journal waits for recover()
+
+    def consume(self, ring: int) -> None:
+        """Consumes ``ring`` and checks it delivers exactly its model queue, in order, once."""
+        got = self.rings.consume(ring)
+        ids = got["hook"].tolist()
+        expected = list(self.queues[ring])
+        assert ids == expected, f"ring {ring} delivered {ids}, the model says {expected}"
+        assert not self.dead.intersection(ids), f"ring {ring} delivered events of dead sends {ids}"
+        assert len(got) <= self.capacity
+        assert (got["payload"][:, 0] == got["hook"]).all() and (got["payload"][:, 1] == ring).all()
+        assert (np.diff(got["ticket"]) > 0).all(), f"tickets {got['ticket']} do not rise along ring {ring}"
+        self.queues[ring].clear()
+
+    def recover(self) -> None:
+        """What the next holder of the writers' lock runs first; then the rings must be consistent."""
+        self.rings.recover()
+        self.dirty = False
+        self.check(exact=True)
+
+    def check(self, exact: bool) -> None:
+        """Heads and tails bound the outstanding records; ``exact``: no dead send is pending."""
+        outstanding = self.heads - self.tails
+        assert ((outstanding >= 0) & (outstanding <= self.capacity)).all(), f"head - tail = {outstanding}"
+        lengths = np.array([len(queue) for queue in self.queues])
+        assert (outstanding >= lengths).all()
+        if exact:
+            assert (outstanding == lengths).all(), f"head - tail = {outstanding}, model {lengths.tolist()}"
+            assert self.words[W_EVENTS_JOURNAL] == 0
+
+    def send(
+        self,
+        raw_targets: Sequence[int],
+        inner: Sequence[tuple[str, int, int]] = (),
+        death: tuple[str, int] | None = None,
+    ) -> bool:
+        """One send under the lock, with consumers at ``inner`` points and a death at ``death``
+        (``("fill", position)`` or ``("store", index)``). Returns whether the ring accepted it."""
+        self.recover()  # the lock's acquisition (a no-op unless a dead send left its journal)
+        targets = list(dict.fromkeys(ring % self.num_rings for ring in raw_targets))
+        full = self.rings.full(targets)
+        assert full == [ring for ring in targets if len(self.queues[ring]) == self.capacity]
+        if full:
+            return False
+        event = self.next_id
+        self.next_id += 1
+        fill_hooks: dict[int, list[Hook]] = defaultdict(list)
+        store_hooks: dict[int, list[Hook]] = defaultdict(list)
+        for where, index, ring in inner:
+            consume = partial(self.consume, ring % self.num_rings)
+            (fill_hooks[index % len(targets)] if where == "fill" else store_hooks[index]).append(consume)
+        if death is not None:
+            where, index = death
+            (fill_hooks[index % len(targets)] if where == "fill" else store_hooks[index]).append(die)
+        committed: list[bool] = []
+
+        def after(array: np.ndarray, key: Any) -> None:
+            # the one store that publishes: from here the event is sent, to every target at once
+            if array is self.words and isinstance(key, (int, np.integer)) and key == W_EVENTS_PUBLISHED:
+                committed.append(True)
+                for ring in targets:
+                    self.queues[ring].append(event)
+
+        def filler(ring: int, hooks: list[Hook]) -> Callable[[np.ndarray], None]:
+            def fill(record: np.ndarray) -> None:
+                for hook in hooks:
+                    hook()
+                record["hook"] = event
+                record["payload"][0] = event
+                record["payload"][1] = ring
+
+            return fill
+
+        parts = [(ring, filler(ring, fill_hooks[position])) for position, ring in enumerate(targets)]
+        self.fuse.arm(store_hooks, after)
+        try:
+            self.rings.publish(parts)
+            died = False
+        except Died:
+            died = True
+        finally:
+            self.fuse.disarm()
+        assert committed or died, "publish() returned without publishing"
+        if not committed:
+            self.dead.add(event)
+        self.dirty = died
+        return True
+
+
+class EventRingsMachine(RuleBasedStateMachine):
+    """Sends (whole, killed, observed half done), consumes and recoveries of the event rings."""
+
+    @initialize(num_rings=st.integers(1, 4), capacity=st.integers(1, 4))
+    def setup(self, num_rings: int, capacity: int) -> None:
+        self.world = RingsWorld(num_rings, capacity)
+
+    @rule(to=TARGETS, inner=INNER)
+    def send(self, to: list[int], inner: list[tuple[str, int, int]]) -> None:
+        self.world.send(to, inner)
+
+    @rule(to=TARGETS, inner=INNER, position=st.integers(0, 3))
+    def send_dies_in_fill(self, to: list[int], inner: list[tuple[str, int, int]], position: int) -> None:
+        self.world.send(to, inner, ("fill", position))
+
+    @rule(to=TARGETS, inner=INNER, store=st.integers(0, 8))
+    def send_dies_at_store(self, to: list[int], inner: list[tuple[str, int, int]], store: int) -> None:
+        self.world.send(to, inner, ("store", store))
+
+    @rule(ring=RING_IDS)
+    def consume(self, ring: int) -> None:
+        self.world.consume(ring % self.world.num_rings)
+
+    @rule()
+    def recover(self) -> None:
+        self.world.recover()
+
+    @invariant()
+    def consistent(self) -> None:
+        self.world.check(exact=not self.world.dirty)
+
+    def teardown(self) -> None:
+        world = getattr(self, "world", None)
+        if world is not None:
+            world.recover()
+            for ring in range(world.num_rings):
+                world.consume(ring)
+
+
+EventRingsMachine.TestCase.settings = settings(max_examples=120, stateful_step_count=30, deadline=None, database=None)
+TestEventRings = EventRingsMachine.TestCase
+
+
+@pytest.mark.parametrize("num_targets", [1, 2, 3, 4])
+def test_rings_every_death_point_delivers_all_or_nothing(num_targets: int) -> None:
+    """A send killed at each fill and before each store reaches all of its rings or none, whatever a
+    consumer of every ring saw before the recovery, with the rings wrapped around."""
+    points = [("fill", k) for k in range(num_targets)] + [("store", n) for n in range(num_targets + 5)]
+    outcomes = set()
+    for death in points:
+        world = RingsWorld(4, 2)
+        for _ in range(3):  # wrap every ring around
+            assert world.send(range(4))
+            for ring in range(4):
+                world.consume(ring)
+        assert world.send([0])
+        targets = list(range(4 - num_targets, 4))[::-1]
+        assert world.send(targets, death=death)
+        outcomes.add(bool(world.queues[targets[0]]) and world.queues[targets[0]][-1] == world.next_id - 1)
+        for ring in range(4):  # a consumer before the next lock holder recovers
+            world.consume(ring)
+        world.recover()
+        assert world.send(range(4))
+        for ring in range(4):
+            world.consume(ring)
+        world.check(exact=True)
+    assert outcomes == {False, True}  # deaths before and after the publishing store were both covered
+
+
+def test_rings_refuse_a_send_to_a_full_ring() -> None:
+    """A full ring refuses the whole send: no other target ring gets the event either."""
+    world = RingsWorld(2, 1)
+    assert world.send([0])
+    assert not world.send([1, 0])
+    world.consume(1)
+    world.consume(0)
+    assert world.send([1, 0])
+    world.consume(0)
+    world.consume(1)
+
+
+# -- seqlock ---------------------------------------------------------------------------------------
+
+ROW_IDS = st.lists(st.integers(0, 5), min_size=1, max_size=6)  # taken modulo the number of rows
+#: Points of a write at which a reader runs: ("values", field 0 or 1) or ("store", store index).
+READS = st.lists(st.tuples(st.sampled_from(["values", "store"]), st.integers(0, 7)), max_size=3)
+
+
+class SeqlockWorld:
+    """A seqlocked block of (a, -a) pairs over plain arrays, its model and a reader's last copy."""
+
+    def __init__(self, num_rows: int) -> None:
+        self.fuse = Fuse()
+        block = np.zeros(num_rows, PAIR_DTYPE)
+        block["a"] = np.arange(num_rows) + 1.0
+        block["b"] = -block["a"]
+        self.block = tripwire(block, self.fuse)
+        self.seq = tripwire(np.zeros(num_rows, np.int64), self.fuse)
+        self.undo = tripwire(np.zeros(num_rows, PAIR_DTYPE), self.fuse)
+        self.words = tripwire(np.zeros(WRITERS_WORDS, np.int64), self.fuse)
+        self.seqlock = Seqlock(self.block, self.seq, self.undo, self.words)
+        self.num_rows = num_rows
+        self.model = np.array(self.block)  # what is published
+        self.previous = self.model.copy()  # the reader's last result
+        self.pending = np.zeros(num_rows, np.bool_)  # rows of a dead write not recovered yet
+        self.next_value = 100.0
+
+    def read(self, old: np.ndarray, new: np.ndarray, written: np.ndarray, changing: bool) -> None:
+        """A reader's ``seqlock_read``: never a torn pair; rows outside ``written`` exactly ``old``; rows
+        in it ``old``, ``new`` or the reader's previous value (that one alone when ``changing``)."""
+        got = seqlock_read(self.block, self.seq, self.previous)
+        assert (got["a"] == -got["b"]).all(), f"torn rows: {got}"
+        assert (got[~written] == old[~written]).all(), f"rows not written changed: {got} vs {old}"
+        previous = self.previous
+        allowed = (got == previous) | (got == old) | (got == new)
+        assert allowed[written].all(), f"read {got[written]}: neither {old[written]}, {new[written]} nor {previous}"
+        if changing:
+            assert (got[written] == previous[written]).all(), f"rows being written read as {got[written]}"
+        self.previous = got
+
+    def read_idle(self) -> None:
+        """A read outside any write: the model, but for the rows of a dead write not recovered yet."""
+        self.read(self.model, self.model, self.pending, changing=False)
+
+    def recover(self) -> None:
+        """What the next holder of the writers' lock runs first: the model is published again."""
+        self.seqlock.recover()
+        self.pending[:] = False
+        self.check()
+
+    def check(self) -> None:
+        """No write in flight: the block is the model, every counter even, the journal clear."""
+        assert (np.array(self.block) == self.model).all(), f"block {np.array(self.block)} != model {self.model}"
+        assert (self.seq % 2 == 0).all(), f"odd counters {self.seq}"
+        assert self.words[W_PARAMS_JOURNAL] == 0
+
+    def write(
+        self,
+        raw_rows: Sequence[int],
+        contiguous: bool,
+        reads: Sequence[tuple[str, int]] = (),
+        death: tuple[str, int] | None = None,
+    ) -> None:
+        """One write of pairs under the lock, with readers at ``reads`` and a death at ``death``
+        (``("values", field)`` or ``("store", index)``)."""
+        self.recover()  # the lock's acquisition (a no-op unless a dead write left its journal)
+        ids = sorted({row % self.num_rows for row in raw_rows})
+        rows: slice | np.ndarray = slice(ids[0], ids[-1] + 1) if contiguous else np.array(ids)
+        written = np.zeros(self.num_rows, np.bool_)
+        written[rows] = True
+        xs = self.next_value + np.arange(written.sum())
+        self.next_value += 100.0
+        old = self.model.copy()
+        new = old.copy()
+        new["a"][rows] = xs
+        new["b"][rows] = -xs
+        value_hooks: dict[int, list[Hook]] = defaultdict(list)
+        store_hooks: dict[int, list[Hook]] = defaultdict(list)
+        for where, index in reads:
+            if where == "values":
+                value_hooks[index % 2].append(partial(self.read, old, new, written, True))
+            else:
+                store_hooks[index].append(partial(self.read, old, new, written, False))
+        at_death: list[tuple[np.ndarray, bool]] = []
+
+        def dies() -> None:
+            at_death.append((np.array(self.block), bool((self.seq % 2).any())))
+            raise Died
+
+        if death is not None:
+            where, index = death
+            (value_hooks[index % 2] if where == "values" else store_hooks[index]).append(dies)
+        staged = [(self.block["a"], Values(xs, value_hooks[0])), (self.block["b"], Values(-xs, value_hooks[1]))]
+        self.fuse.arm(store_hooks)
+        try:
+            self.seqlock.write(rows, staged)
+        except Died:
+            pass
+        finally:
+            self.fuse.disarm()
+        if not at_death:
+            self.model = new
+            self.check()
+            return
+        state, odd = at_death[0]
+        if odd:  # died with rows marked as changing: the write must be rolled back
+            self.model = old
+        else:  # died with no row marked: whatever is there is already published, and must be whole
+            assert (state == old).all() or (state == new).all(), f"died with even counters over {state}"
+            self.model = state
+        self.pending = written
+
+
+class SeqlockMachine(RuleBasedStateMachine):
+    """Writes of pairs (whole, killed, read half done), reads and recoveries of a seqlocked block."""
+
+    @initialize(num_rows=st.integers(1, 6))
+    def setup(self, num_rows: int) -> None:
+        self.world = SeqlockWorld(num_rows)
+
+    @rule(rows=ROW_IDS, contiguous=st.booleans(), reads=READS)
+    def write(self, rows: list[int], contiguous: bool, reads: list[tuple[str, int]]) -> None:
+        self.world.write(rows, contiguous, reads)
+
+    @rule(rows=ROW_IDS, contiguous=st.booleans(), reads=READS, field=st.integers(0, 1))
+    def write_dies_in_values(self, rows: list[int], contiguous: bool, reads: list[tuple[str, int]], field: int) -> None:
+        self.world.write(rows, contiguous, reads, ("values", field))
+
+    @rule(rows=ROW_IDS, contiguous=st.booleans(), reads=READS, store=st.integers(0, 7))
+    def write_dies_at_store(self, rows: list[int], contiguous: bool, reads: list[tuple[str, int]], store: int) -> None:
+        self.world.write(rows, contiguous, reads, ("store", store))
+
+    @rule()
+    def read(self) -> None:
+        self.world.read_idle()
+
+    @rule()
+    def recover(self) -> None:
+        self.world.recover()
+
+    @invariant()
+    def settled(self) -> None:
+        if not self.world.pending.any():
+            self.world.check()
+
+
+SeqlockMachine.TestCase.settings = settings(max_examples=120, stateful_step_count=30, deadline=None, database=None)
+TestSeqlock = SeqlockMachine.TestCase
+
+
+def test_seqlock_dead_write_is_never_published_by_a_later_write() -> None:
+    """A write killed between its two fields, then (after recovery) a write of other rows: the dead
+    rows read as before the dead write, and a read during the dead state keeps the reader's values."""
+    world = SeqlockWorld(4)
+    before = world.model.copy()
+    world.write([0, 1], contiguous=True, death=("values", 1))
+    assert world.block["a"][0] != before["a"][0]  # the half write is really in the block
+    world.read_idle()
+    assert (world.previous == before).all()
+    world.write([2, 3], contiguous=False)  # recovers first, as the lock does
+    world.read_idle()
+    assert (world.previous[:2] == before[:2]).all() and (world.previous["a"][2:] == -world.previous["b"][2:]).all()
+    assert (world.previous[2:] != before[2:]).all()
+
+
+# -- writers' lock ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def lock_file() -> Iterator[tuple[str, np.ndarray]]:
+    """A temporary lock file whose first words are the ``writers`` words (shared, as in a segment)."""
+    fd, path = tempfile.mkstemp(prefix="shmpool-lock-test-")
+    try:
+        os.ftruncate(fd, WRITERS_WORDS * 8)
+        os.close(fd)
+        words = np.memmap(path, dtype=np.int64, mode="r+", shape=(WRITERS_WORDS,))
+        yield path, words
+        del words
+    finally:
+        os.unlink(path)
+
+
+def no_check() -> None:
+    """A pool that is always open."""
+
+
+def test_lock_threads_never_lose_an_increment(lock_file: tuple[str, np.ndarray]) -> None:
+    """Two threads incrementing a counter non-atomically inside the lock lose no increment."""
+    path, words = lock_file
+    lock = WriterLock(path, words)
+    state = {"count": 0, "inside": 0, "overlaps": 0}
+    rounds = 300
+
+    def work() -> None:
+        for _ in range(rounds):
+            with lock.hold(10.0, no_check):
+                state["inside"] += 1
+                if state["inside"] != 1 or words[W_HOLDER] != os.getpid():
+                    state["overlaps"] += 1
+                count = state["count"]
+                time.sleep(0)
+                state["count"] = count + 1
+                state["inside"] -= 1
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert state == {"count": 2 * rounds, "inside": 0, "overlaps": 0}
+    assert words[W_HOLDER] == 0
+
+
+def test_lock_runs_recover_on_acquire_and_after_a_failed_section(lock_file: tuple[str, np.ndarray]) -> None:
+    """Recover callbacks run at every acquisition, again when the section raised, and the error
+    propagates; the holder word names this process only inside."""
+    path, words = lock_file
+    lock = WriterLock(path, words)
+    calls: list[tuple[str, int]] = []
+    lock.on_acquire(lambda: calls.append(("first", int(words[W_HOLDER]))))
+    lock.on_acquire(lambda: calls.append(("second", int(words[W_HOLDER]))))
+    with lock.hold(1.0, no_check):
+        assert words[W_HOLDER] == os.getpid()
+    assert calls == [("first", 0), ("second", 0)] and words[W_HOLDER] == 0
+    calls.clear()
+    with pytest.raises(KeyError, match="mid-write"), lock.hold(1.0, no_check):
+        raise KeyError("mid-write")
+    pid = os.getpid()
+    assert calls == [("first", 0), ("second", 0), ("first", pid), ("second", pid)]
+    assert words[W_HOLDER] == 0
+    with lock.hold(1.0, no_check):  # released after the failure
+        pass
+
+
+def test_writer_lock_rolls_back_every_channel(lock_file: tuple[str, np.ndarray]) -> None:
+    """``writer_lock`` rolls back a params write and a send interrupted inside the lock, and a half
+    write left by a writer that died outside it before the next holder gets in."""
+    path, words = lock_file
+    block = np.zeros(3, PAIR_DTYPE)
+    block["a"], block["b"] = [1.0, 2.0, 3.0], [-1.0, -2.0, -3.0]
+    views = {
+        "writers": words,
+        "params": block,
+        "params_seq": np.zeros(3, np.int64),
+        "params_undo": np.zeros(3, PAIR_DTYPE),
+        "events": np.zeros((2, 2), event_dtype(PAYLOAD, 8)),
+        "event_heads": np.zeros(2, np.int64),
+        "event_tails": np.zeros(2, np.int64),
+        "event_undo_heads": np.zeros(2, np.int64),
+    }
+    lock = writer_lock(path, views)
+    seqlock = Seqlock(views["params"], views["params_seq"], views["params_undo"], words)
+    rings = EventRings(views["events"], views["event_heads"], views["event_tails"], views["event_undo_heads"], words)
+    before = block.copy()
+    staged = [(block["a"], np.full(2, 9.0)), (block["b"], Values(np.full(2, -9.0), [die]))]
+    with pytest.raises(Died), lock.hold(1.0, no_check):
+        seqlock.write(np.array([0, 2]), staged)
+    assert (block == before).all() and (views["params_seq"] % 2 == 0).all() and words[W_PARAMS_JOURNAL] == 0
+
+    def fill(record: np.ndarray) -> None:
+        record["hook"] = 7
+
+    with pytest.raises(Died), lock.hold(1.0, no_check):
+        rings.publish([(0, fill), (1, lambda record: die())])
+    assert (views["event_heads"] == 0).all() and words[W_EVENTS_JOURNAL] == 0
+    assert len(rings.consume(0)) == 0
+
+    staged = [(block["a"], np.full(1, 5.0)), (block["b"], Values(np.full(1, -5.0), [die]))]
+    with pytest.raises(Died):
+        seqlock.write(np.array([1]), staged)  # a writer that dies without the lock's cleanup
+    assert block["a"][1] == 5.0 and words[W_PARAMS_JOURNAL] == 1
+    with lock.hold(1.0, no_check):
+        assert (block == before).all() and (views["params_seq"] % 2 == 0).all()
+
+
+HOLDER_SCRIPT = """
+import fcntl, os, struct, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.pwrite(fd, struct.pack("<q", os.getpid()), 8 * int(sys.argv[2]))
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def process_state(pid: int) -> str:
+    """The one-letter state of a process (``T``: stopped)."""
+    with open(f"/proc/{pid}/stat") as file:
+        return file.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_lock_held_by_another_process_times_out(lock_file: tuple[str, np.ndarray]) -> None:
+    """A holder in another process makes ``hold`` time out on time, naming it (and that it is
+    stopped, when it is); once the holder is killed the kernel frees the lock."""
+    path, words = lock_file
+    lock = WriterLock(path, words)
+    with lock.hold(1.0, no_check):  # this process's own description is open before the other takes it
+        pass
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLDER_SCRIPT, path, str(W_HOLDER)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None and process.stdout.readline() == "held\n"
+        start = time.monotonic()
+        with pytest.raises(WriterLockTimeout) as info, lock.hold(0.3, no_check):
+            pass
+        elapsed = time.monotonic() - start
+        assert 0.3 <= elapsed < 1.5, elapsed
+        assert info.value.holder_pid == process.pid and f"pid {process.pid}" in str(info.value)
+        assert "stopped" not in str(info.value)
+        os.kill(process.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 5.0
+        while process_state(process.pid) not in ("T", "t"):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        with pytest.raises(WriterLockTimeout, match="stopped"), lock.hold(0.1, no_check):
+            pass
+        process.kill()
+        process.wait(5.0)
+        with lock.hold(2.0, no_check):
+            assert words[W_HOLDER] == os.getpid()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(5.0)
+        for pipe in (process.stdin, process.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+def in_child(body: Callable[[], int]) -> int:
+    """Runs ``body`` in a forked child and returns its exit code (2 when it raised)."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 2
+        try:
+            code = body()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_lock_excludes_forked_children(lock_file: tuple[str, np.ndarray]) -> None:
+    """A child forked from a process using the lock object gets its own lock: it can't take it while
+    the parent holds it, takes it once free, and excludes the parent while it holds it."""
+    path, words = lock_file
+    lock = WriterLock(path, words)
+
+    def times_out() -> int:
+        start = time.monotonic()
+        try:
+            with lock.hold(0.2, no_check):
+                return 1
+        except WriterLockTimeout:
+            return 0 if time.monotonic() - start < 2.0 else 3
+
+    def acquires() -> int:
+        with lock.hold(2.0, no_check):
+            return 0 if words[W_HOLDER] == os.getpid() else 4
+
+    with lock.hold(1.0, no_check):
+        assert in_child(times_out) == 0
+    assert in_child(acquires) == 0
+
+    ready_read, ready_write = os.pipe()
+    done_read, done_write = os.pipe()
+
+    def holds() -> int:
+        with lock.hold(2.0, no_check):
+            os.write(ready_write, b"1")
+            os.read(done_read, 1)
+        return 0
+
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 2
+        try:
+            code = holds()
+        finally:
+            os._exit(code)
+    try:
+        assert os.read(ready_read, 1) == b"1"
+        with pytest.raises(WriterLockTimeout) as info, lock.hold(0.2, no_check):
+            pass
+        assert info.value.holder_pid == pid
+    finally:
+        os.write(done_write, b"1")
+        _, status = os.waitpid(pid, 0)
+        for fd in (ready_read, ready_write, done_read, done_write):
+            os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 0
+    with lock.hold(1.0, no_check):
+        pass
+
+
+class OpenTogether:
+    """``os`` for :mod:`shmpool.protocol`, but for ``open``: two callers wait for each other (up to
+    0.5 s) before opening, so a second thread reaches it only if it could also open."""
+
+    def __init__(self) -> None:
+        self.barrier = threading.Barrier(2)
+        self.opens = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+    def open(self, *args: Any) -> int:
+        self.opens += 1
+        try:
+            self.barrier.wait(timeout=0.5)
+        except threading.BrokenBarrierError:
+            pass
+        return os.open(*args)
+
+
+def test_lock_first_use_from_two_threads_at_once(
+    lock_file: tuple[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two threads taking a fresh lock at the same moment leave it free for every other writer."""
+    path, words = lock_file
+    lock = WriterLock(path, words)
+    monkeypatch.setattr(protocol, "os", OpenTogether())
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            with lock.hold(1.0, no_check):
+                time.sleep(0.05)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    monkeypatch.undo()
+    if errors:
+        raise errors[0]
+    with WriterLock(path, words).hold(0.3, no_check):  # another writer (its own description)
+        pass
+
+
+def test_lock_freed_when_its_holder_dies_despite_forked_children(lock_file: tuple[str, np.ndarray]) -> None:
+    """A holder killed inside its critical section frees the lock even if it forked a child earlier."""
+    path, words = lock_file
+    release_read, release_write = os.pipe()
+    pid_read, pid_write = os.pipe()
+    holder = os.fork()
+    if holder == 0:  # pragma: no cover - the holder
+        try:
+            lock = WriterLock(path, np.zeros(WRITERS_WORDS, np.int64))
+            with lock.hold(1.0, no_check):
+                pass
+            child = os.fork()  # a child that never touches the lock
+            if child == 0:
+                os.close(release_write)
+                os.read(release_read, 1)  # until the test lets it go
+                os._exit(0)
+            os.write(pid_write, str(child).encode())
+            with lock.hold(1.0, no_check):
+                os._exit(0)  # dies mid-write
+        finally:
+            os._exit(2)
+    os.close(pid_write)
+    os.close(release_read)
+    grandchild = 0
+    try:
+        grandchild = int(os.read(pid_read, 32) or 0)
+        os.waitpid(holder, 0)
+        with WriterLock(path, words).hold(0.3, no_check):
+            pass
+    finally:
+        os.close(release_write)  # the grandchild exits
+        os.close(pid_read)
+        deadline = time.monotonic() + 5.0
+        while grandchild and time.monotonic() < deadline:
+            try:
+                if process_state(grandchild) in ("Z", "X"):
+                    break
+            except OSError:
+                break
+            time.sleep(0.01)
