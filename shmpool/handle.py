@@ -247,6 +247,7 @@ def _check_pool_meta(name: str, layout: Layout) -> None:
     num_envs, num_workers = meta.get("num_envs"), meta.get("num_workers")
     if not count(num_envs, 1, 1 << 31):
         raise refuse(f"num_envs is {num_envs!r:.40}")
+    assert isinstance(num_envs, int)
     if not count(num_workers, 1, num_envs):
         raise refuse(f"num_workers is {num_workers!r:.40}")
     slots = meta.get("slots")

@@ -3,7 +3,7 @@
 A segment is one named POSIX shared-memory object (mode 0600)::
 
     offset 0    ┌────────────────────────────────────────────────────────────────────┐
-                │ header: 16 little-endian int64 words                               │
+                │ header: 16 int64 words, native order (little-endian: x86-64 only)  │
                 │   0 magic b"SHMPOOL\\0" (written last: a half-made segment has none)│
                 │   1 layout version   2 total size   3 owner pid   4 owner start    │
                 │   5 owner uid        6 state        7 table offset 8 table length  │
@@ -17,6 +17,8 @@ A segment is one named POSIX shared-memory object (mode 0600)::
                 │ fields, each 64-byte aligned (one cache line), in table order:      │
                 │   control        int64 (num_workers, 16)  one row per worker        │
                 │   errors         uint8 (num_workers, 8192) traceback text           │
+                │   writers        int64 (8,)  writer-lock holder, undo journals,     │
+                │                  published event ticket (see shmpool.protocol)      │
                 │   actions[/leaf] (num_envs, *leaf shape)  one field per space leaf  │
                 │   observations[/leaf], final_observations[/leaf] (same_step only)   │
                 │   rewards f8, terminations b1, truncations b1        (num_envs,)    │
@@ -29,8 +31,9 @@ A segment is one named POSIX shared-memory object (mode 0600)::
                 │   episode_records record (num_workers, episode_capacity),           │
                 │     episode_heads i8 (num_workers,)   finished episodes per worker  │
                 │   with hooks: events record (num_workers, capacity), event_heads,   │
-                │     event_tails i8 (num_workers,)           one ring per worker     │
+                │     event_tails, event_undo_heads i8 (num_workers,)  ring per worker│
                 │   with params: params record (num_envs,), params_seq i8,            │
+                │     params_undo record (num_envs,)  the writers' undo journal,      │
                 │     applied record (num_envs,), param_refusals i8 and               │
                 │     param_refusal_text S240 (num_workers, num_params)               │
                 └────────────────────────────────────────────────────────────────────┘
@@ -53,7 +56,9 @@ The step handshake (control row of worker ``k``; words named ``CTL_*`` below)::
 The command and its sequence number share one aligned 8-byte word, so a reader never pairs a new
 command with an old sequence number. Aligned 8-byte stores are atomic and, on x86-64, separate
 statements keep their store order, which is what "published last" relies on; a doorbell ring is a
-full barrier, so a waiter that sleeps is always ordered correctly.
+full barrier, so a waiter that sleeps is always ordered correctly. Other CPUs are refused at launch
+and attach (:func:`shmpool.protocol.check_memory_model`). A send that Ctrl-C cuts short is repeated
+with the same sequence number before the next command: a worker runs each number once.
 """
 
 from __future__ import annotations
