@@ -13,7 +13,7 @@ from .params import ParamSpec
 EnvFactory = str | Callable[..., gymnasium.Env]
 
 #: The dotted name of the function every worker process runs; shmpool never imports it itself.
-WORKER_ENTRY_POINT = "workers.main:run"
+WORKER_ENTRY_POINT = "shmpool.workers.main:run"
 
 
 def make_env(factory: EnvFactory, env_kwargs: dict[str, Any]) -> gymnasium.Env:

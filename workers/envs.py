@@ -14,8 +14,8 @@ from shmpool.episodes import EpisodeWriter
 from shmpool.infos import InfoWriter
 from shmpool.layout import RESET_THIS_ENV, RESET_WITH_SEED
 from shmpool.spaces import ObservationWriter, assemble, flatten, is_leaf, leaves
-from workers.hooks import HookRunner
-from workers.params import ParamApplier
+from shmpool.workers.hooks import HookRunner
+from shmpool.workers.params import ParamApplier
 
 
 class EnvSlice:

@@ -57,9 +57,9 @@ from shmpool.system import (
     set_parent_death_signal,
     unlink_if_same,
 )
-from workers.envs import EnvSlice
-from workers.hooks import HookFailed, HookRunner
-from workers.params import ParamApplier
+from shmpool.workers.envs import EnvSlice
+from shmpool.workers.hooks import HookFailed, HookRunner
+from shmpool.workers.params import ParamApplier
 
 
 class OwnerGone(BaseException):

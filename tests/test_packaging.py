@@ -1,0 +1,54 @@
+"""How shmpool installs: the worker code lives in shmpool's namespace, so user modules cannot shadow it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TRAIN = """
+import sys
+import workers  # the user's own module, imported first on purpose
+import shmpool
+
+if __name__ == "__main__":  # spawn and forkserver re-import this file in the workers
+    assert workers.MINE, "the user's workers module was replaced"
+    with shmpool.launch("CartPole-v1", 2, num_workers=1, name=sys.argv[1], start_method=sys.argv[2]) as pool:
+        pool.reset(seed=0)
+        _, rewards, *_ = pool.step([0, 1])
+    print(rewards.tolist(), workers.MINE)
+"""
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
+@pytest.mark.parametrize("shape", ["module", "package"])
+def test_a_user_module_named_workers_does_not_interfere(
+    pool_name: str, tmp_path: Path, start_method: str, shape: str
+) -> None:
+    if shape == "module":
+        (tmp_path / "workers.py").write_text("MINE = True\n")
+    else:
+        (tmp_path / "workers").mkdir()
+        (tmp_path / "workers" / "__init__.py").write_text("MINE = True\n")
+    (tmp_path / "train.py").write_text(TRAIN)
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    result = subprocess.run(
+        [sys.executable, "train.py", pool_name, start_method],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["[1.0,", "1.0]", "True"]
+
+
+def test_the_worker_package_is_shmpools() -> None:
+    import shmpool.workers.main
+
+    assert shmpool.workers.main.__name__ == "shmpool.workers.main"
+    assert "workers" not in sys.modules or getattr(sys.modules["workers"], "__file__", "") != shmpool.workers.__file__
