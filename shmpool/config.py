@@ -1,14 +1,21 @@
-"""What a worker is told at launch (shipped once with ``multiprocess``), and how an env is made."""
+"""Every launch option in one frozen object (:class:`PoolConfig`), what a worker is told at launch
+(:class:`WorkerConfig`, shipped once with ``multiprocess``), and how an env is made."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import functools
+import inspect
+import os
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 import gymnasium
+from gymnasium.vector import AutoresetMode
 
-from .params import ParamSpec
+from .params import Param, ParamSpec, compile_specs
+from .system import POOL_NAME_PATTERN, usable_cores
 
 EnvFactory = str | Callable[..., gymnasium.Env]
 
@@ -55,3 +62,191 @@ class WorkerConfig:
     episode_metrics: dict[str, str] = field(default_factory=dict)
     spin: int = 200
     poll_interval: float = 0.2
+    worker_init: Callable[[], Any] | None = None  # run before the envs are made
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """Every option of :func:`shmpool.launch`: its default, its check and its meaning, in one place.
+
+    ``launch(env, num_envs, **options)`` builds one (raising ``TypeError``/``ValueError`` naming the
+    option for a bad value); every part of the pool reads it. A new option is a new field here.
+    """
+
+    env: EnvFactory
+    """A registered gymnasium id, or a callable returning a ``gymnasium.Env`` (lambdas and closures
+    work: they are shipped once with ``multiprocess``)."""
+    num_envs: int
+    """How many envs the pool runs."""
+    num_workers: int | None = None
+    """Worker processes; None: the usable cores, at most ``num_envs``."""
+    seed: int | None = None
+    """Used by the first ``reset()`` that gets no seed (env ``i`` gets ``seed + i``) and by the
+    parameter draws; None draws a random seed for those."""
+    name: str | None = None
+    """The pool's name, by which other processes find it; None: a unique one."""
+    autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP
+    """``NEXT_STEP`` or ``SAME_STEP``, with gymnasium's semantics."""
+    start_method: str | None = None
+    """``"fork"``, ``"spawn"`` or ``"forkserver"``; None: the platform's default."""
+    env_kwargs: Mapping[str, Any] | None = None
+    """Keyword arguments for ``gymnasium.make`` (or for the callable)."""
+    copy: bool = True
+    """Return copies of the shared arrays (True) or views that the next call overwrites."""
+    timeout: float | None = 60.0
+    """Seconds a reset or step may take before ``PoolTimeoutError``; None waits forever (dead
+    workers are still detected)."""
+    launch_timeout: float = 120.0
+    """Seconds the workers may take to start and build their envs."""
+    info_keys: int = 16
+    """Distinct info keys each worker can report."""
+    info_bytes: int = 64
+    """The largest numeric info value, in bytes (a multiple of 8)."""
+    params: Mapping[str, Param] | None = None
+    """Env parameters any process can change while the pool runs, by name (see
+    :class:`shmpool.Param`); ``pool.params`` and ``pool.applied`` hold them."""
+    info_params: bool = False
+    """Also return the applied parameter values as ``infos["params"]``."""
+    hooks: Sequence[Any] = ()
+    """Objects whose ``before_step``/``after_step``/``on_reset`` run in the workers over each slot
+    (see :mod:`shmpool.hooks`); the parameters they declare join ``params``."""
+    event_capacity: int = 1024
+    """Events each worker's ring holds before ``pool.events.send`` waits or raises."""
+    event_payload: int = 8
+    """The most numbers one event's payload carries."""
+    episode_metrics: Mapping[str, str] | None = None
+    """Numbers recorded with every finished episode, by name: the info key (``"a/b"`` for nested)
+    read from the env's info at the episode's last step."""
+    episode_capacity: int = 4096
+    """Finished-episode records each worker's ring keeps for readers."""
+    worker_init: Callable[[], Any] | None = None
+    """Called once in each worker process before its envs are made (thread counts, logging,
+    ``shmpool.mujoco.log_to_python``); it must be picklable for ``spawn`` and ``forkserver``."""
+
+    param_seed: int = field(init=False)
+    """The seed of the parameter draws: ``seed``, or a random one."""
+
+    def __post_init__(self) -> None:
+        def settle(name: str, value: Any) -> None:  # frozen: normalized values are set once, here
+            object.__setattr__(self, name, value)
+
+        if not isinstance(self.env, str) and not callable(self.env):
+            raise TypeError(f"env must be a registered gymnasium id or a callable returning an env, got {self.env!r}")
+        settle("num_envs", _count("num_envs", self.num_envs, 1))
+        workers = min(usable_cores(), self.num_envs) if self.num_workers is None else self.num_workers
+        settle("num_workers", _count("num_workers", workers, 1, self.num_envs))
+        try:
+            mode = AutoresetMode(self.autoreset_mode)
+        except ValueError:
+            raise ValueError(
+                f"autoreset_mode must be AutoresetMode.NEXT_STEP or SAME_STEP (or their values), "
+                f"got {self.autoreset_mode!r}"
+            ) from None
+        if mode not in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP):
+            raise ValueError(f"shmpool supports NEXT_STEP and SAME_STEP autoreset, not {mode}")
+        settle("autoreset_mode", mode)
+        name = f"{os.getpid()}-{secrets.token_hex(4)}" if self.name is None else self.name
+        if not isinstance(name, str) or not POOL_NAME_PATTERN.fullmatch(name):
+            raise ValueError(f"pool name must match {POOL_NAME_PATTERN.pattern}, got {name!r}")
+        settle("name", name)
+        if self.seed is not None:
+            settle("seed", _count("seed", self.seed, -(1 << 63), (1 << 63) - 1))
+        settle("param_seed", secrets.randbits(63) if self.seed is None else self.seed)
+        settle("env_kwargs", dict(self.env_kwargs or {}))
+        if self.timeout is not None and not self.timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds or None, got {self.timeout!r}")
+        if not self.launch_timeout > 0:
+            raise ValueError(f"launch_timeout must be a positive number of seconds, got {self.launch_timeout!r}")
+        settle("info_keys", _count("info_keys", self.info_keys, 1))
+        if _count("info_bytes", self.info_bytes, 8) % 8:
+            raise ValueError(f"info_bytes must be a multiple of 8, got {self.info_bytes}")
+        settle("hooks", tuple(self.hooks))
+        settle("event_capacity", _count("event_capacity", self.event_capacity, 1))
+        settle("event_payload", _count("event_payload", self.event_payload, 0))
+        settle("episode_metrics", {str(k): str(v) for k, v in (self.episode_metrics or {}).items()})
+        settle("episode_capacity", _count("episode_capacity", self.episode_capacity, 1))
+        if self.worker_init is not None and not callable(self.worker_init):
+            raise TypeError(f"worker_init must be a callable or None, got {self.worker_init!r}")
+        names = self.hook_names
+        if len(set(names)) != len(names):
+            raise ValueError(f"hook names must be unique (events address hooks by name), got {names}")
+        self.param_specs  # noqa: B018 - compiles (and so checks) the declarations now
+
+    @functools.cached_property
+    def env_label(self) -> str:
+        """A short human name for the env, used in messages."""
+        return describe_factory(self.env)
+
+    @functools.cached_property
+    def slots(self) -> list[tuple[int, int]]:
+        """Each worker's contiguous env range, the first ``num_envs % num_workers`` one env longer."""
+        assert self.num_workers is not None
+        base, extra = divmod(self.num_envs, self.num_workers)
+        slots, start = [], 0
+        for worker_id in range(self.num_workers):
+            stop = start + base + (worker_id < extra)
+            slots.append((start, stop))
+            start = stop
+        return slots
+
+    @property
+    def same_step(self) -> bool:
+        """Whether finished envs reset within the step that ended them."""
+        return self.autoreset_mode == AutoresetMode.SAME_STEP
+
+    @functools.cached_property
+    def hook_names(self) -> list[str]:
+        """The hooks' names, by which events address them."""
+        from .hooks import hook_name
+
+        return [hook_name(hook) for hook in self.hooks]
+
+    @functools.cached_property
+    def declared_params(self) -> dict[str, Param]:
+        """The hooks' parameter declarations, then the user's (which win over a hook's defaults)."""
+        declared: dict[str, Param] = {}
+        for hook in self.hooks:
+            declared.update(hook.params() if callable(getattr(hook, "params", None)) else {})
+        declared.update(self.params or {})
+        return declared
+
+    @functools.cached_property
+    def param_specs(self) -> list[ParamSpec]:
+        """The validated parameter declarations, in block order."""
+        return compile_specs(self.declared_params)
+
+    def __repr__(self) -> str:
+        changed = [
+            f"{f.name}={getattr(self, f.name)!r}"
+            for f in fields(self)
+            if f.init and f.name not in ("env", "num_envs") and getattr(self, f.name) not in (f.default, {}, ())
+        ]
+        return f"PoolConfig({self.env_label!r}, {self.num_envs}{''.join(', ' + c for c in changed)})"
+
+
+def _count(option: str, value: Any, low: int, high: int | None = None) -> int:
+    """``value`` as an int within [low, high], or a ``ValueError`` naming the option."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise ValueError(f"{option} must be an int, got {value!r}")
+    number = int(value.__index__())
+    if number < low or (high is not None and number > high):
+        bounds = f"between {low} and {high}" if high is not None else f">= {low}"
+        raise ValueError(f"{option} must be {bounds}, got {number}")
+    return number
+
+
+def launch_signature() -> inspect.Signature:
+    """The signature of ``launch``: ``env`` and ``num_envs``, then every option of :class:`PoolConfig`
+    as a keyword with its default (so ``help(shmpool.launch)`` and IDEs list them)."""
+    parameters = []
+    for option in fields(PoolConfig):
+        if not option.init:
+            continue
+        kind = (
+            inspect.Parameter.POSITIONAL_OR_KEYWORD
+            if option.name in ("env", "num_envs")
+            else inspect.Parameter.KEYWORD_ONLY
+        )
+        default = inspect.Parameter.empty if option.default is MISSING else option.default
+        parameters.append(inspect.Parameter(option.name, kind, default=default, annotation=option.type))
+    return inspect.Signature(parameters, return_annotation="Pool")

@@ -3,50 +3,21 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .episodes import EpisodeReader
 from .errors import LayoutMismatchError, PoolClosedError, PoolNotFoundError
-from .events import EventSender
-from .layout import (
-    CONTROL_WORDS,
-    CTL_STATUS,
-    H_GLOBAL_STEP,
-    H_STATE,
-    H_STEPS_PER_SECOND,
-    STATE_CLOSING,
-    WORKER_CLOSED,
-    WORKER_FAILED,
-    WORKER_READY,
-    WORKER_STARTING,
-    Layout,
-    header_words,
-)
-from .params import ParamBlock, ParamSpec
-from .protocol import check_memory_model, event_rings, params_seqlock, writer_lock
+from .layout import CONTROL_WORDS, H_GLOBAL_STEP, H_STATE, STATE_CLOSING, Layout, header_words
+from .protocol import check_memory_model
 from .registry import list_pools
 from .system import ProcessWatch, Segment, pid_namespace, process_alive, segment_file
+from .view import Channels, PoolStats, PoolView
 
-_WORKER_STATES = {WORKER_STARTING: "starting", WORKER_READY: "ready", WORKER_FAILED: "failed", WORKER_CLOSED: "closed"}
-
-
-@dataclass(frozen=True)
-class PoolStats:
-    """A snapshot of how a pool is doing, read from its segment."""
-
-    global_step: int  # steps the trainer has issued
-    steps_per_second: int  # env steps per second over the last second or so
-    workers: list[str]  # each worker's state: starting, ready, failed or closed
-    refusals: dict[str, int]  # raw parameter writes the workers refused, per parameter
-    episodes: int  # episodes finished so far
-    owner_pid: int
-    age: float  # seconds since the pool was launched
+__all__ = ["PoolHandle", "PoolStats", "attach"]
 
 
-class PoolHandle:
+class PoolHandle(Channels):
     """A view of a running pool from another process: ``params`` (writable, ``write()`` included),
     ``applied`` (read-only), ``episodes`` (finished-episode records), ``events`` (when the pool has
     hooks), ``param_specs``, ``stats`` and ``alive``. Closing the handle never affects the pool.
@@ -64,56 +35,10 @@ class PoolHandle:
         self.num_envs = int(meta["num_envs"])
         self.num_workers = int(meta["num_workers"])
         self.env = str(meta.get("env", "?"))
-        specs = [ParamSpec.from_json(index, data) for index, data in enumerate(meta.get("params") or [])]
-        self.param_specs: dict[str, ParamSpec] = {spec.name: spec for spec in specs}
         views = layout.views(segment.buffer)
         if "writers" not in views:
             raise LayoutMismatchError(f"pool {name!r} has no 'writers' field")
-        self._views = views
-        self._control = views["control"]
-        self._lock = writer_lock(segment_file(name), views)
-        self._created = float(meta.get("created", time.time()))
-        self._episodes = EpisodeReader(views, self._check_open)
-        self._events: EventSender | None = None
-        self._params: ParamBlock | None = None
-        hook_names = [str(h) for h in meta.get("hooks") or []]
-        if hook_names:
-            for field in ("events", "event_heads", "event_tails", "event_undo_heads", "writers"):
-                if field not in views:
-                    raise LayoutMismatchError(f"pool {name!r} has hooks but no {field!r} field")
-            slots = [(int(start), int(stop)) for start, stop in meta["slots"]]
-            rings = event_rings(views)
-            assert rings is not None
-            self._events = EventSender(hook_names, rings, slots, self._lock, self.env, self._check_open)
-        if specs:
-            missing = {"params", "params_seq", "params_undo", "applied", "param_refusals"} - set(views)
-            if missing:
-                raise LayoutMismatchError(f"pool {name!r} declares parameters but has no {sorted(missing)} fields")
-            seqlock = params_seqlock(views)
-            assert seqlock is not None
-            self._params = ParamBlock(specs, views, seqlock, self._lock, self.env, self._check_open)
-
-    @property
-    def params(self) -> ParamBlock:
-        """The pool's parameter block, writable from here (see ParamBlock)."""
-        self._check_open()
-        if self._params is None:
-            raise AttributeError(f"pool {self.name!r} was launched without params")
-        return self._params
-
-    @property
-    def events(self) -> EventSender:
-        """Sends one-shot events to the pool's hooks."""
-        self._check_open()
-        if self._events is None:
-            raise AttributeError(f"pool {self.name!r} was launched without hooks, so it takes no events")
-        return self._events
-
-    @property
-    def episodes(self) -> EpisodeReader:
-        """Finished-episode records since this handle's last ``read()``."""
-        self._check_open()
-        return self._episodes
+        self._view = PoolView(name, segment_file(name), views, self._header, meta, self._check_open)
 
     @property
     def alive(self) -> bool:
@@ -123,32 +48,10 @@ class PoolHandle:
         return self._header[H_STATE] != STATE_CLOSING and self._owner.alive()
 
     @property
-    def stats(self) -> PoolStats:
-        """Global step, steps/s, worker states, refusal counts, finished episodes."""
-        self._check_open()
-        header = self._header
-        refusals = self._views["param_refusals"].sum(axis=0) if "param_refusals" in self._views else []
-        return PoolStats(
-            global_step=int(header[H_GLOBAL_STEP]),
-            steps_per_second=int(header[H_STEPS_PER_SECOND]),
-            workers=[_WORKER_STATES.get(int(self._control[k, CTL_STATUS]), "?") for k in range(self.num_workers)],
-            refusals={name: int(refusals[spec.index]) for name, spec in self.param_specs.items()},
-            episodes=self._episodes.total,
-            owner_pid=self._owner.pid,
-            age=time.time() - self._created,
-        )
-
-    @property
     def global_step(self) -> int:
         """How many steps the pool's trainer has issued."""
         self._check_open()
         return int(self._header[H_GLOBAL_STEP])
-
-    @property
-    def applied(self) -> np.ndarray:
-        """What each env uses now: one read-only record per env."""
-        self._check_open()
-        return self.params.applied
 
     def _check_open(self) -> None:
         if self._closed:
@@ -161,9 +64,8 @@ class PoolHandle:
         if self._closed:
             return
         self._closed = True
-        self._lock.close()
+        self._view.close()
         self._owner.close()
-        self._views = {}
         self._segment.close()
 
     def __enter__(self) -> PoolHandle:

@@ -24,6 +24,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from shmpool.workers.envs import EnvSlice
+from shmpool.workers.hooks import HookFailed, HookRunner
+from shmpool.workers.params import ParamApplier
 
 from shmpool.config import WorkerConfig
 from shmpool.infos import InfoWriter
@@ -57,9 +60,6 @@ from shmpool.system import (
     set_parent_death_signal,
     unlink_if_same,
 )
-from shmpool.workers.envs import EnvSlice
-from shmpool.workers.hooks import HookFailed, HookRunner
-from shmpool.workers.params import ParamApplier
 
 
 class OwnerGone(BaseException):
@@ -255,6 +255,8 @@ class Worker:
         words[CTL_PID] = os.getpid()
         config = self._config
         try:
+            if config.worker_init is not None:
+                config.worker_init()
             params = (
                 ParamApplier(
                     list(config.params),

@@ -1,0 +1,269 @@
+"""A pool's life: planning its segment, creating it, starting the workers, sending them commands,
+and stopping and releasing everything exactly once (by ``close()``, garbage collection or exit).
+
+:class:`Lifecycle` holds no reference to the ``Pool``, so a ``weakref.finalize`` can release it when
+the pool is garbage collected.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import multiprocess
+import numpy as np
+
+from .config import WORKER_ENTRY_POINT, PoolConfig, WorkerConfig
+from .episodes import episode_dtype
+from .events import event_dtype, mask_bytes
+from .infos import INFO_KEY_DTYPE
+from .layout import (
+    CMD_CLOSE,
+    CONTROL_WORDS,
+    CTL_COMMAND,
+    ERROR_BYTES,
+    H_STATE,
+    RESET_OPTION_BYTES,
+    STATE_CLOSING,
+    STATE_RUNNING,
+    Layout,
+    command_word,
+    header_words,
+)
+from .params import REFUSAL_TEXT_DTYPE, applied_dtype, block_dtype
+from .protocol import WRITERS_WORDS
+from .spaces import Leaf
+from .system import Doorbell, Segment, doorbell_path, monotonic, process_start_ticks, segment_file
+
+#: Polls a worker makes for its next command before sleeping; each poll yields the core.
+WORKER_SPIN = 300
+#: How often a sleeping worker wakes to check that its owner is alive.
+WORKER_POLL_INTERVAL = 0.2
+#: How long close() waits for workers to leave by themselves before terminating, then killing, them.
+CLOSE_GRACE = 2.0
+
+
+def plan_layout(config: PoolConfig, observation_leaves: Sequence[Leaf], action_leaves: Sequence[Leaf]) -> Layout:
+    """The fields of the segment of a pool with this config and these spaces (see :mod:`shmpool.layout`)."""
+    n, w = config.num_envs, config.num_workers
+    assert w is not None
+    param_specs = config.param_specs
+    specs: list[tuple[str, Any, tuple[int, ...]]] = [
+        ("control", np.int64, (w, CONTROL_WORDS)),
+        ("errors", np.uint8, (w, ERROR_BYTES)),
+        ("writers", np.int64, (WRITERS_WORDS,)),
+    ]
+    specs += [(leaf.field_name("actions"), leaf.dtype, (n, *leaf.shape)) for leaf in action_leaves]
+    prefixes = ["observations", "final_observations"] if config.same_step else ["observations"]
+    specs += [(leaf.field_name(p), leaf.dtype, (n, *leaf.shape)) for p in prefixes for leaf in observation_leaves]
+    specs += [
+        ("rewards", np.float64, (n,)),
+        ("terminations", np.bool_, (n,)),
+        ("truncations", np.bool_, (n,)),
+        ("episode_return", np.float64, (n,)),
+        ("episode_length", np.int64, (n,)),
+        ("episode_time", np.float64, (n,)),
+        ("episode_index", np.int64, (n,)),
+        ("reset_seed", np.int64, (n,)),
+        ("reset_flags", np.uint8, (n,)),
+        ("reset_options", np.uint8, (RESET_OPTION_BYTES,)),
+        ("reset_options_length", np.int64, (1,)),
+        ("info_keys", INFO_KEY_DTYPE, (w, config.info_keys)),
+        ("info_values", np.uint8, (n, config.info_keys, config.info_bytes)),
+        ("info_mask", np.bool_, (n, config.info_keys)),
+    ]
+    applied = applied_dtype(param_specs) if param_specs else None
+    metrics = list(config.episode_metrics or {})
+    specs += [
+        ("episode_records", episode_dtype(applied, metrics), (w, config.episode_capacity)),
+        ("episode_heads", np.int64, (w,)),
+    ]
+    if config.hooks:
+        specs += [
+            ("events", event_dtype(config.event_payload, mask_bytes(config.slots)), (w, config.event_capacity)),
+            ("event_heads", np.int64, (w,)),
+            ("event_tails", np.int64, (w,)),
+            ("event_undo_heads", np.int64, (w,)),
+        ]
+    if param_specs:
+        specs += [
+            ("params", block_dtype(param_specs), (n,)),
+            ("params_seq", np.int64, (n,)),
+            ("params_undo", block_dtype(param_specs), (n,)),
+            ("applied", applied_dtype(param_specs), (n,)),
+            ("param_refusals", np.int64, (w, len(param_specs))),
+            ("param_refusal_text", REFUSAL_TEXT_DTYPE, (w, len(param_specs))),
+        ]
+    meta = {
+        "num_envs": n,
+        "num_workers": w,
+        "slots": [list(slot) for slot in config.slots],
+        "env": config.env_label,
+        "autoreset_mode": config.autoreset_mode.value,  # type: ignore[union-attr]
+        "params": [spec.to_json() for spec in param_specs],
+        "param_seed": config.param_seed,
+        "hooks": config.hook_names,
+        "episode_metrics": config.episode_metrics,
+        "created": time.time(),
+    }
+    return Layout.plan(specs, meta)
+
+
+class Lifecycle:
+    """What a pool must release, and the calls that create, drive and release it."""
+
+    def __init__(self, config: PoolConfig) -> None:
+        self.config = config
+        self.name: str = config.name  # type: ignore[assignment]
+        self.owner_pid = os.getpid()
+        self.owner_start_ticks = process_start_ticks(self.owner_pid) or 0
+        self.segment: Segment | None = None
+        self.views: dict[str, np.ndarray] = {}
+        self.header: memoryview | None = None
+        self.trainer_doorbell: Doorbell | None = None
+        self.worker_doorbells: list[Doorbell] = []
+        self.processes: list[Any] = []
+        self.seq = 0
+
+    @property
+    def segment_file(self) -> str:
+        """The file of the segment, which the writers' lock locks."""
+        return segment_file(self.name)
+
+    def create(self, layout: Layout) -> dict[str, np.ndarray]:
+        """Creates the segment (header written, magic last) and the doorbells; returns the field views."""
+        segment = self.segment = Segment.create(self.name, layout.size)
+        layout.write_header(
+            segment.buffer, owner_pid=self.owner_pid, owner_start_ticks=self.owner_start_ticks, owner_uid=os.getuid()
+        )
+        self.views = layout.views(segment.buffer)
+        self.header = header_words(segment.buffer)
+        self.trainer_doorbell = Doorbell.create(doorbell_path(self.name, "t"))
+        for worker_id in range(len(self.config.slots)):
+            self.worker_doorbells.append(Doorbell.create(doorbell_path(self.name, f"w{worker_id}")))
+        return self.views
+
+    def start_workers(self, observation_space: Any, action_space: Any) -> None:
+        """Starts one process per slot, each told what it needs in a :class:`WorkerConfig`."""
+        config = self.config
+        module_name, function_name = WORKER_ENTRY_POINT.split(":")
+        entry_point: Callable[[WorkerConfig], None] = getattr(importlib.import_module(module_name), function_name)
+        trainer_doorbell = self.trainer_doorbell
+        assert trainer_doorbell is not None
+        all_doorbells = (trainer_doorbell.path, *(d.path for d in self.worker_doorbells))
+        context = multiprocess.get_context(config.start_method)
+        # Workers must ignore Ctrl-C (the trainer stops them); block SIGINT while they start so that
+        # none arrives before the worker has installed its handler. The mask is inherited.
+        previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            for worker_id, slot in enumerate(config.slots):
+                worker_config = WorkerConfig(
+                    pool_name=self.name,
+                    worker_id=worker_id,
+                    env_ids=slot,
+                    env_factory=config.env,
+                    env_kwargs=dict(config.env_kwargs or {}),
+                    env_label=config.env_label,
+                    same_step_autoreset=config.same_step,
+                    owner_pid=self.owner_pid,
+                    owner_start_ticks=self.owner_start_ticks,
+                    observation_space=observation_space,
+                    action_space=action_space,
+                    doorbell=self.worker_doorbells[worker_id].path,
+                    trainer_doorbell=trainer_doorbell.path,
+                    all_doorbells=all_doorbells,
+                    params=tuple(config.param_specs),
+                    param_seed=config.param_seed,
+                    hooks=tuple(config.hooks),
+                    episode_metrics=dict(config.episode_metrics or {}),
+                    spin=WORKER_SPIN,
+                    poll_interval=WORKER_POLL_INTERVAL,
+                    worker_init=config.worker_init,
+                )
+                process = context.Process(
+                    target=entry_point, args=(worker_config,), name=f"shmpool-{self.name}-w{worker_id}", daemon=True
+                )
+                process.start()
+                self.processes.append(process)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+
+    def mark_running(self) -> None:
+        """Tells attached processes that the pool is up."""
+        assert self.header is not None
+        self.header[H_STATE] = STATE_RUNNING
+
+    def next_seq(self) -> int:
+        """The sequence number of the next command (taken before sending, so that an interrupted
+        send can be repeated with the same number)."""
+        self.seq += 1
+        return self.seq
+
+    def send(self, seq: int, command: int, worker_ids: Sequence[int] | None = None) -> None:
+        """Issues command ``seq`` to the given workers (all by default) and rings them.
+
+        Idempotent: a worker runs each sequence number once, and surplus rings are only wake-ups,
+        so a send that Ctrl-C cut short is completed by sending it again.
+        """
+        word = command_word(seq, command)
+        control = self.views["control"]
+        targets = range(len(self.worker_doorbells)) if worker_ids is None else worker_ids
+        for worker_id in targets:
+            control[worker_id, CTL_COMMAND] = word
+        for worker_id in targets:
+            self.worker_doorbells[worker_id].ring()
+
+    def disown(self) -> None:
+        """In a forked child: forgets the parent's workers, so that multiprocess's exit handler in the
+        child, which takes them for its own children, does not SIGTERM them."""
+        children = getattr(multiprocess.process, "_children", None)
+        if children is not None:
+            for process in self.processes:
+                children.discard(process)
+
+    def close(self) -> None:
+        """Stops the workers (close command, then SIGTERM, then SIGKILL) and unlinks everything."""
+        if os.getpid() != self.owner_pid:  # a forked child must not tear down its parent's pool
+            return
+        try:
+            self._stop_workers()
+        finally:
+            self._release()
+
+    def _stop_workers(self) -> None:
+        if self.header is not None and "control" in self.views:
+            self.header[H_STATE] = STATE_CLOSING
+            alive = [k for k, process in enumerate(self.processes) if process.is_alive()]
+            if alive:
+                self.send(self.next_seq(), CMD_CLOSE, alive)
+        deadline = monotonic() + CLOSE_GRACE
+        for process in self.processes:
+            process.join(max(0.0, deadline - monotonic()))
+        for stop, grace in (("terminate", 1.0), ("kill", 1.0)):
+            lingering = [process for process in self.processes if process.is_alive()]
+            if not lingering:
+                break
+            for process in lingering:
+                getattr(process, stop)()
+            deadline = monotonic() + grace
+            for process in lingering:
+                process.join(max(0.0, deadline - monotonic()))
+        for process in self.processes:
+            if process.exitcode is not None:
+                process.close()
+        self.processes = []
+
+    def _release(self) -> None:
+        for doorbell in [*self.worker_doorbells, *filter(None, [self.trainer_doorbell])]:
+            doorbell.unlink()
+            doorbell.close()
+        self.worker_doorbells, self.trainer_doorbell = [], None
+        self.views, self.header = {}, None
+        if self.segment is not None:
+            self.segment.unlink()
+            self.segment.close()
+            self.segment = None

@@ -1,0 +1,121 @@
+"""What the trainer hands back after a step or reset, assembled from the segment: observations,
+rewards, flags and the infos (the env's own, ``final_obs``, ``episode``, ``params``), plus the one
+warning per parameter whose raw write a worker refused."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+
+from .config import PoolConfig
+from .infos import InfoReader
+from .layout import CONTROL_WORDS, CTL_NUM_DONE, CTL_NUM_INFO, CTL_PARAM_REFUSALS
+from .spaces import Leaf, assemble, is_leaf
+
+
+class Results:
+    """Reads one pool's results out of its segment's views."""
+
+    def __init__(
+        self,
+        config: PoolConfig,
+        views: dict[str, np.ndarray],
+        words: memoryview,
+        observation_space: Any,
+        observation_leaves: list[Leaf],
+    ) -> None:
+        self._config = config
+        self._views = views
+        self._words = words
+        self._space = observation_space
+        self._is_leaf = is_leaf(observation_space)
+        self._num_workers = len(config.slots)
+        self._num_envs = config.num_envs
+        self._info_params = config.info_params and bool(config.param_specs)
+        self._param_names = [spec.name for spec in config.param_specs]
+        self._observations = [views[leaf.field_name("observations")] for leaf in observation_leaves]
+        self._final_observations = [
+            views[leaf.field_name("final_observations")] for leaf in observation_leaves if config.same_step
+        ]
+        self._infos = InfoReader(
+            views["info_keys"], views["info_values"], views["info_mask"], views["control"], config.slots
+        )
+        self._refusals_seen = [0] * self._num_workers
+        self._refusals_warned: set[int] = set()
+
+    def observations(self) -> Any:
+        """The observations of every env: copies, or the shared views with ``copy=False``."""
+        arrays = [view.copy() for view in self._observations] if self._config.copy else self._observations
+        if self._is_leaf:
+            return arrays[0]
+        return assemble(self._space, iter(arrays))
+
+    def step(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Observations, rewards, terminations, truncations and infos of the step just done."""
+        views, words = self._views, self._words
+        rewards = views["rewards"].copy()
+        terminations = views["terminations"].copy()
+        truncations = views["truncations"].copy()
+        infos: dict[str, Any] = {}
+        workers = range(self._num_workers)
+        if any(words[k * CONTROL_WORDS + CTL_NUM_INFO] for k in workers):
+            self._read_infos(infos)
+        if any(words[k * CONTROL_WORDS + CTL_NUM_DONE] for k in workers):
+            self._add_episode_infos(infos, terminations | truncations)
+        if self._info_params:
+            self._add_param_infos(infos)
+        return self.observations(), rewards, terminations, truncations, infos
+
+    def reset(self) -> tuple[Any, dict[str, Any]]:
+        """Observations and infos of the reset just done."""
+        infos: dict[str, Any] = {}
+        self._read_infos(infos)
+        if self._info_params:
+            self._add_param_infos(infos)
+        return self.observations(), infos
+
+    def _read_infos(self, infos: dict[str, Any]) -> None:
+        for worker_id in range(self._num_workers):
+            if self._words[worker_id * CONTROL_WORDS + CTL_NUM_INFO]:
+                self._infos.read_into(infos, worker_id)
+
+    def _add_param_infos(self, infos: dict[str, Any]) -> None:
+        applied = self._views["applied"]
+        infos["params"] = {name: applied[name].copy() for name in self._param_names}
+
+    def _add_episode_infos(self, infos: dict[str, Any], dones: np.ndarray) -> None:
+        views = self._views
+        if self._config.same_step:
+            final = np.full(self._num_envs, None, dtype=object)
+            for env_id in np.flatnonzero(dones):
+                final[env_id] = assemble(self._space, iter([view[env_id].copy() for view in self._final_observations]))
+            infos["final_obs"], infos["_final_obs"] = final, dones.copy()
+            infos.setdefault("final_info", {})
+            infos["_final_info"] = dones.copy()
+        infos["episode"] = {
+            "r": np.where(dones, views["episode_return"], 0.0),
+            "l": np.where(dones, views["episode_length"], 0),
+            "t": np.where(dones, views["episode_time"], 0.0),
+        }
+        infos["_episode"] = dones
+
+    def warn_refusals(self) -> None:
+        """One warning per parameter the first time a worker refuses a raw write of it."""
+        words, views = self._words, self._views
+        for worker_id in range(self._num_workers):
+            count = words[worker_id * CONTROL_WORDS + CTL_PARAM_REFUSALS]
+            if count == self._refusals_seen[worker_id]:
+                continue
+            self._refusals_seen[worker_id] = count
+            for spec in self._config.param_specs:
+                if spec.index in self._refusals_warned or not views["param_refusals"][worker_id, spec.index]:
+                    continue
+                self._refusals_warned.add(spec.index)
+                text = bytes(views["param_refusal_text"][worker_id, spec.index]).decode(errors="replace")
+                warnings.warn(
+                    f"{text} (further refusals of {spec.name!r} are counted in pool.params.refusals, not warned)",
+                    RuntimeWarning,
+                    stacklevel=5,
+                )

@@ -1,0 +1,153 @@
+"""One view of a running pool's shared channels, used by the pool itself and by attached handles.
+
+A :class:`PoolView` turns a mapped segment's field views and metadata into the objects users touch:
+the parameter block and its ``applied`` values, the event sender, the episode reader and the stats.
+:class:`Channels` gives ``Pool`` and ``PoolHandle`` the same properties over it, each checking that
+its owner is still usable first. A new channel is added here, once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .episodes import EpisodeReader
+from .errors import LayoutMismatchError
+from .events import EventSender
+from .layout import (
+    CTL_STATUS,
+    H_GLOBAL_STEP,
+    H_OWNER_PID,
+    H_STEPS_PER_SECOND,
+    WORKER_CLOSED,
+    WORKER_FAILED,
+    WORKER_READY,
+    WORKER_STARTING,
+)
+from .params import ParamBlock, ParamSpec
+from .protocol import event_rings, params_seqlock, writer_lock
+
+_WORKER_STATES = {WORKER_STARTING: "starting", WORKER_READY: "ready", WORKER_FAILED: "failed", WORKER_CLOSED: "closed"}
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """A snapshot of how a pool is doing, read from its segment."""
+
+    global_step: int  # steps the trainer has issued
+    steps_per_second: int  # env steps per second over the last second or so
+    workers: list[str]  # each worker's state: starting, ready, failed or closed
+    refusals: dict[str, int]  # raw parameter writes the workers refused, per parameter
+    episodes: int  # episodes finished so far
+    owner_pid: int
+    age: float  # seconds since the pool was launched
+
+
+class PoolView:
+    """The channels of one mapped segment: ``params``, ``events``, ``episodes`` and ``stats()``."""
+
+    def __init__(
+        self,
+        name: str,
+        segment_file: str,
+        views: dict[str, np.ndarray],
+        header: Any,
+        meta: Mapping[str, Any],
+        check_open: Callable[[], None],
+    ) -> None:
+        self.name = name
+        self.env_label = str(meta.get("env", "?"))
+        self._views = views
+        self._header = header
+        self._created = float(meta.get("created", time.time()))
+        self._owner_pid = int(header[H_OWNER_PID])
+        self.specs = [ParamSpec.from_json(index, data) for index, data in enumerate(meta.get("params") or [])]
+        self.lock = writer_lock(segment_file, views)
+        self.episodes = EpisodeReader(views, check_open)
+        self.events: EventSender | None = None
+        hook_names = [str(h) for h in meta.get("hooks") or []]
+        rings = event_rings(views)
+        if hook_names:
+            if rings is None or "event_undo_heads" not in views:
+                raise LayoutMismatchError(f"pool {name!r} has hooks but no event rings")
+            slots = [(int(start), int(stop)) for start, stop in meta["slots"]]
+            self.events = EventSender(hook_names, rings, slots, self.lock, self.env_label, check_open)
+        self.params: ParamBlock | None = None
+        if self.specs:
+            missing = {"params", "params_seq", "params_undo", "applied", "param_refusals"} - set(views)
+            seqlock = params_seqlock(views)
+            if missing or seqlock is None:
+                raise LayoutMismatchError(f"pool {name!r} declares parameters but has no {sorted(missing)} fields")
+            self.params = ParamBlock(self.specs, views, seqlock, self.lock, self.env_label, check_open)
+
+    def stats(self) -> PoolStats:
+        """Global step, steps/s, worker states, refusal counts, finished episodes."""
+        header, views = self._header, self._views
+        refusals = views["param_refusals"].sum(axis=0) if "param_refusals" in views else []
+        control = views["control"]
+        return PoolStats(
+            global_step=int(header[H_GLOBAL_STEP]),
+            steps_per_second=int(header[H_STEPS_PER_SECOND]),
+            workers=[_WORKER_STATES.get(int(control[k, CTL_STATUS]), "?") for k in range(len(control))],
+            refusals={spec.name: int(refusals[spec.index]) for spec in self.specs},
+            episodes=self.episodes.total,
+            owner_pid=self._owner_pid,
+            age=time.time() - self._created,
+        )
+
+    def close(self) -> None:
+        """Refuses further writes through this view's lock."""
+        self.lock.close()
+
+
+class Channels:
+    """The properties ``Pool`` and ``PoolHandle`` share: each checks that its owner is usable, then
+    hands out the channel from the view. Subclasses set ``_view`` and define ``_check_open``."""
+
+    _view: PoolView
+    name: str
+
+    def _check_open(self) -> None:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    @property
+    def params(self) -> ParamBlock:
+        """The parameter block: writable numpy views per parameter, and ``write()`` (see ParamBlock)."""
+        self._check_open()
+        if self._view.params is None:
+            raise AttributeError(f"pool {self.name!r} was launched without params")
+        return self._view.params
+
+    @property
+    def applied(self) -> np.ndarray:
+        """What each env uses now, one read-only record per env (a drawn value for a ``dist`` one)."""
+        return self.params.applied
+
+    @property
+    def param_specs(self) -> dict[str, ParamSpec]:
+        """The declared parameters by name, as plain data."""
+        return {spec.name: spec for spec in self._view.specs}
+
+    @property
+    def events(self) -> EventSender:
+        """Sends one-shot events to the pool's hooks (see EventSender.send)."""
+        self._check_open()
+        if self._view.events is None:
+            raise AttributeError(f"pool {self.name!r} was launched without hooks, so it takes no events")
+        return self._view.events
+
+    @property
+    def episodes(self) -> EpisodeReader:
+        """Finished-episode records since this reader's last ``read()``."""
+        self._check_open()
+        return self._view.episodes
+
+    @property
+    def stats(self) -> PoolStats:
+        """Global step, steps/s, worker states, refusal counts, finished episodes."""
+        self._check_open()
+        return self._view.stats()

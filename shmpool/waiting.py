@@ -1,0 +1,137 @@
+"""The trainer's wait on its workers, and turning what went wrong into the right exception.
+
+Every wait spins briefly, then sleeps on the trainer's doorbell in bounded slices; between slices it
+checks that the workers it still waits for are alive and that the deadline has not passed. A worker
+that reported a failure becomes a :class:`WorkerError` with its traceback; a dead one a
+:class:`WorkerDiedError`; a late one a :class:`PoolTimeoutError`.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+
+from .config import PoolConfig
+from .errors import PoolTimeoutError, WorkerDiedError, WorkerError
+from .layout import (
+    CONTROL_WORDS,
+    CTL_DONE,
+    CTL_ERROR_ENV,
+    CTL_ERROR_LENGTH,
+    CTL_STATUS,
+    ERROR_BYTES,
+    WORKER_FAILED,
+    WORKER_STARTING,
+)
+from .lifecycle import Lifecycle
+from .system import monotonic
+
+#: Polls while waiting for workers before sleeping; each poll yields the core (~1 us when idle).
+TRAINER_SPIN = 300
+#: How often a sleeping trainer wakes to check that its workers are alive and its deadline not passed.
+TRAINER_POLL_INTERVAL = 0.05
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """How a process ended, in words."""
+    if exitcode is None:
+        return "is gone"
+    if exitcode < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"was killed by signal {-exitcode}"
+    return f"exited with code {exitcode}"
+
+
+class Waiter:
+    """Waits for the workers of one pool and raises what they report or what became of them."""
+
+    def __init__(self, config: PoolConfig, lifecycle: Lifecycle) -> None:
+        self._config = config
+        self._lifecycle = lifecycle
+        self._name = lifecycle.name
+        self._slots = config.slots
+        self.words = memoryview(lifecycle.views["control"].data).cast("B").cast("q")
+        self._done = [k * CONTROL_WORDS + CTL_DONE for k in range(len(self._slots))]
+        self._status = [k * CONTROL_WORDS + CTL_STATUS for k in range(len(self._slots))]
+
+    def wait_ready(self) -> None:
+        """Returns once every worker has built its envs; raises if one failed, died or is too slow."""
+        words, status, limit = self.words, self._status, self._config.launch_timeout
+        deadline = monotonic() + limit
+        self._sleep_until(
+            lambda: all(words[i] != WORKER_STARTING for i in status),
+            spin=0,
+            on_idle=lambda: self._check_workers(
+                deadline, limit, "launch", lambda k: words[status[k]] != WORKER_STARTING
+            ),
+        )
+        self.raise_failures("launch")
+
+    def wait_done(self, seq: int, phase: str) -> None:
+        """Returns once every worker has finished command ``seq``; raises if one died or the pool's
+        ``timeout`` passed (failures the workers report are raised by :meth:`raise_failures`)."""
+        words, done, limit = self.words, self._done, self._config.timeout
+        deadline = None if limit is None else monotonic() + limit
+        if len(done) == 2:  # the common case, without a generator per poll
+            first, second = done
+            ready = lambda: words[first] == seq and words[second] == seq  # noqa: E731
+        else:
+            ready = lambda: all(words[i] == seq for i in done)  # noqa: E731
+        self._sleep_until(
+            ready,
+            spin=TRAINER_SPIN,
+            on_idle=lambda: self._check_workers(deadline, limit, phase, lambda k: words[done[k]] == seq),
+        )
+
+    def _sleep_until(self, ready: Callable[[], bool], *, spin: int, on_idle: Callable[[], None]) -> None:
+        doorbell = self._lifecycle.trainer_doorbell
+        assert doorbell is not None
+        doorbell.wait_until(ready, spin=spin, poll_interval=TRAINER_POLL_INTERVAL, on_idle=on_idle)
+
+    def _check_workers(
+        self, deadline: float | None, limit: float | None, phase: str, finished: Callable[[int], bool]
+    ) -> None:
+        """Raises if a worker that has not finished is dead, or if the deadline has passed."""
+        processes = self._lifecycle.processes
+        for worker_id, process in enumerate(processes):
+            if not finished(worker_id) and process.exitcode is not None:
+                start, stop = self._slots[worker_id]
+                raise WorkerDiedError(
+                    f"worker {worker_id} (pid {process.pid}, envs {start}..{stop - 1}) of pool {self._name!r} "
+                    f"{describe_exit(process.exitcode)} during {phase}; likely causes: a kill from outside, "
+                    f"running out of memory (see dmesg), or a crash in native env code",
+                    worker_id=worker_id,
+                    exitcode=process.exitcode,
+                )
+        if deadline is not None and monotonic() > deadline:
+            stuck = [k for k in range(len(processes)) if not finished(k)]
+            raise PoolTimeoutError(
+                f"pool {self._name!r}: worker(s) {stuck} did not finish {phase} within {limit} s "
+                f"(envs {', '.join(f'{self._slots[k][0]}..{self._slots[k][1] - 1}' for k in stuck)}); "
+                f"raise launch(timeout=...) if the env is this slow"
+            )
+
+    def raise_failures(self, phase: str) -> None:
+        """Raises the :class:`WorkerError` of the first worker that reported a failure, if any."""
+        words = self.words
+        for worker_id in range(len(self._slots)):
+            if words[worker_id * CONTROL_WORDS + CTL_STATUS] == WORKER_FAILED:
+                raise self._worker_error(worker_id, phase)
+
+    def _worker_error(self, worker_id: int, phase: str) -> WorkerError:
+        base = worker_id * CONTROL_WORDS
+        length = min(int(self.words[base + CTL_ERROR_LENGTH]), ERROR_BYTES)
+        errors_row = self._lifecycle.views["errors"][worker_id, :length]
+        where, _, text = errors_row.tobytes().decode("utf-8", errors="replace").partition("\n")
+        env_id = int(self.words[base + CTL_ERROR_ENV])
+        lines = text.strip().splitlines()
+        summary = lines[-1] if lines else "unknown error"
+        return WorkerError(
+            f"worker {worker_id} of pool {self._name!r} failed in {where} ({self._config.env_label}) during {phase}: "
+            f"{summary}",
+            worker_id=worker_id,
+            env_id=env_id if env_id >= 0 else None,
+            traceback_text=text,
+        )
