@@ -24,9 +24,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from shmpool.workers.envs import EnvSlice
-from shmpool.workers.hooks import HookFailed, HookRunner
-from shmpool.workers.params import ParamApplier
 
 from shmpool.config import WorkerConfig
 from shmpool.infos import InfoWriter
@@ -60,6 +57,9 @@ from shmpool.system import (
     set_parent_death_signal,
     unlink_if_same,
 )
+from shmpool.workers.envs import EnvSlice
+from shmpool.workers.hooks import HookFailed, HookRunner
+from shmpool.workers.params import ParamApplier
 
 
 class OwnerGone(BaseException):
