@@ -6,9 +6,9 @@ A segment is one named POSIX shared-memory object (mode 0600)::
                 │ header: 16 int64 words, native order (little-endian: x86-64 only)  │
                 │   0 magic b"SHMPOOL\\0" (written last: a half-made segment has none)│
                 │   1 layout version   2 total size   3 owner pid   4 owner start    │
-                │   5 owner uid        6 state        7 table offset 8 table length  │
-                │   9 global step (steps the trainer has issued)  10 env steps/s      │
-                │   11 owner pid namespace (pids are only comparable within one)      │
+                │   5 state            6 table offset 7 table length                 │
+                │   8 global step (steps the trainer has issued)  9 env steps/s       │
+                │   10 owner pid namespace (pids are only comparable within one)      │
     128         ├────────────────────────────────────────────────────────────────────┤
                 │ field table: UTF-8 JSON {"meta": {...}, "fields": [{"name",        │
                 │   "dtype", "shape", "offset"}, ...]}; dtypes are numpy type strings │
@@ -91,7 +91,6 @@ MAX_TABLE_BYTES = 1 << 20
     H_SIZE,
     H_OWNER_PID,
     H_OWNER_START,
-    H_OWNER_UID,
     H_STATE,
     H_TABLE_OFFSET,
     H_TABLE_LENGTH,
@@ -112,7 +111,6 @@ CONTROL_WORDS = 16
     CTL_ERROR_ENV,  # env id that raised, -1 for none
     CTL_NUM_DONE,  # envs of the slot whose episode ended this step
     CTL_NUM_INFO,  # envs of the slot that reported info this step
-    CTL_PID,  # the worker's pid
     CTL_INFO_KEYS,  # number of published entries in this worker's info key table
     CTL_ERROR_LENGTH,  # bytes of traceback text in this worker's errors row
     CTL_INFO_OVERFLOW,  # info keys this worker could not register (table full or path too long)
@@ -166,7 +164,6 @@ class Header:
     size: int
     owner_pid: int
     owner_start_ticks: int
-    owner_uid: int
     state: int
     owner_pid_namespace: int = 0  # 0: unknown
 
@@ -271,7 +268,6 @@ class Layout:
         *,
         owner_pid: int,
         owner_start_ticks: int,
-        owner_uid: int,
         owner_pid_namespace: int | None = None,
     ) -> None:
         """Writes the table and the header words, the magic last.
@@ -285,7 +281,6 @@ class Layout:
         words[H_SIZE] = self.size
         words[H_OWNER_PID] = owner_pid
         words[H_OWNER_START] = owner_start_ticks
-        words[H_OWNER_UID] = owner_uid
         words[H_STATE] = STATE_STARTING
         words[H_TABLE_OFFSET] = HEADER_BYTES
         words[H_TABLE_LENGTH] = len(self._table)
@@ -300,7 +295,7 @@ class Layout:
             raise LayoutMismatchError(f"segment is {len(buffer)} bytes, smaller than a shmpool header")
         if bytes(buffer[0:8]) != MAGIC:
             raise LayoutMismatchError("not a shmpool segment (bad magic), or one still being created")
-        version, size, pid, start, uid, state = struct.unpack_from("<6q", buffer, H_VERSION * 8)
+        version, size, pid, start, state = struct.unpack_from("<5q", buffer, H_VERSION * 8)
         (pid_namespace_id,) = struct.unpack_from("<q", buffer, H_OWNER_PIDNS * 8)
         if version != LAYOUT_VERSION:
             raise LayoutMismatchError(
@@ -308,7 +303,7 @@ class Layout:
             )
         if size != len(buffer):
             raise LayoutMismatchError(f"segment header says {size} bytes but the object has {len(buffer)}")
-        return Header(version, size, pid, start, uid, state, pid_namespace_id)
+        return Header(version, size, pid, start, state, pid_namespace_id)
 
     @classmethod
     def read(cls, buffer: Any) -> tuple[Layout, Header]:

@@ -137,9 +137,7 @@ class Lifecycle:
     def create(self, layout: Layout) -> dict[str, np.ndarray]:
         """Creates the segment (header written, magic last) and the doorbells; returns the field views."""
         segment = self.segment = Segment.create(self.name, layout.size)
-        layout.write_header(
-            segment.buffer, owner_pid=self.owner_pid, owner_start_ticks=self.owner_start_ticks, owner_uid=os.getuid()
-        )
+        layout.write_header(segment.buffer, owner_pid=self.owner_pid, owner_start_ticks=self.owner_start_ticks)
         self.views = layout.views(segment.buffer)
         self.header = header_words(segment.buffer)
         self.trainer_doorbell = Doorbell.create(doorbell_path(self.name, "t"))

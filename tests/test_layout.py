@@ -62,7 +62,7 @@ def test_foreign_or_damaged_segments_are_refused(content: bytes, message: str, p
 def test_field_table_rejects_objects_and_out_of_bounds_fields() -> None:
     layout = Layout.plan([("a", np.float64, (4,)), ("b", [("x", "<f8"), ("y", "<i8", (2,))], (3,))], {"k": 1})
     buffer = bytearray(layout.size)
-    layout.write_header(buffer, owner_pid=1, owner_start_ticks=1, owner_uid=0)
+    layout.write_header(buffer, owner_pid=1, owner_start_ticks=1)
     decoded, _ = Layout.read(buffer)
     assert decoded.fields["b"].dtype == np.dtype([("x", "<f8"), ("y", "<i8", (2,))])
     views = decoded.views(buffer)

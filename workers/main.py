@@ -37,7 +37,6 @@ from shmpool.layout import (
     CTL_ERROR_LENGTH,
     CTL_NUM_DONE,
     CTL_NUM_INFO,
-    CTL_PID,
     CTL_STATUS,
     WORKER_CLOSED,
     WORKER_FAILED,
@@ -252,7 +251,6 @@ class Worker:
     def serve(self) -> None:
         """Builds the envs, reports ready (or the failure), then runs commands until close."""
         words = self._words
-        words[CTL_PID] = os.getpid()
         config = self._config
         try:
             if config.worker_init is not None:
