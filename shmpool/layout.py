@@ -97,7 +97,7 @@ MAX_TABLE_BYTES = 1 << 20
     H_GLOBAL_STEP,  # steps the trainer has issued, for attached processes
     H_STEPS_PER_SECOND,  # env steps per second over the last second or so, for attached processes
     H_OWNER_PIDNS,  # the owner's pid namespace (inode of /proc/PID/ns/pid): its pid means nothing elsewhere
-) = range(12)
+) = range(11)
 
 # Pool states (header word H_STATE).
 STATE_STARTING, STATE_RUNNING, STATE_CLOSING = 1, 2, 3
@@ -115,7 +115,7 @@ CONTROL_WORDS = 16
     CTL_ERROR_LENGTH,  # bytes of traceback text in this worker's errors row
     CTL_INFO_OVERFLOW,  # info keys this worker could not register (table full or path too long)
     CTL_PARAM_REFUSALS,  # raw parameter writes this worker refused (details in param_refusal_*)
-) = range(11)
+) = range(10)
 
 CMD_STEP, CMD_RESET, CMD_CLOSE = 1, 2, 3
 WORKER_STARTING, WORKER_READY, WORKER_FAILED, WORKER_CLOSED = 0, 1, 2, 3

@@ -14,7 +14,7 @@ import pytest
 
 import shmpool
 from shmpool.errors import LayoutMismatchError, PoolNotFoundError
-from shmpool.layout import LAYOUT_VERSION, MAGIC, Layout
+from shmpool.layout import H_TABLE_LENGTH, LAYOUT_VERSION, MAGIC, Layout
 from shmpool.registry import list_pools, read_record
 
 
@@ -69,7 +69,7 @@ def test_field_table_rejects_objects_and_out_of_bounds_fields() -> None:
     views["b"]["y"][1] = [5, 6]
     assert Layout.read(buffer)[0].views(buffer)["b"]["y"][1].tolist() == [5, 6]
 
-    table = json.loads(bytes(buffer[128 : 128 + struct.unpack_from("<q", buffer, 64)[0]]))
+    table = json.loads(bytes(buffer[128 : 128 + struct.unpack_from("<q", buffer, H_TABLE_LENGTH * 8)[0]]))
     edits = [
         ("an object dtype", lambda t: t["fields"][0].update(dtype="|O")),
         ("a field past the end", lambda t: t["fields"][0].update(offset=layout.size - 64)),
@@ -83,7 +83,7 @@ def test_field_table_rejects_objects_and_out_of_bounds_fields() -> None:
         encoded = json.dumps(edited).encode()
         broken = bytearray(buffer)
         broken[128 : 128 + len(encoded)] = encoded
-        struct.pack_into("<q", broken, 64, len(encoded))
+        struct.pack_into("<q", broken, H_TABLE_LENGTH * 8, len(encoded))
         with pytest.raises(LayoutMismatchError):
             Layout.read(broken)
             pytest.fail(f"accepted {what}")
