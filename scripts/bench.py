@@ -11,9 +11,6 @@ machine drifts between minutes, so only ratios from one run mean anything).
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import inspect
 import statistics
 import subprocess
 import sys
@@ -23,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import _settings
 import gymnasium as gym
 import numpy as np
 
@@ -49,34 +47,12 @@ class Settings:
 
 
 def parse_settings(argv: list[str] | None = None) -> Settings:
-    """Builds Settings from the command line; each field is a flag, documented by --help."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    defaults = Settings()
-    for settings_field in dataclasses.fields(Settings):
-        flag = "--" + settings_field.name.replace("_", "-")
-        default = getattr(defaults, settings_field.name)
-        if isinstance(default, bool):
-            parser.add_argument(flag, action="store_true", help=_field_doc(settings_field.name))
-        elif isinstance(default, list):  # None marks "not given", so --quick can pick its own
-            parser.add_argument(
-                flag, nargs="+", type=type(default[0]), default=None, help=_field_doc(settings_field.name)
-            )
-        else:
-            parser.add_argument(flag, type=type(default), default=default, help=_field_doc(settings_field.name))
-    given = vars(parser.parse_args(argv))
+    """Builds Settings from the command line; each field is an option, documented by --help."""
+    given = _settings.parse_given(Settings, argv, description=__doc__)
     if given["quick"]:
-        given["windows"], given["window_seconds"] = 3, 0.2
-        given["num_envs"] = given["num_envs"] or [32]
-    return Settings(**{key: value for key, value in given.items() if value is not None})
-
-
-def _field_doc(name: str) -> str:
-    """The attribute docstring written under a Settings field."""
-    lines = inspect.getsource(Settings).splitlines()
-    for index, line in enumerate(lines[:-1]):
-        if line.strip().startswith(f"{name}:"):
-            return lines[index + 1].strip().strip('"')
-    return ""
+        given.update(windows=3, window_seconds=0.2)
+        given.setdefault("num_envs", [32])
+    return Settings(**given)
 
 
 # -- steppers: each yields a function that performs one batch step ------------------------------

@@ -13,13 +13,15 @@ resumes where it was.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
+
+import _settings
 
 import shmpool
 from shmpool.curricula import ADR, Threshold
@@ -30,47 +32,51 @@ class Settings:
     """What the curriculum does."""
 
     pool: str
-    algo: str
+    """the name of the pool to attach to."""
+    algo: Literal["threshold", "adr"]
+    """which curriculum."""
     param: list[str] = field(default_factory=list)
+    """parameter(s) to steer (repeatable)."""
     metric: str = "return"
+    """'return' or the name of an episode metric."""
     state: str | None = None
+    """JSON file to save the state to and resume from."""
     poll: float = 0.05
+    """seconds between reads of new episodes."""
     log_every: float = 1.0
+    """seconds between status lines."""
     attach_timeout: float = 30.0
+    """seconds to wait for the pool to appear."""
     step: float = 0.0
+    """how much to move the parameter each time."""
     target: float = 0.0
+    """the mean score that triggers a move."""
     window: int = 20
+    """episodes averaged."""
     delta: float = 0.05
+    """boundary step, as a fraction of the hard range."""
     p_boundary: float = 0.5
+    """probability that an episode tests a boundary."""
     buffer: int = 10
+    """boundary episodes averaged before a decision."""
     low_threshold: float = 0.0
+    """narrow a boundary at or below this mean."""
     high_threshold: float = 0.0
+    """widen a boundary at or above this mean."""
     seed: int = 0
+    """seed of the boundary choices."""
+
+
+#: The options of each algorithm, listed under its own heading by --help.
+GROUPS = {
+    "threshold": ["step", "target", "window"],
+    "adr": ["delta", "p_boundary", "buffer", "low_threshold", "high_threshold", "seed"],
+}
 
 
 def parse_settings(argv: list[str] | None = None) -> Settings:
     """Reads Settings from the command line."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pool", required=True, help="the name of the pool to attach to")
-    parser.add_argument("--algo", required=True, choices=["threshold", "adr"], help="which curriculum")
-    parser.add_argument("--param", action="append", default=[], help="parameter(s) to steer (repeatable)")
-    parser.add_argument("--metric", default="return", help="'return' or the name of an episode metric")
-    parser.add_argument("--state", help="JSON file to save the state to and resume from")
-    parser.add_argument("--poll", type=float, default=0.05, help="seconds between reads of new episodes")
-    parser.add_argument("--log-every", type=float, default=1.0, help="seconds between status lines")
-    parser.add_argument("--attach-timeout", type=float, default=30.0, help="seconds to wait for the pool to appear")
-    threshold = parser.add_argument_group("threshold")
-    threshold.add_argument("--step", type=float, default=0.0, help="how much to move the parameter each time")
-    threshold.add_argument("--target", type=float, default=0.0, help="the mean score that triggers a move")
-    threshold.add_argument("--window", type=int, default=20, help="episodes averaged")
-    adr = parser.add_argument_group("adr")
-    adr.add_argument("--delta", type=float, default=0.05, help="boundary step, as a fraction of the hard range")
-    adr.add_argument("--p-boundary", type=float, default=0.5, help="probability that an episode tests a boundary")
-    adr.add_argument("--buffer", type=int, default=10, help="boundary episodes averaged before a decision")
-    adr.add_argument("--low-threshold", type=float, default=0.0, help="narrow a boundary at or below this mean")
-    adr.add_argument("--high-threshold", type=float, default=0.0, help="widen a boundary at or above this mean")
-    adr.add_argument("--seed", type=int, default=0, help="seed of the boundary choices")
-    return Settings(**vars(parser.parse_args(argv)))
+    return _settings.parse(Settings, argv, description=__doc__, groups=GROUPS)
 
 
 def build(settings: Settings) -> Threshold | ADR:

@@ -7,13 +7,12 @@
 3. Improves a linear controller with the cross-entropy method against those widening ranges.
 4. Prints a summary table and saves a plot of the ranges and the returns (``--plot``).
 
-    python scripts/demo.py            # about a minute on 2 cores
+    python scripts/demo.py            # 10 to 25 s on 2 cores
     python scripts/demo.py --quick    # a few seconds, for CI
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -22,9 +21,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import _settings
 import numpy as np
 
 import shmpool
+
+try:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Column
+except ImportError as exc:
+    raise SystemExit(f'the demo draws its progress with rich: pip install -e ".[plot]" ({exc})') from exc
 
 HERE = Path(__file__).resolve().parent
 
@@ -37,30 +44,28 @@ class Settings:
     """What the demo runs."""
 
     num_envs: int = 64
+    """envs in the pool."""
     num_workers: int = 2
+    """worker processes."""
     generations: int = 60
+    """cross-entropy generations."""
     population: int = 16
+    """candidate policies per generation."""
     elites: int = 4
+    """candidates kept per generation."""
     max_steps: int = 500
+    """steps per evaluation episode."""
     seed: int = 0
+    """seed of the pool and the optimizer."""
     plot: str = "demo.png"
+    """where to save the PNG plot ('' for none)."""
     quick: bool = False
+    """a short run for CI: 16 envs, 4 generations, 200 steps."""
 
 
 def parse_settings(argv: list[str] | None = None) -> Settings:
     """Reads Settings from the command line."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    defaults = Settings()
-    parser.add_argument("--num-envs", type=int, default=defaults.num_envs, help="envs in the pool")
-    parser.add_argument("--num-workers", type=int, default=defaults.num_workers, help="worker processes")
-    parser.add_argument("--generations", type=int, default=defaults.generations, help="cross-entropy generations")
-    parser.add_argument("--population", type=int, default=defaults.population, help="candidate policies per generation")
-    parser.add_argument("--elites", type=int, default=defaults.elites, help="candidates kept per generation")
-    parser.add_argument("--max-steps", type=int, default=defaults.max_steps, help="steps per evaluation episode")
-    parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of the pool and the optimizer")
-    parser.add_argument("--plot", default=defaults.plot, help="where to save the PNG plot ('' for none)")
-    parser.add_argument("--quick", action="store_true", help="a short run for CI: 16 envs, 4 generations, 200 steps")
-    settings = Settings(**vars(parser.parse_args(argv)))
+    settings = _settings.parse(Settings, argv, description=__doc__)
     if settings.quick:
         settings.num_envs, settings.generations, settings.population, settings.elites, settings.max_steps = (
             16,
@@ -91,10 +96,30 @@ def evaluate(pool: shmpool.Pool, weights: np.ndarray, max_steps: int) -> np.ndar
     return returns
 
 
-def progress(generation: int, total: int, text: str) -> None:
-    """One line of progress on stderr."""
-    done = int(30 * generation / total)
-    print(f"\r[{'#' * done}{'.' * (30 - done)}] {generation}/{total} {text}", end="", file=sys.stderr, flush=True)
+def wait_attached(curriculum: subprocess.Popen, log: Path, timeout: float = 30.0) -> None:
+    """Waits until the curriculum process says it has attached to the pool, so that it sees the
+    episodes from the first generation on (a --quick run can end before a late one attaches)."""
+    deadline = time.monotonic() + timeout
+    while "attached to" not in log.read_text():
+        if curriculum.poll() is not None or time.monotonic() > deadline:
+            curriculum.kill()
+            curriculum.wait()
+            raise SystemExit(f"the curriculum did not attach to the pool; its log: {log}")
+        time.sleep(0.01)
+
+
+def progress_bar() -> Progress:
+    """A progress bar on stderr: live on a terminal; in a pipe, a log or CI, rich draws it once, as
+    plain text, when it stops."""
+    return Progress(
+        TextColumn("generation"),
+        MofNCompleteColumn(),
+        BarColumn(bar_width=20),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[status]}", table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis")),
+        console=Console(stderr=True),
+        expand=True,  # the status takes the width left and is cut short, so the bar always shows
+    )
 
 
 def save_plot(path: str, history: list[dict]) -> str:
@@ -173,22 +198,29 @@ def main(argv: list[str] | None = None) -> int:
             f"pool {pool.name}: {settings.num_envs} CartPole envs on {settings.num_workers} workers; "
             f"ADR curriculum in process {curriculum.pid} (log: {workdir / 'curriculum.log'})"
         )
+        wait_attached(curriculum, workdir / "curriculum.log")
         steps_before = 0
-        for generation in range(1, settings.generations + 1):
-            candidates = mean + std * rng.standard_normal((settings.population, 5))
-            returns = evaluate(pool, np.repeat(candidates, per_candidate, axis=0), settings.max_steps)
-            scores = returns.reshape(settings.population, per_candidate).mean(axis=1)
-            elite = candidates[np.argsort(scores)[-settings.elites :]]
-            mean, std = elite.mean(axis=0), elite.std(axis=0) + 0.02
-            ranges = json.loads(state_file.read_text())["ranges"] if state_file.exists() else {}
-            history.append(
-                {"generation": generation, "mean": float(returns.mean()), "best": float(scores.max()), "ranges": ranges}
-            )
-            shown = " ".join(f"{n}=[{lo:.3g},{hi:.3g}]" for n, (lo, hi) in ranges.items())
-            progress(generation, settings.generations, f"return {returns.mean():6.1f}  {shown}")
+        with progress_bar() as bar:
+            task = bar.add_task("generations", total=settings.generations, status="")
+            for generation in range(1, settings.generations + 1):
+                candidates = mean + std * rng.standard_normal((settings.population, 5))
+                returns = evaluate(pool, np.repeat(candidates, per_candidate, axis=0), settings.max_steps)
+                scores = returns.reshape(settings.population, per_candidate).mean(axis=1)
+                elite = candidates[np.argsort(scores)[-settings.elites :]]
+                mean, std = elite.mean(axis=0), elite.std(axis=0) + 0.02
+                ranges = json.loads(state_file.read_text())["ranges"] if state_file.exists() else {}
+                history.append(
+                    {
+                        "generation": generation,
+                        "mean": float(returns.mean()),
+                        "best": float(scores.max()),
+                        "ranges": ranges,
+                    }
+                )
+                shown = " ".join(f"{n}=[{lo:.3g},{hi:.3g}]" for n, (lo, hi) in ranges.items())
+                bar.update(task, advance=1, status=f"return {returns.mean():5.1f}  {shown}")
         steps = pool.global_step * pool.num_envs - steps_before
     elapsed = time.perf_counter() - started
-    print(file=sys.stderr)
     try:
         curriculum.wait(timeout=10)  # it stops by itself once the pool has gone away
     except subprocess.TimeoutExpired:
@@ -196,7 +228,10 @@ def main(argv: list[str] | None = None) -> int:
         curriculum.wait()
 
     print(f"\n{'generation':>10} {'mean return':>12} {'best':>8}  ADR ranges")
-    for row in history[:: max(1, len(history) // 10)] + ([history[-1]] if len(history) > 1 else []):
+    rows = history[:: max(1, len(history) // 10)]
+    if history and rows[-1] is not history[-1]:
+        rows.append(history[-1])
+    for row in rows:
         shown = "  ".join(f"{n} [{lo:.3g}, {hi:.3g}]" for n, (lo, hi) in row["ranges"].items()) or "(not yet)"
         print(f"{row['generation']:>10} {row['mean']:>12.1f} {row['best']:>8.1f}  {shown}")
     print(f"\n{steps:,} env steps in {elapsed:.1f} s ({steps / elapsed:,.0f} steps/s, policy and curriculum included)")

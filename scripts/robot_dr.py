@@ -11,10 +11,11 @@ the ranges of the values applied and the throughput.
 
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import dataclass
+from typing import Literal
 
+import _settings
 import numpy as np
 
 import shmpool
@@ -27,32 +28,30 @@ class Settings:
     """What to run."""
 
     env: str = "HalfCheetah-v5"
+    """a gymnasium MuJoCo env id."""
     num_envs: int = 16
+    """envs in the pool."""
     num_workers: int = 2
+    """worker processes."""
     seconds: float = 10.0
+    """how long to run."""
     body: str = "torso"
+    """the body whose mass is randomized and that is pushed."""
     floor: str = "floor"
+    """the geom whose friction is randomized."""
     push_every: int = 50
+    """steps between pushes."""
     push_force: float = 50.0
-    policy: str = "random"
+    """newtons per push axis."""
+    policy: Literal["random", "sine"] = "random"
+    """random actions, or a sine wave per env and joint."""
     seed: int = 0
+    """seed of the pool, the actions and the sine phases."""
 
 
 def parse_settings(argv: list[str] | None = None) -> Settings:
     """Reads Settings from the command line."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    defaults = Settings()
-    parser.add_argument("--env", default=defaults.env, help="a gymnasium MuJoCo env id")
-    parser.add_argument("--num-envs", type=int, default=defaults.num_envs)
-    parser.add_argument("--num-workers", type=int, default=defaults.num_workers)
-    parser.add_argument("--seconds", type=float, default=defaults.seconds, help="how long to run")
-    parser.add_argument("--body", default=defaults.body, help="the body whose mass is randomized and that is pushed")
-    parser.add_argument("--floor", default=defaults.floor, help="the geom whose friction is randomized")
-    parser.add_argument("--push-every", type=int, default=defaults.push_every, help="steps between pushes")
-    parser.add_argument("--push-force", type=float, default=defaults.push_force, help="newtons per push axis")
-    parser.add_argument("--policy", choices=["random", "sine"], default=defaults.policy)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    return Settings(**vars(parser.parse_args(argv)))
+    return _settings.parse(Settings, argv, description=__doc__)
 
 
 def main(argv: list[str] | None = None) -> None:

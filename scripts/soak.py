@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import faulthandler
-import inspect
 import os
 import random
 import shutil
@@ -56,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import _settings
 import gymnasium as gym
 import numpy as np
 
@@ -116,26 +116,9 @@ class Role:
     folder: str = ""
 
 
-def _field_doc(name: str) -> str:
-    """The attribute docstring written under a Settings field."""
-    lines = inspect.getsource(Settings).splitlines()
-    for index, line in enumerate(lines[:-1]):
-        if line.strip().startswith(f"{name}:"):
-            return lines[index + 1].strip().strip('"')
-    return ""
-
-
 def parse_settings(argv: list[str] | None = None) -> tuple[Settings, Role]:
     """Builds Settings (each field a flag, documented by --help) and the process's Role."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    defaults = Settings()
-    for settings_field in dataclasses.fields(Settings):
-        flag = "--" + settings_field.name.replace("_", "-")
-        default = getattr(defaults, settings_field.name)
-        if isinstance(default, bool):
-            parser.add_argument(flag, action="store_true", help=_field_doc(settings_field.name))
-        else:
-            parser.add_argument(flag, type=type(default), default=None, help=_field_doc(settings_field.name))
+    parser = _settings.build_parser(Settings, description=__doc__)  # options left out parse as None
     for role_field in dataclasses.fields(Role):
         parser.add_argument("--" + role_field.name, type=type(role_field.default), help=argparse.SUPPRESS)
     given = vars(parser.parse_args(argv))

@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 from gymnasium import spaces
 
+from .adapters import adapter_for
 from .events import Event
 from .params import Param
 
@@ -126,16 +127,6 @@ class HookContext:
     def resample(self, names: list[str], rows: np.ndarray) -> None:
         """Draws new values of the named ``dist`` parameters for the envs at ``rows``, now."""
         self._resample(list(names), np.asarray(rows))
-
-
-class Hook(Protocol):
-    """The shape of a hook; every method is optional."""
-
-    def before_step(self, ctx: HookContext) -> None: ...  # pragma: no cover
-
-    def after_step(self, ctx: HookContext) -> None: ...  # pragma: no cover
-
-    def on_reset(self, ctx: HookContext) -> None: ...  # pragma: no cover
 
 
 PHASES = ("before_step", "after_step", "on_reset")
@@ -307,36 +298,32 @@ class RewardScale:
         ctx.rewards *= ctx.applied[self.param]  # type: ignore[index]
 
 
-# Which entries of ``env.unwrapped.state`` are velocities, per classic-control env class.
-CLASSIC_VELOCITIES = {
-    "CartPoleEnv": [1, 3],
-    "PendulumEnv": [1],
-    "MountainCarEnv": [1],
-    "Continuous_MountainCarEnv": [1],
-    "AcrobotEnv": [2, 3],
-}
+def default_kick(env: Any) -> Callable[[np.ndarray], None]:
+    """``env``'s own kick, from its family's adapter (:mod:`shmpool.adapters`): a function adding
+    ``amounts`` to its velocities; ``TypeError`` if its adapter knows none."""
+    adapter = adapter_for(env)
+    kick = adapter.kicker(env)
+    if kick is None:
+        raise TypeError(
+            f"Perturb has no default kick for {type(env.unwrapped).__name__} (no adapter in shmpool.adapters "
+            f"knows its velocities); give it a kick function kick(env, amounts)"
+        )
+    return kick
 
 
 def kick_velocity(env: Any, amounts: np.ndarray) -> None:
-    """Adds ``amounts`` (one per velocity entry) to a classic-control env's velocities."""
-    unwrapped = env.unwrapped
-    indices = CLASSIC_VELOCITIES.get(type(unwrapped).__name__)
-    if indices is None:
-        raise TypeError(
-            f"Perturb knows the velocities of {sorted(CLASSIC_VELOCITIES)}; give it a kick function for "
-            f"{type(unwrapped).__name__}"
-        )
-    state = np.array(unwrapped.state, dtype=np.float64)
-    state[indices] += amounts[: len(indices)]
-    unwrapped.state = state
+    """Adds ``amounts`` (one per velocity entry) to ``env``'s velocities, as its adapter knows them
+    (classic control: the velocity entries of ``env.unwrapped.state``)."""
+    default_kick(env)(amounts)
 
 
 class Perturb:
     """Kicks envs: every ``every`` steps of each episode and/or when it receives an event.
 
     The kick adds ``strength`` (the parameter ``param``, per env; an event's payload[0] overrides
-    it) times a random sign, per dimension (``dims``), to each velocity of the env's state (classic
-    control) or, with a ``kick`` function ``kick(env, amounts)``, does whatever that does: for
+    it) times a random sign, per dimension (``dims``), to each velocity of the env (the default
+    kick of the env's adapter, found once per env: classic control adds to the velocity entries of
+    its state) or, with a ``kick`` function ``kick(env, amounts)``, does whatever that does: for
     MuJoCo envs ``shmpool.mujoco.Push("torso")`` applies a force for one step (``dims=3``) or
     changes the body's velocity. A kick with a ``clear(env)`` method is cleared after the step.
     """
@@ -354,10 +341,23 @@ class Perturb:
         if every is not None and every < 1:
             raise ValueError(f"Perturb(every=...) must be >= 1, got {every}")
         self.strength, self.every, self.param, self.name = strength, every, param, name or "Perturb"
-        self.kick = kick or kick_velocity
+        self.kick = kick  # None: each env's default kick
         self.dims = dims
         self._streams: EnvStreams | None = None
         self._kicked = np.zeros(0, dtype=np.int64)
+        self._defaults: dict[int, tuple[Any, Callable[[np.ndarray], None]]] = {}  # row -> (env, its kick)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_defaults"] = {}  # per-env closures: found again where the hook runs
+        return state
+
+    def _default_kick(self, row: int, env: Any) -> Callable[[np.ndarray], None]:
+        """The default kick of the env at ``row``, found once per env (again if it was re-made)."""
+        found = self._defaults.get(row)
+        if found is None or found[0] is not env:
+            found = self._defaults[row] = (env, default_kick(env))
+        return found[1]
 
     def params(self) -> dict[str, Param]:
         """Declares the kick strength (``>= 0``)."""
@@ -381,8 +381,12 @@ class Perturb:
             self._streams = EnvStreams(ctx.seed, self.name, ctx.env_ids, (self.dims,), "uniform")
         signs = np.where(self._streams.at(ctx.global_step) < 0.5, -1.0, 1.0)
         self._kicked = np.flatnonzero(due)
+        kick = self.kick
         for row in self._kicked:
-            self.kick(ctx.envs[row], strength[row] * signs[row])
+            if kick is None:
+                self._default_kick(int(row), ctx.envs[row])(strength[row] * signs[row])
+            else:
+                kick(ctx.envs[row], strength[row] * signs[row])
 
     def after_step(self, ctx: HookContext) -> None:
         """Ends kicks that last one step (a MuJoCo force) once that step is done."""

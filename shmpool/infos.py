@@ -305,10 +305,12 @@ class InfoReader:
                     return _Key(path, view, dtype, shape)
             except (LayoutMismatchError, ValueError, TypeError):
                 pass
-        warnings.warn(
-            f"info key {'/'.join(map(str, path))!r} (worker {worker_id}) is not a number, bool or numeric array of at "
-            f"most {self._values.shape[2]} bytes; shmpool leaves it out of info (nothing is pickled per step)",
-            RuntimeWarning,
-            stacklevel=5,
-        )
+        if ("left out", path) not in self._warned:  # once per key, whichever workers report it
+            self._warned.add(("left out", path))
+            warnings.warn(
+                f"info key {'/'.join(map(str, path))!r} is not a number, bool or numeric array of at most "
+                f"{self._values.shape[2]} bytes; shmpool leaves it out of info (nothing is pickled per step)",
+                RuntimeWarning,
+                stacklevel=5,
+            )
         return _Key(path, None, None, ())

@@ -14,15 +14,25 @@ ranges: mass x U(0.8, 1.2)); its nominal value is 1.0 and ``applied`` reports th
 keeps the model consistent after a change: masses recompute MuJoCo's derived constants
 (``mj_setConst``, on a scratch ``MjData`` so the simulation state is untouched).
 
-This module imports ``mujoco`` only when a binding is resolved (inside a worker or at launch).
+MuJoCo writes its warnings (a deprecated attribute in a model file, say) to ``MUJOCO_LOG.TXT`` in the
+working directory on every model compile; :func:`log_to_python` sends them to Python's ``logging``
+instead: ``launch(..., worker_init=shmpool.mujoco.log_to_python)`` for the workers, and a call in the
+trainer (which makes one env at launch to read nominal values).
+
+This module imports ``mujoco`` only when a binding is resolved (inside a worker or at launch) or
+:func:`log_to_python` is called; it declares the adapter of gymnasium's MuJoCo envs
+(:mod:`shmpool.adapters`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from .adapters import EnvAdapter
 
 _OBJECTS = {"body": "mjOBJ_BODY", "geom": "mjOBJ_GEOM", "joint": "mjOBJ_JOINT", "actuator": "mjOBJ_ACTUATOR"}
 
@@ -202,3 +212,43 @@ class Push:
         if self.mode == "force":
             model, data = _model_and_data(env)
             data.xfrc_applied[self._body(model)] = 0.0
+
+
+class MujocoAdapter(EnvAdapter):
+    """gymnasium's MuJoCo envs: parameters live in the ``MjModel`` (bind them with the functions
+    above, which keep the model consistent themselves), and the velocities ``hooks.Perturb`` would
+    kick depend on the robot, so it needs a :class:`Push`."""
+
+    name = "MuJoCo"
+    classes = ("gymnasium.envs.mujoco.mujoco_env:MujocoEnv",)
+
+    def kicker(self, env: Any) -> Callable[[np.ndarray], None]:
+        raise TypeError(
+            f"Perturb has no default kick for MuJoCo envs ({type(env.unwrapped).__name__}): give it "
+            f"kick=shmpool.mujoco.Push(body) (a force on the body, or mode='velocity')"
+        )
+
+
+ADAPTERS = [MujocoAdapter()]
+
+#: Where :func:`log_to_python` sends MuJoCo's warnings.
+logger = logging.getLogger("mujoco")
+
+
+def _warning(message: str) -> None:
+    logger.warning("%s", message.rstrip())
+
+
+def log_to_python() -> None:
+    """Sends MuJoCo's warnings in this process to the ``"mujoco"`` logger (level WARNING) instead of
+    MuJoCo's default handler, which prints them and appends them to ``MUJOCO_LOG.TXT`` in the working
+    directory. Process-wide and idempotent; does nothing when ``mujoco`` is not installed.
+
+    A forked worker inherits it; for every start method pass it as
+    ``launch(..., worker_init=shmpool.mujoco.log_to_python)`` and call it in the trainer too.
+    """
+    try:
+        import mujoco
+    except ImportError:
+        return
+    mujoco.set_mju_user_warning(_warning)

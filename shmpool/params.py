@@ -181,6 +181,11 @@ def compile_specs(params: Mapping[str, Param]) -> list[ParamSpec]:
         ).copy()
         if np.any(low > high) or np.isnan(low).any() or np.isnan(high).any():
             raise ValueError(f"params[{name!r}]: low {param.low} must not exceed high {param.high}")
+        if dtype.kind == "f" and dtype.itemsize < 8:
+            # Values are checked as the block stores them, so the bounds are too: a float32 0.1 must
+            # fit high=0.1.
+            with np.errstate(over="ignore"):
+                low, high = low.astype(dtype).astype(np.float64), high.astype(dtype).astype(np.float64)
         if param.dist == "loguniform" and np.any(low <= 0) and param.low is not None:
             raise ValueError(f"params[{name!r}]: a loguniform parameter needs low > 0, got {param.low}")
         bind = param.bind
@@ -450,10 +455,13 @@ class ParamBlock:
         return [(self._block[spec.name], array)]
 
     def _broadcast(self, spec: ParamSpec, ids: np.ndarray, value: Any, where: str) -> np.ndarray:
-        """``value`` as float64 rows of one env each (validation happens on these, before any cast to
-        an integer dtype could turn NaN or 2.5 into something else)."""
+        """``value`` as rows of one env each, in the parameter's dtype; raises unless every number is
+        stored exactly as given (integers in range and whole, bools 0 or 1, floats that do not
+        overflow), so that what is validated is what the workers will read."""
         try:
-            array = np.asarray(value, dtype=np.float64)
+            array = np.asarray(value)
+            if array.dtype.kind not in "biuf":
+                raise TypeError(f"dtype {array.dtype}")
             shape = (len(ids), *spec.shape)
             if array.shape != shape:
                 array = np.broadcast_to(array, shape)
@@ -462,16 +470,23 @@ class ParamBlock:
                 f"{self._label}: params[{spec.name!r}]{where} = {value!r:.100} does not fit "
                 f"{len(ids)} env(s) of shape {spec.shape}: {exc}"
             ) from exc
-        if spec.dtype.kind in "iub":
-            finite = np.isfinite(array)
-            inexact = ~finite | (array != np.round(array))
-            if inexact.any():
-                row = int(np.flatnonzero(inexact.reshape(len(ids), -1).any(axis=1))[0])
-                raise ValueError(
-                    f"{self._label}: params[{spec.name!r}][{ids[row]}]{where} = {show(array[row])} rejected: "
-                    f"not a whole number, and {spec.name!r} has dtype {spec.dtype}"
-                )
-        return array
+        if spec.dtype.kind == "f":
+            with np.errstate(over="ignore"):  # an overflow becomes inf, refused as not finite
+                return array.astype(spec.dtype, copy=False)
+        low, high = (0, 1) if spec.dtype.kind == "b" else (np.iinfo(spec.dtype).min, np.iinfo(spec.dtype).max)
+        with np.errstate(invalid="ignore"):
+            if array.dtype.kind == "f":
+                unfit = ~np.isfinite(array) | (array != np.round(array)) | (array < low) | (array > high)
+            else:
+                unfit = (array < low) | (array > high)
+        if unfit.any():
+            row = int(np.flatnonzero(unfit.reshape(len(ids), -1).any(axis=1))[0])
+            kind = "0 or 1" if spec.dtype.kind == "b" else f"a whole number in [{low}, {high}]"
+            raise ValueError(
+                f"{self._label}: params[{spec.name!r}][{ids[row]}]{where} = {show(array[row])} rejected: "
+                f"{spec.name!r} has dtype {spec.dtype}, which holds {kind}"
+            )
+        return array.astype(spec.dtype, copy=False)
 
 
 # -- random draws ---------------------------------------------------------------------------------
@@ -625,23 +640,6 @@ class Binding:
 def plain_values(values: np.ndarray) -> list[Any]:
     """Per-env values as :meth:`Binding.set` takes them: Python scalars, or arrays for shaped ones."""
     return values.tolist() if values.ndim == 1 else list(values)
-
-
-def derived_refresher(env: Any) -> Callable[[], None] | None:
-    """A function recomputing what ``env`` derives from its parameters only in ``__init__``, or None.
-
-    CartPole caches ``total_mass`` and ``polemass_length`` from ``masscart``, ``masspole`` and
-    ``length``; the other classic-control envs read their parameters directly on every step.
-    """
-    unwrapped = env.unwrapped
-    if type(unwrapped).__name__ == "CartPoleEnv":
-
-        def refresh() -> None:
-            unwrapped.total_mass = unwrapped.masspole + unwrapped.masscart
-            unwrapped.polemass_length = unwrapped.masspole * unwrapped.length
-
-        return refresh
-    return None
 
 
 def constructor_defaults(specs: Sequence[ParamSpec], declared: Mapping[str, Param]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -38,6 +39,9 @@ from .spaces import ActionChecker, leaves
 from .system import monotonic
 from .view import Channels, PoolView
 from .waiting import Waiter
+
+#: How long close() waits for a reset or step in flight in another thread to give up.
+CLOSE_WAIT = 5.0
 
 
 def launch(env: Any, num_envs: int, **options: Any) -> Pool:
@@ -71,6 +75,10 @@ class Pool(Channels, VectorEnv):
     def __init__(self, config: PoolConfig) -> None:
         self._usable = False
         self._owner_pid = os.getpid()
+        #: Held by reset and step: close() from another thread waits for the call in flight, which
+        #: stops waiting (PoolClosedError) once it sees ``_closing``, before anything is released.
+        self._calls = threading.Lock()
+        self._closing = False
         check_memory_model()
         self.config = config
         self.num_envs = config.num_envs
@@ -121,7 +129,7 @@ class Pool(Channels, VectorEnv):
                 self._name, lifecycle.segment_file, views, self._header, layout.meta, self._check_open
             )
             self._action_views = [views[leaf.field_name("actions")] for leaf in leaves(self.single_action_space)]
-            self._waiter = Waiter(config, lifecycle)
+            self._waiter = Waiter(config, lifecycle, lambda: self._closing)
             self._results = Results(
                 config, views, self._waiter.words, self.single_observation_space, observation_leaves
             )
@@ -162,7 +170,7 @@ class Pool(Channels, VectorEnv):
         self.close()
 
     def _check_open(self) -> None:
-        if self.closed:
+        if self.closed or self._closing:
             raise PoolClosedError(f"pool {self._name!r} is closed")
         if os.getpid() != self._owner_pid:
             raise ForeignProcessError(
@@ -182,6 +190,12 @@ class Pool(Channels, VectorEnv):
         launch seed on the first reset, unseeded after). ``options`` must be plain JSON data apart
         from ``reset_mask``.
         """
+        with self._calls:
+            return self._reset(seed, options)
+
+    def _reset(
+        self, seed: int | Sequence[int | None] | None, options: dict[str, Any] | None
+    ) -> tuple[Any, dict[str, Any]]:
         self._enter()
         n = self.num_envs
         if seed is None and not self._reset_once and self.config.seed is not None:
@@ -234,15 +248,16 @@ class Pool(Channels, VectorEnv):
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Steps every env with its action; returns observations, rewards, terminations, truncations, infos."""
-        if not self._usable:
-            self._enter()
-        parts = self._check_actions(actions)
-        for view, part in zip(self._action_views, parts):
-            view[...] = part
-        self._run(CMD_STEP, "step")
-        if self._global_step % 64 == 0:
-            self._publish_rate()
-        return self._results.step()
+        with self._calls:
+            if not self._usable:
+                self._enter()
+            parts = self._check_actions(actions)
+            for view, part in zip(self._action_views, parts):
+                view[...] = part
+            self._run(CMD_STEP, "step")
+            if self._global_step % 64 == 0:
+                self._publish_rate()
+            return self._results.step()
 
     def _publish_rate(self) -> None:
         """Env steps per second over the last second or so, for attached processes (``stats``)."""
@@ -269,10 +284,10 @@ class Pool(Channels, VectorEnv):
         self._lifecycle.send(seq, command)
         try:
             self._waiter.wait_done(seq, phase)
-            self._pending = None
-            self._global_step = steps
+            self._global_step = steps  # before clearing _pending: a repeat after Ctrl-C here is harmless
             self._header[H_GLOBAL_STEP] = steps  # type: ignore[index]
-            self._usable = True
+            self._pending = None
+            self._usable = not self._closing  # close() from another thread clears it first
             self._waiter.raise_failures(phase)
         except ShmpoolError as error:
             self._broken = error
@@ -296,6 +311,18 @@ class Pool(Channels, VectorEnv):
     def close_extras(self, **kwargs: Any) -> None:
         """Stops the workers and unlinks the segment and doorbells; safe to call more than once."""
         self._usable = False
+        self._closing = True
+        calls = getattr(self, "_calls", None)
+        # A call in flight in another thread leaves within a poll interval; a bounded wait all the
+        # same, in case close() runs inside that very call (a signal handler's).
+        waited = calls is not None and calls.acquire(timeout=CLOSE_WAIT)
+        try:
+            self._release()
+        finally:
+            if waited:
+                calls.release()  # type: ignore[union-attr]
+
+    def _release(self) -> None:
         if getattr(self, "_view", None) is not None:
             self._view.close()
         if getattr(self, "_finalizer", None) is not None:

@@ -28,9 +28,11 @@ The ``writers`` field of the segment holds the words below (int64).
 
 from __future__ import annotations
 
+import _signal  # the C module: signal.getsignal/signal wrap it in enums at several microseconds a call
 import fcntl
 import os
 import platform
+import signal
 import threading
 import time
 import weakref
@@ -219,18 +221,70 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _Held:
-    """The context manager of :meth:`WriterLock.hold`."""
+    """The context manager of :meth:`WriterLock.hold`.
 
-    __slots__ = ("_lock", "_timeout", "_check_open")
+    Ctrl-C is held back from acquisition to release: a ``KeyboardInterrupt`` raised between a lock
+    call returning and the bookkeeping after it would leave the thread lock or the ``flock`` held
+    for good. It is raised once the lock is free again (the write itself completes or rolls back).
+    """
+
+    __slots__ = ("_lock", "_timeout", "_check_open", "_deferral")
 
     def __init__(self, lock: WriterLock, timeout: float | None, check_open: Callable[[], None]) -> None:
         self._lock, self._timeout, self._check_open = lock, timeout, check_open
+        self._deferral: _DeferredInterrupt | None = None
 
     def __enter__(self) -> None:
-        self._lock._acquire(self._timeout, self._check_open)
+        self._deferral = _DeferredInterrupt.begin()
+        try:
+            self._lock._acquire(self._timeout, self._check_open)
+        except BaseException:
+            self._end_deferral()
+            raise
 
     def __exit__(self, exc_type: Any, *exc_info: Any) -> None:
-        self._lock._release(exc_type is not None)
+        try:
+            self._lock._release(exc_type is not None)
+        finally:
+            self._end_deferral()
+
+    def _end_deferral(self) -> None:
+        deferral, self._deferral = self._deferral, None
+        if deferral is not None:
+            deferral.end()
+
+
+class _DeferredInterrupt:
+    """Holds back SIGINT's Python handler in the main thread (the only thread a ``KeyboardInterrupt``
+    is raised in) and runs it at :meth:`end`. Blocking the signal would not do: another thread can
+    take it, and the main thread still runs the handler at its next bytecode."""
+
+    __slots__ = ("_previous", "_received")
+
+    def __init__(self, previous: Any) -> None:
+        self._previous = previous
+        self._received = False
+
+    @classmethod
+    def begin(cls) -> _DeferredInterrupt | None:
+        """Starts holding back Ctrl-C, or returns None off the main thread or without a Python handler."""
+        if threading.get_ident() != threading.main_thread().ident:
+            return None
+        previous = _signal.getsignal(signal.SIGINT)
+        if not callable(previous):  # SIG_IGN, or SIG_DFL (the kernel ends the process: nothing leaks)
+            return None
+        deferral = cls(previous)
+        _signal.signal(signal.SIGINT, deferral._note)
+        return deferral
+
+    def _note(self, signum: int, frame: Any) -> None:
+        self._received = True
+
+    def end(self) -> None:
+        """Puts the handler back and runs it if Ctrl-C came meanwhile (raising ``KeyboardInterrupt``)."""
+        _signal.signal(signal.SIGINT, self._previous)
+        if self._received:
+            self._previous(signal.SIGINT, None)
 
 
 # -- seqlock --------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import signal
 from collections.abc import Callable
 
 from .config import PoolConfig
-from .errors import PoolTimeoutError, WorkerDiedError, WorkerError
+from .errors import PoolClosedError, PoolTimeoutError, WorkerDiedError, WorkerError
 from .layout import (
     CONTROL_WORDS,
     CTL_DONE,
@@ -47,8 +47,9 @@ def describe_exit(exitcode: int | None) -> str:
 class Waiter:
     """Waits for the workers of one pool and raises what they report or what became of them."""
 
-    def __init__(self, config: PoolConfig, lifecycle: Lifecycle) -> None:
+    def __init__(self, config: PoolConfig, lifecycle: Lifecycle, closing: Callable[[], bool]) -> None:
         self._config = config
+        self._closing = closing
         self._lifecycle = lifecycle
         self._name = lifecycle.name
         self._slots = config.slots
@@ -93,7 +94,10 @@ class Waiter:
     def _check_workers(
         self, deadline: float | None, limit: float | None, phase: str, finished: Callable[[int], bool]
     ) -> None:
-        """Raises if a worker that has not finished is dead, or if the deadline has passed."""
+        """Raises if the pool is being closed, if a worker that has not finished is dead, or if the
+        deadline has passed."""
+        if self._closing():
+            raise PoolClosedError(f"pool {self._name!r} was closed (by another thread) during {phase}")
         processes = self._lifecycle.processes
         for worker_id, process in enumerate(processes):
             if not finished(worker_id) and process.exitcode is not None:

@@ -54,6 +54,16 @@ def shm_entries(marker: str) -> list[str]:
     return sorted(name for name in os.listdir(SHM_DIR) if marker in name)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def mujoco_warnings_to_logging() -> None:
+    """MuJoCo appends its warnings to MUJOCO_LOG.TXT in the working directory on every model compile
+    (the trainer compiles one at each launch): send this process's to logging instead. Workers get
+    the same with ``launch(..., worker_init=shmpool.mujoco.log_to_python)``."""
+    from shmpool.mujoco import log_to_python
+
+    log_to_python()
+
+
 @pytest.fixture
 def pool_name(request: pytest.FixtureRequest) -> str:
     """A pool name unique to this test; the leak check looks for it."""

@@ -360,3 +360,84 @@ class SeesResetting:
 
     def after_step(self, ctx) -> None:
         ctx.rewards[:] = self.seen
+
+
+class StepMarkerEnv(gym.Env):
+    """Creates the file ``folder/stepping-PID`` as each step begins, then sleeps ``sleep`` seconds: a
+    test can wait for the file to act while the worker is inside ``env.step``."""
+
+    observation_space = spaces.Box(-1e6, 1e6, (1,), np.float64)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, folder: str, sleep: float = 30.0) -> None:
+        self.folder, self.sleep = folder, sleep
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(1), {}
+
+    def step(self, action):
+        import os
+
+        with open(f"{self.folder}/stepping-{os.getpid()}", "w"):
+            pass
+        time.sleep(self.sleep)
+        return np.zeros(1), 0.0, False, False, {}
+
+
+class BigInfoEnv(gym.Env):
+    """Reports ``big`` (9 float64: 72 bytes), ``fits`` (8 float64: 64 bytes) and ``count``, all equal
+    to the step count, on every step."""
+
+    observation_space = spaces.Box(-1e6, 1e6, (1,), np.float64)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self) -> None:
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(1), {}
+
+    def step(self, action):
+        self.t += 1
+        info = {"big": np.full(9, float(self.t)), "fits": np.full(8, float(self.t)), "count": self.t}
+        return np.array([float(self.t)]), 1.0, False, False, info
+
+
+class MetricEnv(gym.Env):
+    """Episodes of ``3 + seed % 3`` steps (the seed of its last seeded reset); reward 1 per step. Its
+    info at step ``t`` holds ``is_success`` = t / 10 and ``stats/score`` = -t, and ``first`` only at
+    step 1: the values at an episode's last step are known from its length."""
+
+    observation_space = spaces.Box(-1e6, 1e6, (1,), np.float64)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self) -> None:
+        self.t, self.length = 0, 3
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if seed is not None:
+            self.length = 3 + seed % 3
+        self.t = 0
+        return np.zeros(1), {}
+
+    def step(self, action):
+        self.t += 1
+        info: dict[str, Any] = {"is_success": self.t / 10, "stats": {"score": -self.t}}
+        if self.t == 1:
+            info["first"] = 1.0
+        return np.array([float(self.t)]), 1.0, self.t >= self.length, False, info
+
+
+class TerminateAfter:
+    """A hook that ends, in ``after_step``, the episode of every env whose observation[0] (its step
+    count, for ``CountingEnv``) reached ``steps``."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def after_step(self, ctx) -> None:
+        ctx.terminations[ctx.stepped & (ctx.observations[:, 0] >= self.steps)] = True

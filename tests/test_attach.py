@@ -9,6 +9,7 @@ import signal
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import helpers
@@ -190,3 +191,56 @@ def test_cli_show_set_watch_against_a_live_pool(pool_name: str) -> None:
         assert refused.returncode == 2 and "params['length'][0] = 9.0 rejected: outside [0.1, 2.0]" in refused.stderr
         watched = run("-m", "shmpool", "watch", pool_name, "--count", "2", "--interval", "0.1")
         assert watched.returncode == 0 and watched.stdout.count("env steps/s") == 2 and "masscart" in watched.stdout
+
+
+def test_episode_metrics_read_the_info_keys_at_each_episodes_last_step(pool_name: str) -> None:
+    metrics = {"success": "is_success", "score": "stats/score", "first": "first"}
+    with shmpool.launch(helpers.MetricEnv, 3, num_workers=2, name=pool_name, episode_metrics=metrics, seed=0) as pool:
+        with shmpool.attach(pool_name) as handle:  # its reader starts here
+            pool.reset()  # env i gets seed i: episodes of 3, 4 and 5 steps
+            for _ in range(20):
+                pool.step(np.zeros(3, int))
+            records = pool.episodes.read()
+            seen_by_others = handle.episodes.read()
+    assert records.dtype["metrics"].names == ("success", "score", "first")
+    for env, length in enumerate([3, 4, 5]):
+        mine = records[records["env_id"] == env]
+        assert len(mine) >= 3 and (mine["length"] == length).all(), mine
+        assert mine["metrics"]["success"].tolist() == [length / 10] * len(mine)  # the last step's value
+        assert mine["metrics"]["score"].tolist() == [-length] * len(mine)  # a nested key, by its path
+        assert np.isnan(mine["metrics"]["first"]).all()  # reported at step 1 only: absent at the last
+    theirs, ours = (np.sort(r, order=["env_id", "episode"]) for r in (seen_by_others, records))
+    for field in ("env_id", "episode", "length"):
+        np.testing.assert_array_equal(theirs[field], ours[field])
+    for name in metrics:
+        np.testing.assert_array_equal(theirs["metrics"][name], ours["metrics"][name])  # NaN matches NaN
+
+
+WAITING_ATTACHER = """
+import sys, time, shmpool
+print("attaching", flush=True)
+with shmpool.attach(sys.argv[1], timeout=60) as handle:
+    print("attached", handle.num_envs, handle.alive, flush=True)
+"""
+
+
+def test_attach_with_a_timeout_waits_for_the_pool_to_appear(pool_name: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(shmpool.PoolNotFoundError, match="no pool named"):
+        shmpool.attach(pool_name, timeout=0.5)  # nothing appears: it gives up after its timeout
+    assert 0.5 <= time.monotonic() - started < 10.0
+    attacher = subprocess.Popen(
+        [sys.executable, "-c", WAITING_ATTACHER, pool_name], stdout=subprocess.PIPE, text=True, env=ENV
+    )
+    try:
+        assert attacher.stdout.readline().strip() == "attaching"
+        time.sleep(0.5)
+        assert attacher.poll() is None  # still waiting: no pool of that name yet
+        with shmpool.launch("CartPole-v1", 3, num_workers=1, name=pool_name) as pool:
+            output, _ = attacher.communicate(timeout=60)
+            assert pool.num_envs == 3
+        assert attacher.returncode == 0 and output.strip() == "attached 3 True"
+    finally:
+        if attacher.poll() is None:
+            attacher.kill()
+            attacher.communicate()

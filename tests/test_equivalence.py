@@ -142,3 +142,57 @@ def test_default_workers_and_name() -> None:
         observations, rewards, terminations, truncations, infos = pool.step([0, 1, 0])
         assert observations.shape == (3, 4) and rewards.dtype == np.float64
         assert terminations.dtype == np.bool_ and truncations.dtype == np.bool_
+
+
+def test_copy_false_returns_views_that_the_next_call_overwrites(pool_name: str) -> None:
+    import helpers
+
+    runs = {}
+    for copy in (True, False):
+        with shmpool.launch(
+            lambda: helpers.CountingEnv(length=100), 2, num_workers=2, name=f"{pool_name}{copy}", copy=copy
+        ) as pool:
+            first, _ = pool.reset(seed=0)
+            kept = first.copy()
+            second = pool.step([1, 2])[0]
+            assert second.tolist() == [[1.0, 1.0], [1.0, 2.0]]
+            third = pool.step([2, 0])[0]
+            runs[copy] = (first, second, third, kept)
+    first, second, third, kept = runs[True]
+    assert kept.tolist() == [[0.0, -1.0]] * 2
+    assert first.tolist() == kept.tolist() and second.tolist() == [[1.0, 1.0], [1.0, 2.0]]  # copies keep
+    assert not np.shares_memory(first, second) and not np.shares_memory(second, third)
+    first, second, third, kept = runs[False]
+    assert kept.tolist() == [[0.0, -1.0]] * 2
+    # Views: every returned array now shows what the last call wrote.
+    assert first.tolist() == second.tolist() == third.tolist() == [[2.0, 2.0], [2.0, 0.0]]
+
+
+def test_reset_options_over_their_size_limit_are_refused_before_sending(pool_name: str) -> None:
+    import json
+    import re
+
+    import helpers
+
+    reference = SyncVectorEnv([lambda: helpers.CountingEnv(length=100) for _ in range(2)])
+    with shmpool.launch(lambda: helpers.CountingEnv(length=100), 2, num_workers=2, name=pool_name) as pool:
+        np.testing.assert_array_equal(
+            pool.reset(seed=0, options={"offset": 1})[0], reference.reset(seed=0, options={"offset": 1})[0]
+        )
+        big = {"offset": 5, "pad": "x" * 10_000}
+        with pytest.raises(ValueError, match=r"reset options .* at most \d+") as caught:
+            pool.reset(options=big)
+        assert str(len(json.dumps(big))) in str(caught.value)  # says how large they were
+        limit = int(re.search(r"at most (\d+)", str(caught.value)).group(1))
+        # Nothing reached the workers: their episodes go on.
+        np.testing.assert_array_equal(pool.step([1, 2])[0], reference.step(np.array([1, 2]))[0])
+        # Options of exactly the limit fit, and reach the envs intact.
+        base = {"offset": 9, "pad": ""}
+        fitting = {"offset": 9, "pad": "y" * (limit - len(json.dumps(base).encode()))}
+        assert len(json.dumps(fitting).encode()) == limit
+        observations = pool.reset(options=fitting)[0]
+        np.testing.assert_array_equal(observations, reference.reset(options=fitting)[0])
+        assert observations[:, 0].tolist() == [9.0, 9.0]
+        with pytest.raises(ValueError, match=rf"at most {limit}"):
+            pool.reset(options={**fitting, "pad": fitting["pad"] + "y"})  # one byte more
+    reference.close()

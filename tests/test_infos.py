@@ -47,3 +47,37 @@ def test_too_many_info_keys_warns(pool_name: str) -> None:
         with pytest.warns(RuntimeWarning, match="beyond its table of 2 keys"):
             infos = pool.step([1, 0])[4]
         assert "count" in infos  # keys registered first still travel
+
+
+def test_info_arrays_larger_than_info_bytes_are_left_out_with_one_warning(pool_name: str) -> None:
+    import warnings
+
+    with shmpool.launch(helpers.BigInfoEnv, 2, num_workers=1, name=pool_name, info_bytes=64) as pool:
+        pool.reset(seed=0)
+        with pytest.warns(RuntimeWarning) as caught:
+            infos = pool.step([0, 1])[4]
+        about = [str(w.message) for w in caught if "'big'" in str(w.message)]
+        assert len(about) == 1 and "at most 64 bytes" in about[0], about
+        assert not [str(w.message) for w in caught if "'fits'" in str(w.message) or "'count'" in str(w.message)]
+        assert "big" not in infos and "_big" not in infos
+        np.testing.assert_array_equal(infos["fits"], np.ones((2, 8)))  # 64 bytes: exactly room enough
+        assert infos["count"].tolist() == [1, 1]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            infos = pool.step([0, 1])[4]  # warned once per key, not per step
+        assert "big" not in infos and infos["count"].tolist() == [2, 2]
+    with shmpool.launch(helpers.BigInfoEnv, 2, num_workers=1, name=pool_name + "w", info_bytes=72) as pool:
+        pool.reset(seed=0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # with room for it, the same value travels
+            infos = pool.step([0, 1])[4]
+        np.testing.assert_array_equal(infos["big"], np.ones((2, 9)))
+        assert infos["_big"].tolist() == [True, True]
+
+
+def test_a_left_out_info_key_warns_once_whatever_the_number_of_workers(pool_name: str) -> None:
+    with shmpool.launch(helpers.BigInfoEnv, 4, num_workers=2, name=pool_name, info_bytes=64) as pool:
+        pool.reset(seed=0)
+        with pytest.warns(RuntimeWarning) as caught:
+            pool.step([0, 1, 0, 1])
+    assert len([w for w in caught if "'big'" in str(w.message)]) == 1

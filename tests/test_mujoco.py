@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import gymnasium as gym
 import mujoco
 import numpy as np
 import pytest
 
 import shmpool
-from shmpool import Param, hooks
+from shmpool import Param, adapters, hooks
 from shmpool import mujoco as smj
 
 ENV = "HalfCheetah-v5"
@@ -48,7 +52,12 @@ BINDINGS = [
 @pytest.mark.parametrize("label, binding, where, value", BINDINGS, ids=[b[0] for b in BINDINGS])
 def test_binding_matches_a_hand_edited_model(label, binding, where, value, pool_name: str) -> None:
     with shmpool.launch(
-        ENV, 2, num_workers=2, name=pool_name, params={label: Param(bind=binding, low=-1000, high=1000)}
+        ENV,
+        2,
+        num_workers=2,
+        name=pool_name,
+        params={label: Param(bind=binding, low=-1000, high=1000)},
+        worker_init=smj.log_to_python,
     ) as pool:
         nominal = float(pool.params[label][0])
         pool.params[label][1] = value
@@ -70,9 +79,13 @@ def test_binding_matches_a_hand_edited_model(label, binding, where, value, pool_
 
 def test_unknown_names_fail_at_launch_listing_the_model_names(pool_name: str) -> None:
     with pytest.raises(ValueError, match=r"no body named 'torsoo'; its body names are \['world', 'torso', 'bthigh'"):
-        shmpool.launch(ENV, 2, name=pool_name, params={"m": Param(bind=smj.body_mass("torsoo"))})
+        shmpool.launch(
+            ENV, 2, name=pool_name, params={"m": Param(bind=smj.body_mass("torsoo"))}, worker_init=smj.log_to_python
+        )
     with pytest.raises(ValueError, match=r"no actuator named 'elbow'"):
-        shmpool.launch(ENV, 2, name=pool_name, params={"g": Param(bind=smj.actuator_gear("elbow"))})
+        shmpool.launch(
+            ENV, 2, name=pool_name, params={"g": Param(bind=smj.actuator_gear("elbow"))}, worker_init=smj.log_to_python
+        )
 
 
 RANDOMIZED = {
@@ -98,7 +111,14 @@ RANDOMIZED = {
 def applied_per_episode(name: str, seed: int, workers: int) -> list[np.ndarray]:
     rows = []
     with shmpool.launch(
-        ENV, 4, num_workers=workers, name=name, params=RANDOMIZED, seed=seed, env_kwargs={"max_episode_steps": 5}
+        ENV,
+        4,
+        num_workers=workers,
+        name=name,
+        params=RANDOMIZED,
+        seed=seed,
+        env_kwargs={"max_episode_steps": 5},
+        worker_init=smj.log_to_python,
     ) as pool:
         pool.reset()
         rows.append(pool.applied.copy())
@@ -123,7 +143,9 @@ def test_relative_randomization_is_per_env_per_episode_and_reproducible(pool_nam
 
 
 def test_relative_values_are_applied_exactly(pool_name: str) -> None:
-    with shmpool.launch(ENV, 2, num_workers=2, name=pool_name, params=RANDOMIZED, seed=1) as pool:
+    with shmpool.launch(
+        ENV, 2, num_workers=2, name=pool_name, params=RANDOMIZED, seed=1, worker_init=smj.log_to_python
+    ) as pool:
         observations, _ = pool.reset(seed=8)
         scales = pool.applied.copy()
         references = []
@@ -147,7 +169,7 @@ def test_relative_values_are_applied_exactly(pool_name: str) -> None:
 @pytest.mark.parametrize("mode", ["force", "velocity"])
 def test_perturb_pushes_a_mujoco_body(mode: str, pool_name: str) -> None:
     push = hooks.Perturb(0.0, kick=smj.Push("torso", mode=mode), dims=3)
-    with shmpool.launch(ENV, 2, num_workers=2, name=pool_name, hooks=[push]) as pool:
+    with shmpool.launch(ENV, 2, num_workers=2, name=pool_name, hooks=[push], worker_init=smj.log_to_python) as pool:
         observations, _ = pool.reset(seed=0)
         references = [gym.make(ENV) for _ in range(2)]
         for i, r in enumerate(references):
@@ -162,3 +184,54 @@ def test_perturb_pushes_a_mujoco_body(mode: str, pool_name: str) -> None:
             if t < 3:
                 np.testing.assert_array_equal(observations[1], expected[1])
         assert np.abs(observations[1] - expected[1]).max() > 1e-3
+
+
+def test_perturb_needs_a_push_for_mujoco_envs(pool_name: str) -> None:
+    assert isinstance(adapters.adapter_for(gym.make(ENV)), smj.MujocoAdapter)
+    with shmpool.launch(
+        ENV, 1, num_workers=1, name=pool_name, hooks=[hooks.Perturb(1.0)], worker_init=smj.log_to_python
+    ) as pool:
+        pool.reset(seed=0)
+        pool.events.send("Perturb", [0])
+        with pytest.raises(shmpool.WorkerError, match="failed in hook 'Perturb'") as caught:
+            pool.step(np.zeros((1, 6), np.float32))
+        assert "give it kick=shmpool.mujoco.Push(body)" in caught.value.__cause__.text
+
+
+NO_LOG_FILE = """
+import logging
+import sys
+
+import numpy as np
+
+import shmpool
+from shmpool import Param
+from shmpool import mujoco as smj
+
+if __name__ == "__main__":  # spawned workers import this file again
+    logging.basicConfig(format="%(name)s|%(message)s")
+    smj.log_to_python()  # the trainer makes an env at launch, to read nominal values
+    # Gravity far beyond MuJoCo's limits makes it warn ("huge value in QACC") in the worker.
+    params = {"gravity": Param(bind=smj.gravity(axis=2), low=-1e15, high=0)}
+    with shmpool.launch(
+        "HalfCheetah-v5", 2, num_workers=1, name=sys.argv[1], params=params, start_method="spawn",
+        worker_init=smj.log_to_python,
+    ) as pool:
+        pool.params["gravity"][1] = -1e12
+        pool.reset(seed=0)
+        for _ in range(3):
+            pool.step(np.zeros((2, 6), np.float32))
+    print("done")
+"""
+
+
+def test_mujoco_pools_write_no_log_file_in_the_working_directory(pool_name: str, tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(NO_LOG_FILE)
+    result = subprocess.run(
+        [sys.executable, "train.py", pool_name], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["done"]
+    assert "huge value in QACC" in result.stderr  # the worker warned...
+    assert "WARNING: " not in result.stderr  # ...through logging, not MuJoCo's handler (which also writes the file)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["train.py"]

@@ -12,9 +12,10 @@ import gymnasium as gym
 import helpers
 import numpy as np
 import pytest
+from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 import shmpool
-from shmpool import Param
+from shmpool import Param, adapters, classic_control
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -296,3 +297,87 @@ def test_attach_sees_params_and_applied(pool_name: str) -> None:
                 handle.applied["length"][0] = 1.0
     with pytest.raises(shmpool.PoolNotFoundError, match="no pool named"):
         shmpool.attach(pool_name)
+
+
+class RenamedCartPole(CartPoleEnv):
+    """CartPole under another class name: its adapter is found through its class hierarchy."""
+
+
+def impostor() -> gym.Env:
+    """An env of an unrelated class that is only named CartPoleEnv."""
+    return type("CartPoleEnv", (gym.Env,), {})()
+
+
+def test_adapters_are_found_by_the_unwrapped_class_not_the_name() -> None:
+    cartpole = adapters.adapter_for(gym.make("CartPole-v1"))  # wrapped: looked up on env.unwrapped
+    assert isinstance(cartpole, classic_control.CartPole)
+    assert adapters.adapter_for(RenamedCartPole()) is cartpole
+    assert adapters.adapter_for(impostor()) is adapters.GENERIC
+    assert adapters.GENERIC.refresher(impostor()) is None and adapters.GENERIC.kicker(impostor()) is None
+    pendulum = adapters.adapter_for(gym.make("Pendulum-v1"))
+    assert isinstance(pendulum, classic_control.ClassicControl) and pendulum.refresher(gym.make("Pendulum-v1")) is None
+    env = RenamedCartPole()
+    env.masspole, env.length = 0.3, 0.9
+    cartpole.refresher(env)()
+    assert (env.total_mass, env.polemass_length) == (0.3 + env.masscart, 0.3 * 0.9)
+
+
+def test_cartpole_derived_values_follow_in_a_subclass_made_by_a_callable(pool_name: str) -> None:
+    reference = RenamedCartPole()
+    reference.masspole = 0.5
+    reference.total_mass = reference.masspole + reference.masscart
+    reference.polemass_length = reference.masspole * reference.length
+    params = {"masspole": Param(low=0, high=10)}
+    with shmpool.launch(RenamedCartPole, 1, num_workers=1, name=pool_name, params=params) as pool:
+        pool.params["masspole"][0] = 0.5
+        observation = pool.reset(seed=2)[0][0]
+        np.testing.assert_array_equal(observation, reference.reset(seed=2)[0])
+        for t in range(8):
+            np.testing.assert_array_equal(pool.step([t % 2])[0][0], reference.step(t % 2)[0], err_msg=f"step {t}")
+
+
+class MirrorAdapter(adapters.EnvAdapter):
+    """A family of one's own: PairEnv derives ``b`` from ``a``."""
+
+    name = "mirror"
+    classes = (adapters.class_key(helpers.PairEnv),)
+
+    def refresher(self, env):
+        unwrapped = env.unwrapped
+
+        def refresh() -> None:
+            unwrapped.b = -unwrapped.a
+
+        return refresh
+
+
+def test_a_registered_adapter_is_used_by_the_workers(pool_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(adapters, "_registered", {})  # undone after the test: the registry is per process
+    monkeypatch.setattr(adapters, "_table", None)
+    monkeypatch.setattr(adapters, "_by_type", {})
+    assert adapters.adapter_for(helpers.PairEnv()) is adapters.GENERIC
+    mirror = adapters.register(MirrorAdapter())
+    assert adapters.adapter_for(helpers.PairEnv()) is mirror
+    with pytest.raises(ValueError, match="module:QualName"):
+        adapters.register(type("Bad", (adapters.EnvAdapter,), {"classes": ("PairEnv",)})())
+    # The default start method forks: the workers inherit the registration.
+    with shmpool.launch(helpers.PairEnv, 2, num_workers=2, name=pool_name, params={"a": Param(0.0)}) as pool:
+        pool.reset(seed=0)
+        pool.params["a"][1] = 3.0
+        assert pool.step([0, 0])[0].tolist() == [[0.0, -0.0], [3.0, -3.0]]
+
+
+IMPORTS = """
+import sys
+import gymnasium as gym
+import shmpool
+assert "shmpool.adapters" not in sys.modules and "shmpool.classic_control" not in sys.modules
+from shmpool.adapters import adapter_for
+print(type(adapter_for(gym.make("CartPole-v1"))).__name__, "mujoco" in sys.modules)
+"""
+
+
+def test_adapters_import_mujoco_only_for_mujoco_envs() -> None:
+    result = subprocess.run([sys.executable, "-c", IMPORTS], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["CartPole", "False"]

@@ -629,7 +629,7 @@ def test_lock_held_by_another_process_times_out(lock_file: tuple[str, np.ndarray
         with pytest.raises(WriterLockTimeout) as info, lock.hold(0.3, no_check):
             pass
         elapsed = time.monotonic() - start
-        assert 0.3 <= elapsed < 1.5, elapsed
+        assert 0.3 <= elapsed < 10.0, elapsed  # its timeout, then it gives up: no hang
         assert info.value.holder_pid == process.pid and f"pid {process.pid}" in str(info.value)
         assert "stopped" not in str(info.value)
         os.kill(process.pid, signal.SIGSTOP)
@@ -677,7 +677,7 @@ def test_lock_excludes_forked_children(lock_file: tuple[str, np.ndarray]) -> Non
             with lock.hold(0.2, no_check):
                 return 1
         except WriterLockTimeout:
-            return 0 if time.monotonic() - start < 2.0 else 3
+            return 0 if time.monotonic() - start < 10.0 else 3  # its 0.2 s timeout, not a hang
 
     def acquires() -> int:
         with lock.hold(2.0, no_check):

@@ -2,11 +2,89 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import _settings  # noqa: E402  (scripts/ is not a package: the scripts import it as their neighbour)
+
+
+@dataclass
+class Example:
+    """Settings of every kind the helper handles."""
+
+    pool: str
+    """the pool to attach to."""
+    num_envs: int = 64
+    """envs in
+    the pool (a 100% sure thing)."""
+    envs: list[str] = field(default_factory=lambda: ["CartPole-v1", "Pendulum-v1"])
+    """env ids."""
+    algo: Literal["adr", "threshold"] = "adr"
+    """which curriculum."""
+    state: str | None = None
+    """a JSON file."""
+    rate: float = 0.5
+    quick: bool = False
+    """a short run."""
+    color: bool = True
+    """colored output."""
+
+
+def test_settings_helper_reads_attribute_docstrings() -> None:
+    assert _settings.field_docs(Example) == {
+        "pool": "the pool to attach to.",
+        "num_envs": "envs in the pool (a 100% sure thing).",
+        "envs": "env ids.",
+        "algo": "which curriculum.",
+        "state": "a JSON file.",
+        "quick": "a short run.",
+        "color": "colored output.",
+    }
+    text = _settings.build_parser(Example, description="the example", groups={"extra": ["rate"]}).format_help()
+    assert "the example" in text and "envs in the pool (a 100% sure thing) (default: 64)" in " ".join(text.split())
+    assert "--envs ENVS [ENVS ...]" in text and "(default: CartPole-v1 Pendulum-v1)" in text
+    assert "{adr,threshold}" in text and "--color, --no-color" in text and "\nextra:\n  --rate RATE" in text
+
+
+def test_settings_helper_types_defaults_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    settings = _settings.parse(Example, ["--pool", "p"])
+    assert settings == Example("p")
+    settings = _settings.parse(
+        Example,
+        "--pool p --num-envs 8 --envs A B --envs C --algo threshold --state s.json --rate 2 --quick --no-color".split(),
+    )
+    assert dataclasses.astuple(settings) == ("p", 8, ["A", "B", "C"], "threshold", "s.json", 2.0, True, False)
+    assert type(settings.rate) is float
+    assert _settings.parse_given(Example, ["--pool", "p", "--rate", "1"]) == {"pool": "p", "rate": 1.0, "quick": False}
+    assert Example("p").envs == ["CartPole-v1", "Pendulum-v1"]  # the default list is never extended in place
+    for argv, message in [
+        ([], "the following arguments are required: --pool"),
+        (["--pool", "p", "--algo", "x"], "invalid choice: 'x'"),
+        (["--pool", "p", "--num-envs", "1.5"], "invalid int value: '1.5'"),
+    ]:
+        with pytest.raises(SystemExit):
+            _settings.parse(Example, argv)
+        assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("script", ["bench", "demo", "curriculum", "robot_dr", "soak"])
+def test_scripts_document_their_options(script: str) -> None:
+    result = subprocess.run(
+        [sys.executable, f"scripts/{script}.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    options = [line.split()[0] for line in result.stdout.splitlines() if line.startswith("  --")]
+    assert len(options) >= 5 and "--quick" in options or script in ("curriculum", "robot_dr")
+    assert "(default: " in result.stdout
 
 
 def test_bench_quick_prints_a_table() -> None:
@@ -53,6 +131,11 @@ def test_demo_quick_runs_curriculum_and_plots(tmp_path: Path) -> None:
     assert "ADR curriculum in process" in result.stdout and "mean return" in result.stdout
     assert "env steps in" in result.stdout and f"plot saved to {plot}" in result.stdout
     assert plot.stat().st_size > 10_000 and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Not on a terminal: the progress bar is drawn once, as one plain line (no \r, no escape codes).
+    assert "\r" not in result.stdout + result.stderr and "\x1b" not in result.stdout + result.stderr
+    assert [line for line in result.stderr.splitlines() if line.startswith("generation 4/4")], result.stderr
+    table = [line.split()[0] for line in result.stdout.splitlines() if line[:10].strip().isdigit()]
+    assert table == ["1", "2", "3", "4"]  # one row per generation here, the last one only once
 
 
 def test_robot_dr_prints_applied_ranges() -> None:

@@ -8,13 +8,13 @@ from typing import Any
 
 import numpy as np
 
+from shmpool.adapters import adapter_for
 from shmpool.layout import CTL_PARAM_REFUSALS
 from shmpool.params import (
     Binding,
     ParamSpec,
     bad_rows,
     derive_seed,
-    derived_refresher,
     draw,
     plain_values,
     problem,
@@ -98,7 +98,7 @@ class ParamApplier:
             if spec.when != "rebuild":
                 binding = self._bindings[spec.index][local] = Binding(env, spec, self._label)
                 self._attributes[spec.index][local] = binding.attribute
-        self._refreshers[local] = derived_refresher(env)
+        self._refreshers[local] = adapter_for(env).refresher(env)  # what the env caches from its parameters
         rows = np.array([local])
         for spec in self._step_values:
             self._apply(spec, rows, self._good[spec.name][rows])

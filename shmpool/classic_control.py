@@ -1,0 +1,65 @@
+"""What shmpool knows about gymnasium's classic-control envs (see :mod:`shmpool.adapters`).
+
+Their parameters are plain attributes of the unwrapped env, bound by name (``Param(...)`` for
+``"gravity"`` binds ``env.unwrapped.gravity``), and every one of them is read on each step, except
+that CartPole caches ``total_mass`` and ``polemass_length`` in ``__init__``: its adapter recomputes
+them after its parameters change. ``hooks.Perturb`` kicks these envs by adding to the velocity
+entries of ``env.unwrapped.state``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .adapters import EnvAdapter
+
+
+class ClassicControl(EnvAdapter):
+    """One classic-control env class, whose ``unwrapped.state`` holds velocities at ``velocities``."""
+
+    name = "classic control"
+
+    def __init__(self, cls: str, velocities: Sequence[int]) -> None:
+        self.classes = (cls,)
+        self.velocities = list(velocities)  # a list: fancy indexing of the state vector
+
+    def kicker(self, env: Any) -> Callable[[np.ndarray], None]:
+        """Adds ``amounts`` (one per velocity entry; extra ones ignored) to the env's velocities."""
+        unwrapped, indices = env.unwrapped, self.velocities
+        count = len(indices)
+
+        def kick(amounts: np.ndarray) -> None:
+            state = np.array(unwrapped.state, dtype=np.float64)
+            state[indices] += amounts[:count]
+            unwrapped.state = state
+
+        return kick
+
+
+class CartPole(ClassicControl):
+    """CartPole, which derives ``total_mass`` and ``polemass_length`` from ``masscart``,
+    ``masspole`` and ``length`` once, in ``__init__``."""
+
+    def refresher(self, env: Any) -> Callable[[], None]:
+        """Recomputes ``total_mass`` and ``polemass_length`` as ``__init__`` does."""
+        unwrapped = env.unwrapped
+
+        def refresh() -> None:
+            unwrapped.total_mass = unwrapped.masspole + unwrapped.masscart
+            unwrapped.polemass_length = unwrapped.masspole * unwrapped.length
+
+        return refresh
+
+
+_MODULE = "gymnasium.envs.classic_control"
+
+ADAPTERS = [
+    CartPole(f"{_MODULE}.cartpole:CartPoleEnv", velocities=[1, 3]),  # x_dot, theta_dot
+    ClassicControl(f"{_MODULE}.pendulum:PendulumEnv", velocities=[1]),  # theta_dot
+    ClassicControl(f"{_MODULE}.mountain_car:MountainCarEnv", velocities=[1]),  # velocity
+    ClassicControl(f"{_MODULE}.continuous_mountain_car:Continuous_MountainCarEnv", velocities=[1]),
+    ClassicControl(f"{_MODULE}.acrobot:AcrobotEnv", velocities=[2, 3]),  # dtheta1, dtheta2
+]
