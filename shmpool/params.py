@@ -471,6 +471,8 @@ class ParamBlock:
                 f"{len(ids)} env(s) of shape {spec.shape}: {exc}"
             ) from exc
         if spec.dtype.kind == "f":
+            if array.dtype == spec.dtype:  # the common case: float64 values for a float64 parameter
+                return array
             with np.errstate(over="ignore"):  # an overflow becomes inf, refused as not finite
                 return array.astype(spec.dtype, copy=False)
         low, high = (0, 1) if spec.dtype.kind == "b" else (np.iinfo(spec.dtype).min, np.iinfo(spec.dtype).max)

@@ -326,12 +326,18 @@ class Seqlock:
 def seqlock_read(block: np.ndarray, seq: np.ndarray, previous: np.ndarray) -> np.ndarray:
     """A copy of ``block`` in which no row is half written: rows that a writer is changing (odd or
     moving counter) for ``SEQLOCK_RETRIES`` tries keep their value from ``previous``. Never waits."""
+    before = seq.copy()
+    copy = block.copy()
+    after = seq.copy()
+    if before.tobytes() == after.tobytes() and not (before & 1).any():  # no writer meanwhile: the common case
+        return copy
     snapshot = previous.copy()
     pending = np.ones(len(block), dtype=np.bool_)
-    for _ in range(SEQLOCK_RETRIES):
-        before = seq.copy()
-        copy = block.copy()
-        after = seq.copy()
+    for attempt in range(SEQLOCK_RETRIES):
+        if attempt:
+            before = seq.copy()
+            copy = block.copy()
+            after = seq.copy()
         whole = (before == after) & (before & 1 == 0) & pending
         snapshot[whole] = copy[whole]
         pending &= ~whole

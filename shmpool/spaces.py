@@ -257,6 +257,11 @@ class ObservationWriter:
         #: ``write(row, observation)`` writes one env's observation (structured like the space) to
         #: ``row`` of every leaf's view; a plain leaf goes straight to its slot (one call per step).
         self.write: Callable[[int, Any], None] = self._slots[0].write if is_leaf(space) else self._write_parts
+        #: For a plain leaf: (view, shape, dtype) of the value that may be stored without a call, the
+        #: common case a caller checks inline (an ndarray of exactly that shape and dtype); else None.
+        self.exact: tuple[np.ndarray, tuple[int, ...], np.dtype[Any]] | None = (
+            (views[0], self._slots[0].shape, self._slots[0].dtype) if is_leaf(space) else None
+        )
 
     def _write_parts(self, row: int, observation: Any) -> None:
         for slot, part in zip(self._slots, flatten(self._space, observation)):

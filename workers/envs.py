@@ -191,6 +191,9 @@ class EnvSlice:
         rewards, terminations, truncations = self._reward_row, self._termination_row, self._truncation_row
         stepped, step_infos, observations = self._stepped, self._step_infos, self._obs
         write_observation = self._obs_writer.write
+        # The common case checked inline (a call per env costs more than the check): an array of
+        # exactly the leaf's shape and dtype; anything else goes through the checking writer.
+        exact_view, exact_shape, exact_dtype = self._obs_writer.exact or (None, None, None)
         env_id = self.start
         env_info: dict[str, Any] | None
         for index, env in enumerate(self.envs):
@@ -207,7 +210,15 @@ class EnvSlice:
                     actions[index]
                 )
                 stepped[index], step_infos[index] = True, env_info
-            write_observation(index, observation)  # raises for one that does not fit the space
+            if (
+                observation.__class__ is np.ndarray
+                and observation.shape == exact_shape
+                and observation.dtype is exact_dtype
+                and exact_view is not None
+            ):
+                exact_view[index] = observation
+            else:
+                write_observation(index, observation)  # raises for one that does not fit the space
             env_id += 1
         self._rewards[:] = rewards
         self._terminations[:] = terminations
