@@ -61,6 +61,7 @@ import numpy as np
 
 import shmpool
 from shmpool.protocol import W_HOLDER
+from shmpool.system import descendants
 
 HOOK_LOG = "Log"
 #: The bounds of every parameter; the writer-owned ``u`` ranges turn back before reaching them.
@@ -837,26 +838,7 @@ def _descendants(root: int) -> list[int]:
     """Live (not zombie) processes descended from ``root``, after a short grace."""
     deadline = time.monotonic() + 2.0
     while True:
-        children: dict[int, list[int]] = defaultdict(list)
-        live: set[int] = set()
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as file:
-                    data = file.read()
-            except OSError:
-                continue
-            fields = data[data.rindex(b")") + 2 :].split()
-            children[int(fields[1])].append(int(entry))
-            if fields[0] not in (b"Z", b"X"):
-                live.add(int(entry))
-        found, stack = [], list(children[root])
-        while stack:
-            pid = stack.pop()
-            if pid in live:
-                found.append(pid)
-            stack.extend(children[pid])
+        found = sorted(descendants(root))
         if not found or time.monotonic() > deadline:
             return found
         time.sleep(0.1)

@@ -360,6 +360,32 @@ def owned_by_me(entry: ShmEntry) -> bool:
         return False
 
 
+def descendants(root: int) -> set[int]:
+    """The live (not zombie) processes below ``root`` in the process tree, through zombies too."""
+    children: dict[int, list[int]] = {}
+    live: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as file:
+                data = file.read()
+        except OSError:
+            continue
+        fields = data[data.rindex(b")") + 2 :].split()
+        children.setdefault(int(fields[1]), []).append(int(entry))
+        if fields[0] not in (b"Z", b"X"):
+            live.add(int(entry))
+    found: set[int] = set()
+    stack = list(children.get(root, []))
+    while stack:
+        pid = stack.pop()
+        if pid in live:
+            found.add(pid)
+        stack.extend(children.get(pid, []))
+    return found
+
+
 def process_start_ticks(pid: int) -> int | None:
     """The start time of a live process in clock ticks since boot, or None if it is gone or a zombie.
 

@@ -10,6 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from shmpool.system import descendants as all_descendants
+
 SHM_DIR = "/dev/shm"
 # Long-lived helpers that multiprocess starts once per test session and keeps: not leaks.
 _HELPERS = ("forkserver import main", "resource_tracker import main")
@@ -17,27 +19,7 @@ _HELPERS = ("forkserver import main", "resource_tracker import main")
 
 def descendants(root: int) -> set[int]:
     """Live (non-zombie) processes below ``root`` in the process tree, multiprocess helpers excluded."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as file:
-                data = file.read()
-        except OSError:
-            continue
-        fields = data[data.rindex(b")") + 2 :].split()
-        if fields[0] not in (b"Z", b"X"):
-            parents[int(entry)] = int(fields[1])
-    found: set[int] = set()
-    frontier = [root]
-    while frontier:
-        parent = frontier.pop()
-        for pid, ppid in parents.items():
-            if ppid == parent and pid not in found:
-                found.add(pid)
-                frontier.append(pid)
-    return {pid for pid in found if not _is_helper(pid)}
+    return {pid for pid in all_descendants(root) if not _is_helper(pid)}
 
 
 def _is_helper(pid: int) -> bool:
