@@ -225,8 +225,10 @@ class Doorbell:
         semaphore = self._semaphore
         for _ in range(spin):
             if ready():
-                # Consume the ring that matches this wake-up so the count stays near zero.
-                if semaphore.value:
+                # Take every ring already there (several ringers, such as all the workers, may have
+                # rung for this one wake-up), so the count stays at most the number of ringers
+                # instead of growing by all but one on every wait. Trying costs no system call.
+                while semaphore.value:
                     semaphore.acquire(0)
                 return
             os.sched_yield()

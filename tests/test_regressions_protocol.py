@@ -17,6 +17,7 @@ from pathlib import Path
 
 import helpers
 import numpy as np
+import posix_ipc
 import pytest
 
 import shmpool
@@ -606,3 +607,15 @@ def test_write_refuses_values_the_parameters_dtype_cannot_hold(pool_name: str) -
         assert pool.applied["i64"].tolist() == [2**63 - 1, 2**53 + 1]
         assert (pool.applied["u8"][0], bool(pool.applied["flag"][0]), pool.applied["f32"][0]) == (255, True, 3.5)
         assert pool.params.refusals == dict.fromkeys(params, 0)
+
+
+def test_the_trainers_doorbell_count_stays_bounded(pool_name: str) -> None:
+    with shmpool.launch("CartPole-v1", 8, num_workers=4, name=pool_name, seed=0) as pool:
+        pool.reset(seed=0)
+        for _ in range(2000):
+            pool.step(np.zeros(8, dtype=np.int64))
+        doorbell = posix_ipc.Semaphore(f"/shmpool-{pool_name}.t")
+        try:
+            assert doorbell.value <= pool.num_workers  # it grew by 3 a step when only one ring was taken
+        finally:
+            doorbell.close()
