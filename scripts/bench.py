@@ -26,6 +26,7 @@ import numpy as np
 
 import shmpool
 import shmpool.hooks
+from shmpool.profiling import NESTED
 
 
 @dataclass
@@ -44,6 +45,10 @@ class Settings:
     """the length of one timed window."""
     quick: bool = False
     """a short run for CI: one env size (32), three 0.2 s windows."""
+    profile: bool = False
+    """instead of the table: where a step's time goes, phase by phase (us per step, trainer and
+    workers), for the first of --envs at the first of --num-envs: plain, and for CartPole also with 3
+    built-in hooks and with 3 params written every step."""
 
 
 def parse_settings(argv: list[str] | None = None) -> Settings:
@@ -185,12 +190,7 @@ def cases(env_id: str, num_envs: int, workers: int) -> list[tuple[str, Callable[
     if env_id.startswith("CartPole"):
         params = {name: shmpool.Param(low=0.01, high=100.0) for name in UPDATED}
         pool = lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, params=params)  # noqa: E731
-        three_hooks = [
-            shmpool.hooks.ObservationNoise(0.01),
-            shmpool.hooks.RewardScale(1.0),
-            shmpool.hooks.ActionDelay(1),
-        ]
-        hooked = lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, hooks=three_hooks)  # noqa: E731
+        hooked = lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, hooks=three_hooks())  # noqa: E731
         kicked = lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, hooks=[shmpool.hooks.Perturb()])  # noqa: E731
         rows += [
             ("shmpool, 3 built-in hooks", lambda: vector(hooked, num_envs)),
@@ -239,9 +239,52 @@ def measure(stepper: Any, settings: Settings) -> float:
         return statistics.median(rates)
 
 
+def three_hooks() -> list[Any]:
+    """The built-in hooks of the "3 built-in hooks" rows."""
+    return [shmpool.hooks.ObservationNoise(0.01), shmpool.hooks.RewardScale(1.0), shmpool.hooks.ActionDelay(1)]
+
+
+def phase_profile(settings: Settings) -> None:
+    """Prints microseconds per step of every phase, for each variant of one configuration."""
+    env_id, num_envs = settings.envs[0], settings.num_envs[0]
+    variants: dict[str, dict[str, Any]] = {"plain": {}}
+    if env_id.startswith("CartPole"):
+        variants["3 built-in hooks"] = {"hooks": three_hooks()}
+        variants["3 params written/step"] = {"params": {name: shmpool.Param(low=0.01, high=100.0) for name in UPDATED}}
+    rng = np.random.default_rng(0)
+    updates = [{name: rng.uniform(low, high, num_envs) for name, (low, high) in UPDATED.items()} for _ in range(32)]
+    columns: dict[str, dict[str, dict[str, float]]] = {}
+    for label, options in variants.items():
+        print(f"profiling {env_id} x{num_envs}: {label}", file=sys.stderr, flush=True)
+        with shmpool.launch(env_id, num_envs, num_workers=settings.workers, seed=0, profile=True, **options) as pool:
+            pool.reset(seed=0)
+            actions = _actions(pool.action_space, 64)
+            deadline = time.perf_counter() + settings.windows * settings.window_seconds
+            steps = 0
+            while time.perf_counter() < deadline:
+                if "params" in options:
+                    pool.params.write(None, **updates[steps % len(updates)])
+                pool.step(actions[steps % len(actions)])
+                steps += 1
+            columns[label] = pool.phase_profile()
+    labels = list(columns)
+    print(f"{env_id} x{num_envs}, {settings.workers} workers: us per step (nested phases in parentheses)")
+    print(f"{'phase':<28}" + "".join(f"{label:>24}" for label in labels))
+    for side in ("trainer", "workers"):
+        for phase in columns[labels[0]][side]:
+            name = f"({phase})" if phase in NESTED else phase
+            print(
+                f"{side[:-1] if side == 'workers' else side:<8}{name:<20}"
+                + "".join(f"{columns[label][side][phase]:>24.1f}" for label in labels)
+            )
+
+
 def main(argv: list[str] | None = None) -> None:
     """Runs every row and prints the table."""
     settings = parse_settings(argv)
+    if settings.profile:
+        phase_profile(settings)
+        return
     rows: list[tuple[str, int, str, float, float, float]] = []
     plan = [
         (env_id, n, case)

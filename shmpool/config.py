@@ -119,6 +119,9 @@ class PoolConfig:
     read from the env's info at the episode's last step."""
     episode_capacity: int = 4096
     """Finished-episode records each worker's ring keeps for readers."""
+    profile: bool = False
+    """Time every phase of a step, in the trainer and the workers, for ``pool.phase_profile()``; off,
+    nothing is timed and the step pays nothing."""
     worker_init: Callable[[], Any] | None = None
     """Called once in each worker process before its envs are made (thread counts, logging,
     ``shmpool.mujoco.log_to_python``); it must be picklable for ``spawn`` and ``forkserver``."""

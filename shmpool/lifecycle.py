@@ -35,6 +35,7 @@ from .layout import (
     header_words,
 )
 from .params import REFUSAL_TEXT_DTYPE, applied_dtype, block_dtype
+from .profiling import WORKER_PHASES
 from .protocol import WRITERS_WORDS
 from .spaces import Leaf
 from .system import Doorbell, Segment, doorbell_path, monotonic, process_start_ticks, segment_file
@@ -98,6 +99,8 @@ def plan_layout(config: PoolConfig, observation_leaves: Sequence[Leaf], action_l
             ("param_refusals", np.int64, (w, len(param_specs))),
             ("param_refusal_text", REFUSAL_TEXT_DTYPE, (w, len(param_specs))),
         ]
+    if config.profile:
+        specs.append(("profile", np.int64, (w, len(WORKER_PHASES), 2)))
     meta = {
         "num_envs": n,
         "num_workers": w,

@@ -32,6 +32,7 @@ from .layout import (
 )
 from .lifecycle import Lifecycle, plan_layout
 from .params import constructor_defaults, initial_records
+from .profiling import TRAINER_PHASES, WORKER_PHASES, PhaseClock, per_step
 from .protocol import check_memory_model
 from .registry import sweep_stale
 from .results import Results
@@ -133,6 +134,9 @@ class Pool(Channels, VectorEnv):
             self._results = Results(
                 config, views, self._waiter.words, self.single_observation_space, observation_leaves
             )
+            self._trainer_times = np.zeros((len(TRAINER_PHASES), 2), dtype=np.int64)
+            if config.profile:
+                self._instrument(PhaseClock(TRAINER_PHASES, self._trainer_times))
             _LIVE_POOLS.add(self)
             lifecycle.start_workers(self.single_observation_space, self.single_action_space)
             self._waiter.wait_ready()
@@ -178,6 +182,31 @@ class Pool(Channels, VectorEnv):
                 f"({os.getpid()}) was forked from it and must not drive its workers: call "
                 f"shmpool.attach({self._name!r}) here to write params, send events or read episodes"
             )
+
+    def phase_profile(self) -> dict[str, dict[str, float]]:
+        """Microseconds per step of each phase, ``{"trainer": {...}, "workers": {...}}`` (workers
+        averaged), since launch; needs ``launch(profile=True)``. Nested phases (``infos``, ``episode
+        stats``, ``whole step``) overlap the others, see :mod:`shmpool.profiling`."""
+        self._check_open()
+        if not self.config.profile:
+            raise ValueError(f"pool {self._name!r} was launched without profile=True")
+        steps = self._global_step
+        return {
+            "trainer": per_step(self._trainer_times, TRAINER_PHASES, steps),
+            "workers": per_step(self._views["profile"], WORKER_PHASES, steps),
+        }
+
+    def _instrument(self, clock: PhaseClock) -> None:
+        """Times each phase of the trainer's side of a step (``launch(profile=True)`` only)."""
+        for owner, attribute, phase in (
+            (self, "_check_actions", "action check"),
+            (self._lifecycle, "send", "command"),
+            (self._waiter, "wait_done", "wait"),
+            (self._results, "step", "results"),
+            (self._results, "_read_infos", "infos"),
+            (self._results, "_add_episode_infos", "episode stats"),
+        ):
+            clock.instrument(owner, attribute, phase)
 
     # -- the trainer's calls ---------------------------------------------------------------------
 

@@ -178,7 +178,7 @@ class EnvSlice:
         """
         info, params, hooks = self._info, self._params, self.hooks
         info.begin()
-        needs_reset, returns, lengths = self._needs_reset, self._returns, self._lengths
+        needs_reset, lengths = self._needs_reset, self._lengths
         if params is not None:
             params.sync()
         batch = self._read_actions()
@@ -188,8 +188,17 @@ class EnvSlice:
         actions = self._per_env_actions(batch)
         if params is not None:
             params.before_step(needs_reset, lengths)
+        self._run_envs(actions)
+        changed = hooks is not None and hooks.after_step(self._stepped, lengths)
+        episodes_ended = self._account(changed)
+        self.global_step += 1
+        return episodes_ended
+
+    def _run_envs(self, actions: Any) -> None:
+        """Steps (or resets, where due) every env and writes its results to the slot's rows."""
+        info, needs_reset = self._info, self._needs_reset
         rewards, terminations, truncations = self._reward_row, self._termination_row, self._truncation_row
-        stepped, step_infos, observations = self._stepped, self._step_infos, self._obs
+        stepped, step_infos = self._stepped, self._step_infos
         write_observation = self._obs_writer.write
         # The common case checked inline (a call per env costs more than the check): an array of
         # exactly the leaf's shape and dtype; anything else goes through the checking writer.
@@ -223,12 +232,21 @@ class EnvSlice:
         self._rewards[:] = rewards
         self._terminations[:] = terminations
         self._truncations[:] = truncations
-        if hooks is not None and hooks.after_step(stepped, lengths):  # they may have changed the results
+
+    def _account(self, changed: bool) -> int:
+        """Adds the step to each env's episode, ends the episodes that finished (resetting them now
+        under same-step autoreset) and runs ``on_reset`` hooks; returns how many episodes ended.
+        ``changed``: hooks may have changed the results in the slot's rows."""
+        info, needs_reset, returns, lengths = self._info, self._needs_reset, self._returns, self._lengths
+        stepped, step_infos, observations = self._stepped, self._step_infos, self._obs
+        if changed:
             rewards, terminations, truncations = (
                 self._rewards.tolist(),
                 self._terminations.tolist(),
                 self._truncations.tolist(),
             )
+        else:
+            rewards, terminations, truncations = self._reward_row, self._termination_row, self._truncation_row
         episodes_ended, same_step_resets = 0, []
         for index, did_step in enumerate(stepped):
             if not did_step:
@@ -247,16 +265,15 @@ class EnvSlice:
                         info.add(index, env_info, ("final_info",))
                     env, seed = self._begin_episode(index)
                     observation, env_info = env.reset(seed=seed)
-                    write_observation(index, observation)
+                    self._obs_writer.write(index, observation)
                     same_step_resets.append(index)
                 else:
                     needs_reset[index] = True
             if env_info:
                 info.add(index, env_info)
         self.current_env = None
-        if hooks is not None:
-            hooks.on_reset(same_step_resets, lengths)
-        self.global_step += 1
+        if self.hooks is not None:
+            self.hooks.on_reset(same_step_resets, lengths)
         return episodes_ended
 
     def reset(self) -> None:

@@ -44,6 +44,7 @@ from shmpool.layout import (
     Layout,
     split_command_word,
 )
+from shmpool.profiling import WORKER_PHASES, PhaseClock
 from shmpool.system import (
     Doorbell,
     FileIdentity,
@@ -284,6 +285,8 @@ class Worker:
                     envs.resample,
                     None if params is None else params.accepted,
                 )
+            if "profile" in self._views:
+                self._instrument(PhaseClock(WORKER_PHASES, self._views["profile"][config.worker_id]))
         except Exception:  # noqa: BLE001 - any failure is reported to the trainer, not lost
             self._fail(None if self.envs is None else self.envs.current_env)
         else:
@@ -320,6 +323,24 @@ class Worker:
                     self._fail(self.envs.current_env)
             words[CTL_DONE] = seq  # published last: the trainer reads results after seeing it
             self._trainer_doorbell.ring()
+
+    def _instrument(self, clock: PhaseClock) -> None:
+        """Times each phase of a step (``launch(profile=True)`` only)."""
+        envs = self.envs
+        assert envs is not None
+        for owner, attribute, phase in (
+            (envs, "step", "whole step"),
+            (envs, "_run_envs", "env loop"),
+            (envs, "_account", "episode accounting"),
+            (self._info, "add", "infos"),
+            (envs._params, "sync", "params sync"),
+            (envs._params, "before_step", "draws"),
+            (envs.hooks, "begin_step", "events"),
+            (envs.hooks, "before_step", "before_step"),
+            (envs.hooks, "after_step", "after_step"),
+        ):
+            if owner is not None:
+                clock.instrument(owner, attribute, phase)
 
     def _check_owner(self) -> None:
         if not self._owner.alive():

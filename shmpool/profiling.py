@@ -1,0 +1,67 @@
+"""Where a step's time goes, phase by phase, in the trainer and in each worker.
+
+With ``launch(..., profile=True)`` the calls that make up a step are wrapped, once at launch, with a
+clock that adds each call's ``time.perf_counter_ns`` span to a table (the workers' tables live in the
+segment); ``pool.phase_profile()`` reads them as microseconds per step. Without it nothing is wrapped,
+so the step pays nothing: no flag is tested per call.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+#: The trainer's phases of a step; "infos" and "episode stats" are parts of "results".
+TRAINER_PHASES = ("action check", "command", "wait", "results", "infos", "episode stats")
+#: A worker's phases of a step; "infos" is part of "env loop" and "episode accounting".
+WORKER_PHASES = (
+    "events",
+    "params sync",
+    "draws",
+    "before_step",
+    "env loop",
+    "after_step",
+    "episode accounting",
+    "infos",
+    "whole step",
+)
+NESTED = {"infos", "episode stats", "whole step"}
+
+
+class PhaseClock:
+    """Accumulates the time spent in wrapped calls, per phase, into ``totals`` of shape
+    ``(len(phases), 2)``: nanoseconds and calls."""
+
+    def __init__(self, phases: Sequence[str], totals: np.ndarray) -> None:
+        self._index = {phase: index for index, phase in enumerate(phases)}
+        self._totals = totals
+
+    def instrument(self, owner: Any, attribute: str, phase: str) -> None:
+        """Replaces ``owner.attribute`` (a method) by one that times its calls as ``phase``."""
+        setattr(owner, attribute, self.timed(getattr(owner, attribute), phase))
+
+    def timed(self, function: Callable[..., Any], phase: str) -> Callable[..., Any]:
+        """``function``, timing each call as ``phase``."""
+        row = self._totals[self._index[phase]]
+        clock = time.perf_counter_ns
+
+        def timed_call(*args: Any, **kwargs: Any) -> Any:
+            start = clock()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                row[0] += clock() - start
+                row[1] += 1
+
+        return timed_call
+
+
+def per_step(totals: np.ndarray, phases: Sequence[str], steps: int) -> dict[str, float]:
+    """Microseconds per step of each phase, from totals of shape ``(..., len(phases), 2)`` (summed
+    over the leading axes and divided by their count, e.g. averaged over workers)."""
+    flat = totals.reshape(-1, len(phases), 2)
+    nanoseconds = flat[:, :, 0].sum(axis=0) / max(1, len(flat))
+    return {phase: float(nanoseconds[i]) / 1000.0 / max(1, steps) for i, phase in enumerate(phases)}

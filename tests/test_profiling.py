@@ -1,0 +1,62 @@
+"""The phase profile: where a step's time goes, in the trainer and in the workers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shmpool
+from shmpool.profiling import TRAINER_PHASES, WORKER_PHASES
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_phase_profile_times_every_phase_that_runs(pool_name: str) -> None:
+    params = {"length": shmpool.Param(low=0.1, high=2.0)}
+    hooks = [shmpool.hooks.ObservationNoise(0.01)]
+    with shmpool.launch(
+        "CartPole-v1", 8, num_workers=2, name=pool_name, seed=0, profile=True, params=params, hooks=hooks
+    ) as pool:
+        pool.reset(seed=0)
+        for step in range(200):
+            pool.params.write(None, length=0.5 + 0.001 * step)
+            pool.step(np.zeros(8, dtype=np.int64))
+        profile = pool.phase_profile()
+    assert list(profile["trainer"]) == list(TRAINER_PHASES)
+    assert list(profile["workers"]) == list(WORKER_PHASES)
+    trainer, workers = profile["trainer"], profile["workers"]
+    for phase in ("action check", "command", "wait", "results", "episode stats"):
+        assert trainer[phase] > 0, phase
+    for phase in ("params sync", "after_step", "env loop", "episode accounting", "events", "whole step"):
+        assert workers[phase] > 0, phase
+    assert workers["infos"] == 0  # CartPole reports no infos
+    parts = sum(workers[phase] for phase in WORKER_PHASES if phase not in ("infos", "whole step"))
+    assert parts <= workers["whole step"]  # the parts fit in the whole
+    assert workers["whole step"] <= trainer["wait"] * 1.05  # and the workers' step in the trainer's wait
+
+
+def test_phase_profile_needs_profile_at_launch(pool_name: str) -> None:
+    with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name) as pool:
+        with pytest.raises(ValueError, match="profile=True"):
+            pool.phase_profile()
+
+
+def test_bench_profile_prints_the_phase_table() -> None:
+    result = subprocess.run(
+        [sys.executable, "scripts/bench.py", "--profile", "--envs", "CartPole-v1", "--num-envs", "8", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert "us per step" in lines[0]
+    assert lines[1].split()[1:] == ["plain", "3", "built-in", "hooks", "3", "params", "written/step"]
+    worker_rows = {line[8:28].strip(): line.split()[-3:] for line in lines[2:] if line.startswith("worker")}
+    assert float(worker_rows["env loop"][0]) > 0
+    assert float(worker_rows["params sync"][2]) > float(worker_rows["params sync"][0])  # writes cost the workers
