@@ -66,6 +66,9 @@ class ParamApplier:
         self._scalars = _ScalarColumns.find(specs, self._block.dtype)
         self._attributes: dict[int, list[tuple[Any, str] | None]] = {index: [None] * count for index in self._bindings}
         self._refreshers: list[Callable[[], None] | None] = [None] * count
+        #: Per parameter index: every env's (object, attribute) when all are plain attributes, else
+        #: an empty list; filled on first use, emptied when an env is (re)built.
+        self._plain: dict[int, list[Any]] = {}
         self._built_with: list[bytes] = [b""] * count
 
     @property
@@ -98,6 +101,7 @@ class ParamApplier:
             if spec.when != "rebuild":
                 binding = self._bindings[spec.index][local] = Binding(env, spec, self._label)
                 self._attributes[spec.index][local] = binding.attribute
+        self._plain.clear()  # the env's bindings changed: recompute which parameters are plain
         self._refreshers[local] = adapter_for(env).refresher(env)  # what the env caches from its parameters
         rows = np.array([local])
         for spec in self._step_values:
@@ -142,9 +146,24 @@ class ParamApplier:
                 bindings[local].set(value)  # type: ignore[union-attr]
         self._applied[spec.name][rows] = values
 
-    def _refresh(self, rows: Iterable[int]) -> None:
-        for local in rows:
-            refresher = self._refreshers[int(local)]
+    def _apply_all(self, spec: ParamSpec, values: np.ndarray) -> None:
+        """:meth:`_apply` for every env of the slot: a parameter rewritten for all of them (the case of
+        a curriculum or a per-step randomization) is set without per-env lookups."""
+        targets = self._plain.get(spec.index)
+        if targets is None:
+            attributes = self._attributes[spec.index]
+            targets = self._plain[spec.index] = attributes if all(a is not None for a in attributes) else []
+        if not targets or values.ndim != 1:
+            self._apply(spec, self._all_rows, values)
+            return
+        for (owner, name), value in zip(targets, values.tolist()):
+            setattr(owner, name, value)
+        self._applied[spec.name][:] = values
+
+    def _refresh(self, rows: Iterable[int] | None = None) -> None:
+        """Recomputes what the envs at ``rows`` (None: all) derive from their parameters."""
+        refreshers = self._refreshers if rows is None else [self._refreshers[int(local)] for local in rows]
+        for refresher in refreshers:
             if refresher is not None:
                 refresher()
 
@@ -180,7 +199,7 @@ class ParamApplier:
             if spec.when == "step" and not spec.dist:
                 self._apply(spec, candidates, values)
                 touched[candidates] = True
-        self._refresh(np.flatnonzero(touched))
+        self._refresh(None if touched.all() else np.flatnonzero(touched))
         self._seen, self._seen_bytes = snapshot, snapshot_bytes
 
     def _sync_scalars(self, snapshot: np.ndarray, touched: np.ndarray) -> list[ParamSpec]:
@@ -207,9 +226,13 @@ class ParamApplier:
             columns.store(self._good, np.where(accepted, new, columns.matrix(self._good)))
         every = accepted.all(axis=0)
         for column in np.nonzero(accepted.any(axis=0) & columns.step)[0]:
-            rows = self._all_rows if every[column] else np.nonzero(accepted[:, column])[0]
-            self._apply(columns.specs[column], rows, new[rows, column])
-            touched[rows] = True
+            if every[column]:
+                self._apply_all(columns.specs[column], new[:, column])
+                touched[:] = True
+            else:
+                rows = np.nonzero(accepted[:, column])[0]
+                self._apply(columns.specs[column], rows, new[rows, column])
+                touched[rows] = True
         return columns.others
 
     def before_step(self, resetting: list[bool], lengths: list[int]) -> None:
