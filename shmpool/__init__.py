@@ -47,7 +47,7 @@ _LAZY = {
 }
 
 
-_SUBMODULES = {"hooks", "curricula", "params", "episodes", "events"}
+_SUBMODULES = {"hooks", "curricula", "params", "episodes", "events", "mujoco", "adapters", "classic_control"}
 
 
 def __getattr__(name: str) -> Any:

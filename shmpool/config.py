@@ -12,6 +12,8 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 import gymnasium
+import multiprocess
+import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from .params import Param, ParamSpec, compile_specs
@@ -161,8 +163,15 @@ class PoolConfig:
         if not self.launch_timeout > 0:
             raise ValueError(f"launch_timeout must be a positive number of seconds, got {self.launch_timeout!r}")
         settle("info_keys", _count("info_keys", self.info_keys, 1))
-        if _count("info_bytes", self.info_bytes, 8) % 8:
+        settle("info_bytes", _count("info_bytes", self.info_bytes, 8))
+        if self.info_bytes % 8:
             raise ValueError(f"info_bytes must be a multiple of 8, got {self.info_bytes}")
+        methods = multiprocess.get_all_start_methods()
+        if self.start_method is not None and self.start_method not in methods:
+            raise ValueError(f"start_method must be None or one of {methods}, got {self.start_method!r}")
+        for option in ("copy", "info_params", "profile"):
+            if not isinstance(getattr(self, option), (bool, np.bool_)):
+                raise TypeError(f"{option} must be True or False, got {getattr(self, option)!r}")
         settle("hooks", tuple(self.hooks))
         settle("event_capacity", _count("event_capacity", self.event_capacity, 1))
         settle("event_payload", _count("event_payload", self.event_payload, 0))

@@ -58,7 +58,7 @@ class Event:
 
 
 class EventSender:
-    """Sends events to hooks by name; shared by a pool and the handles attached to it."""
+    """Sends events to hooks by name: the ``events`` of a pool and of every handle attached to it."""
 
     def __init__(
         self,

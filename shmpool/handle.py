@@ -11,7 +11,7 @@ from .errors import LayoutMismatchError, PoolClosedError, PoolNotFoundError
 from .layout import CONTROL_WORDS, H_GLOBAL_STEP, H_STATE, STATE_CLOSING, Layout, header_words
 from .protocol import check_memory_model
 from .registry import list_pools
-from .system import ProcessWatch, Segment, pid_namespace, process_alive, segment_file
+from .system import ProcessWatch, Segment, pid_namespace, process_alive
 from .view import Channels, PoolStats, PoolView
 
 __all__ = ["PoolHandle", "PoolStats", "attach"]
@@ -36,9 +36,13 @@ class PoolHandle(Channels):
         self.num_workers = int(meta["num_workers"])
         self.env = str(meta.get("env", "?"))
         views = layout.views(segment.buffer)
-        if "writers" not in views:
-            raise LayoutMismatchError(f"pool {name!r} has no 'writers' field")
-        self._view = PoolView(name, segment_file(name), views, self._header, meta, self._check_open)
+        try:
+            if "writers" not in views:
+                raise LayoutMismatchError(f"pool {name!r} has no 'writers' field")
+            self._view = PoolView(name, segment, views, self._header, meta, self._check_open)
+        except BaseException:
+            self._owner.close()  # attach raises: nothing else will release the pidfd
+            raise
 
     @property
     def alive(self) -> bool:

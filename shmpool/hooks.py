@@ -60,6 +60,7 @@ class HookContext:
         rng: a ``numpy.random.Generator`` per worker, seeded from the pool seed and the worker id.
         seed: the pool's seed.
         events: the events addressed to the running hook and due this step.
+        observation_space, action_space: one env's spaces.
     """
 
     env_ids: np.ndarray

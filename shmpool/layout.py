@@ -78,7 +78,9 @@ from .errors import LayoutMismatchError
 from .system import pid_namespace
 
 MAGIC = b"SHMPOOL\x00"
-LAYOUT_VERSION = 2  # 2: header word H_OWNER_PIDNS
+#: 3: the owner's pid namespace word, no owner-uid or worker-pid words, the writers' words and undo
+#: journals, event tickets.
+LAYOUT_VERSION = 3
 HEADER_WORDS = 16
 HEADER_BYTES = HEADER_WORDS * 8
 ALIGNMENT = 64

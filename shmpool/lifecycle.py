@@ -38,7 +38,7 @@ from .params import REFUSAL_TEXT_DTYPE, applied_dtype, block_dtype
 from .profiling import WORKER_PHASES
 from .protocol import WRITERS_WORDS
 from .spaces import Leaf
-from .system import Doorbell, Segment, doorbell_path, monotonic, process_start_ticks, segment_file
+from .system import Doorbell, Segment, doorbell_path, monotonic, process_start_ticks
 
 #: Polls a worker makes for its next command before sleeping; each poll yields the core.
 WORKER_SPIN = 300
@@ -131,11 +131,6 @@ class Lifecycle:
         self.worker_doorbells: list[Doorbell] = []
         self.processes: list[Any] = []
         self.seq = 0
-
-    @property
-    def segment_file(self) -> str:
-        """The file of the segment, which the writers' lock locks."""
-        return segment_file(self.name)
 
     def create(self, layout: Layout) -> dict[str, np.ndarray]:
         """Creates the segment (header written, magic last) and the doorbells; returns the field views."""

@@ -20,7 +20,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from .config import PoolConfig, launch_signature, make_env
-from .errors import ForeignProcessError, PoolBrokenError, PoolClosedError, ShmpoolError
+from .errors import ForeignProcessError, PoolBrokenError, PoolClosedError, ShmpoolError, WriterLockTimeout
 from .layout import (
     CMD_RESET,
     CMD_STEP,
@@ -33,7 +33,7 @@ from .layout import (
 from .lifecycle import Lifecycle, plan_layout
 from .params import constructor_defaults, initial_records
 from .profiling import TRAINER_PHASES, WORKER_PHASES, PhaseClock, per_step
-from .protocol import check_memory_model
+from .protocol import W_EVENTS_JOURNAL, W_PARAMS_JOURNAL, check_memory_model, interrupts_deferred
 from .registry import sweep_stale
 from .results import Results
 from .spaces import ActionChecker, leaves
@@ -126,9 +126,8 @@ class Pool(Channels, VectorEnv):
             if initial is not None:
                 views["params"][:], views["applied"][:] = initial
             self._header = lifecycle.header
-            self._view = PoolView(
-                self._name, lifecycle.segment_file, views, self._header, layout.meta, self._check_open
-            )
+            assert lifecycle.segment is not None
+            self._view = PoolView(self._name, lifecycle.segment, views, self._header, layout.meta, self._check_open)
             self._action_views = [views[leaf.field_name("actions")] for leaf in leaves(self.single_action_space)]
             self._waiter = Waiter(config, lifecycle, lambda: self._closing)
             self._results = Results(
@@ -260,8 +259,8 @@ class Pool(Channels, VectorEnv):
                 flags[env_id] |= RESET_WITH_SEED
         views["reset_options"][: len(encoded)] = np.frombuffer(encoded, dtype=np.uint8)
         views["reset_options_length"][0] = len(encoded) if options is not None else 0
+        self._reset_once = True  # before the command: a reset that Ctrl-C interrupts is still done later
         self._run(CMD_RESET, "reset")
-        self._reset_once = True
         return self._results.reset()
 
     def _check_reset_mask(self, mask: Any) -> np.ndarray:
@@ -286,7 +285,19 @@ class Pool(Channels, VectorEnv):
             self._run(CMD_STEP, "step")
             if self._global_step % 64 == 0:
                 self._publish_rate()
+                self._recover_writers()
             return self._results.step()
+
+    def _recover_writers(self) -> None:
+        """Rolls back what a writer that died mid-write left (its rows stay unread until then), unless
+        the next writer does it first; a writer still at work keeps the lock, and is left alone."""
+        writers = self._views["writers"]
+        if writers[W_PARAMS_JOURNAL] or writers[W_EVENTS_JOURNAL]:
+            try:
+                with self._view.lock.hold(0.0, self._check_open):
+                    pass  # taking the lock runs the recovery
+            except WriterLockTimeout:
+                pass
 
     def _publish_rate(self) -> None:
         """Env steps per second over the last second or so, for attached processes (``stats``)."""
@@ -346,7 +357,8 @@ class Pool(Channels, VectorEnv):
         # same, in case close() runs inside that very call (a signal handler's).
         waited = calls is not None and calls.acquire(timeout=CLOSE_WAIT)
         try:
-            self._release()
+            with interrupts_deferred():  # a release cut short by Ctrl-C could not be run again
+                self._release()
         finally:
             if waited:
                 calls.release()  # type: ignore[union-attr]
@@ -368,6 +380,7 @@ def _after_fork_in_child() -> None:
     later use raises ``ForeignProcessError`` (see ``Pool._check_open``)."""
     for pool in list(_LIVE_POOLS):
         pool._usable = False
+        pool._calls = threading.Lock()  # the fork copied it, maybe held by a parent's thread in a step
         pool._lifecycle.disown()
 
 

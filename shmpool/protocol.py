@@ -29,6 +29,7 @@ The ``writers`` field of the segment holds the words below (int64).
 from __future__ import annotations
 
 import _signal  # the C module: signal.getsignal/signal wrap it in enums at several microseconds a call
+import contextlib
 import fcntl
 import os
 import platform
@@ -36,7 +37,7 @@ import signal
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -88,8 +89,9 @@ class WriterLock:
     left a journal behind.
     """
 
-    def __init__(self, path: str, words: np.ndarray) -> None:
+    def __init__(self, path: str, words: np.ndarray, identity: tuple[int, int] | None = None) -> None:
         self._path = path
+        self._identity = identity  # (st_dev, st_ino) of the segment this lock guards, when known
         self._words = words
         self._recoveries: list[Callable[[], None]] = []
         self._pid = -1
@@ -110,9 +112,17 @@ class WriterLock:
             with _OPENING:  # two threads' first uses must not both open (one would never unlock)
                 if self._pid != pid:
                     try:
-                        self._fd.value = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
+                        fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
                     except FileNotFoundError as exc:
                         raise PoolClosedError(f"the pool's segment {self._path} is gone: the pool was closed") from exc
+                    info = os.fstat(fd)
+                    if self._identity is not None and (info.st_dev, info.st_ino) != self._identity:
+                        os.close(fd)  # a new pool took the name: locking its file would not exclude ours
+                        raise PoolClosedError(
+                            f"the pool's segment {self._path} was replaced by another pool of the same name: "
+                            f"this one was closed"
+                        )
+                    self._fd.value = fd
                     self._pid = pid
         return self._fd.value
 
@@ -225,7 +235,8 @@ class _Held:
 
     Ctrl-C is held back from acquisition to release: a ``KeyboardInterrupt`` raised between a lock
     call returning and the bookkeeping after it would leave the thread lock or the ``flock`` held
-    for good. It is raised once the lock is free again (the write itself completes or rolls back).
+    for good. It is raised once the lock is free again (the write itself completes or rolls back),
+    or, while still waiting for the lock, at the next check of the wait (nothing is held then).
     """
 
     __slots__ = ("_lock", "_timeout", "_check_open", "_deferral")
@@ -237,10 +248,17 @@ class _Held:
     def __enter__(self) -> None:
         self._deferral = _DeferredInterrupt.begin()
         try:
-            self._lock._acquire(self._timeout, self._check_open)
+            self._lock._acquire(self._timeout, self._check_while_waiting)
         except BaseException:
             self._end_deferral()
             raise
+
+    def _check_while_waiting(self) -> None:
+        deferral = self._deferral
+        if deferral is not None and deferral.received:
+            deferral.received = False  # raised here, so not again when the deferral ends
+            raise KeyboardInterrupt
+        self._check_open()
 
     def __exit__(self, exc_type: Any, *exc_info: Any) -> None:
         try:
@@ -254,16 +272,28 @@ class _Held:
             deferral.end()
 
 
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Holds back Ctrl-C (in the main thread) for the block, and raises it after: for work that must
+    not stop halfway, such as releasing a pool."""
+    deferral = _DeferredInterrupt.begin()
+    try:
+        yield
+    finally:
+        if deferral is not None:
+            deferral.end()
+
+
 class _DeferredInterrupt:
     """Holds back SIGINT's Python handler in the main thread (the only thread a ``KeyboardInterrupt``
     is raised in) and runs it at :meth:`end`. Blocking the signal would not do: another thread can
     take it, and the main thread still runs the handler at its next bytecode."""
 
-    __slots__ = ("_previous", "_received")
+    __slots__ = ("_previous", "received")
 
     def __init__(self, previous: Any) -> None:
         self._previous = previous
-        self._received = False
+        self.received = False
 
     @classmethod
     def begin(cls) -> _DeferredInterrupt | None:
@@ -278,12 +308,12 @@ class _DeferredInterrupt:
         return deferral
 
     def _note(self, signum: int, frame: Any) -> None:
-        self._received = True
+        self.received = True
 
     def end(self) -> None:
         """Puts the handler back and runs it if Ctrl-C came meanwhile (raising ``KeyboardInterrupt``)."""
         _signal.signal(signal.SIGINT, self._previous)
-        if self._received:
+        if self.received:
             self._previous(signal.SIGINT, None)
 
 
@@ -433,9 +463,10 @@ def params_seqlock(views: dict[str, np.ndarray]) -> Seqlock | None:
     return Seqlock(views["params"], views["params_seq"], views["params_undo"], views["writers"])
 
 
-def writer_lock(path: str, views: dict[str, np.ndarray]) -> WriterLock:
-    """The writers' lock of a mapped segment (``path``: the segment's file), recovering every channel."""
-    lock = WriterLock(path, views["writers"])
+def writer_lock(path: str, views: dict[str, np.ndarray], identity: tuple[int, int] | None = None) -> WriterLock:
+    """The writers' lock of a mapped segment (``path``: the segment's file; ``identity``: its st_dev and
+    st_ino), recovering every channel."""
+    lock = WriterLock(path, views["writers"], identity)
     for channel in (params_seqlock(views), event_rings(views)):
         if channel is not None:
             lock.on_acquire(channel.recover)

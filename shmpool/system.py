@@ -29,7 +29,7 @@ from .errors import LayoutMismatchError, PoolExistsError, PoolNotFoundError, Shm
 SEGMENT_PREFIX = "shmpool-"
 SHM_DIR = "/dev/shm"
 _SEMAPHORE_FILE_PREFIX = "sem."
-#: The names ``launch`` accepts (pool.py checks the same pattern); anything else in /dev/shm that starts
+#: The names ``launch`` accepts (shmpool.config checks them); anything else in /dev/shm that starts
 #: with the prefix was not made by shmpool and is skipped, never opened.
 POOL_NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 
@@ -91,12 +91,13 @@ class Segment:
                     f"free space there or use fewer envs"
                 ) from exc
             buffer = mmap.mmap(shm.fd, size)
+            info = os.fstat(shm.fd)
         except BaseException:
             shm.close_fd()
             unlink_segment(name)
             raise
         shm.close_fd()
-        return cls(name, buffer, created=True)
+        return cls(name, buffer, created=True, identity=(info.st_dev, info.st_ino))
 
     @classmethod
     def open(cls, name: str) -> Segment:

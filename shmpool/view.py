@@ -30,6 +30,7 @@ from .layout import (
 )
 from .params import ParamBlock, ParamSpec
 from .protocol import event_rings, params_seqlock, writer_lock
+from .system import Segment, segment_file
 
 _WORKER_STATES = {WORKER_STARTING: "starting", WORKER_READY: "ready", WORKER_FAILED: "failed", WORKER_CLOSED: "closed"}
 
@@ -53,7 +54,7 @@ class PoolView:
     def __init__(
         self,
         name: str,
-        segment_file: str,
+        segment: Segment,
         views: dict[str, np.ndarray],
         header: Any,
         meta: Mapping[str, Any],
@@ -66,7 +67,7 @@ class PoolView:
         self._created = float(meta.get("created", time.time()))
         self._owner_pid = int(header[H_OWNER_PID])
         self.specs = [ParamSpec.from_json(index, data) for index, data in enumerate(meta.get("params") or [])]
-        self.lock = writer_lock(segment_file, views)
+        self.lock = writer_lock(segment_file(name), views, segment.identity)
         self.episodes = EpisodeReader(views, check_open)
         self.events: EventSender | None = None
         hook_names = [str(h) for h in meta.get("hooks") or []]

@@ -619,3 +619,100 @@ def test_the_trainers_doorbell_count_stays_bounded(pool_name: str) -> None:
             assert doorbell.value <= pool.num_workers  # it grew by 3 a step when only one ring was taken
         finally:
             doorbell.close()
+
+
+# -- found by reviewing the fixes ----------------------------------------------------------------------
+
+INTERRUPT_WHILE_WAITING = """
+import os, signal, subprocess, sys, threading, time
+import shmpool
+
+pool = shmpool.launch("CartPole-v1", 2, num_workers=1, name=sys.argv[1], params={"a": shmpool.Param(0.0, bind=False)})
+holder = subprocess.Popen([sys.executable, "-c", sys.argv[2], sys.argv[1]], stdout=subprocess.PIPE, text=True)
+assert holder.stdout.readline().strip() == "holding"
+holder.send_signal(signal.SIGSTOP)
+threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+started = time.monotonic()
+try:
+    pool.params.write(None, a=1.0)
+    outcome = "written"
+except KeyboardInterrupt:
+    outcome = "KeyboardInterrupt"
+waited = time.monotonic() - started
+holder.kill()
+holder.wait()
+pool.params.write(None, a=2.0)  # the lock was left free
+print(outcome, waited < 2.0, pool.params["a"].tolist())
+pool.close()
+"""
+
+
+def test_ctrl_c_while_waiting_for_the_writer_lock_interrupts_the_wait(pool_name: str) -> None:
+    result = run_script(INTERRUPT_WHILE_WAITING, pool_name, LOCK_HOLDER)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "KeyboardInterrupt True [2.0, 2.0]"
+
+
+FORK_DURING_STEP = """
+import os, sys, threading, time
+import numpy as np
+import shmpool
+sys.path.insert(0, "tests")
+import helpers
+
+pool = shmpool.launch(lambda: helpers.CountingEnv(length=10**9, sleep=0.5), 2, num_workers=1, name=sys.argv[1])
+pool.reset(seed=0)
+stepper = threading.Thread(target=pool.step, args=(np.zeros(2, dtype=np.int64),))
+stepper.start()
+time.sleep(0.1)  # the parent's thread is inside step(), holding the pool's call lock
+pid = os.fork()
+if pid == 0:
+    started = time.monotonic()
+    try:
+        pool.step(np.zeros(2, dtype=np.int64))
+        code = 1
+    except shmpool.ForeignProcessError:
+        code = 0 if time.monotonic() - started < 2.0 else 2
+    os._exit(code)
+_, status = os.waitpid(pid, 0)
+stepper.join()
+print(os.waitstatus_to_exitcode(status))
+pool.close()
+"""
+
+
+def test_a_child_forked_while_a_thread_steps_gets_an_error_not_a_hang(pool_name: str) -> None:
+    result = run_script(FORK_DURING_STEP, pool_name)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "0"
+
+
+def test_the_owner_rolls_back_a_dead_writers_half_write_without_another_writer(pool_name: str) -> None:
+    params = {"a": Param(1.0), "b": Param(-1.0)}
+    with shmpool.launch(helpers.PairEnv, 4, num_workers=2, name=pool_name, params=params) as pool:
+        pool.reset(seed=0)
+        result = run_script(HALF_WRITER, pool_name)
+        assert result.returncode == -signal.SIGKILL, result.stderr[-2000:]
+        for _ in range(70):  # the trainer looks for a dead writer's journal every 64 steps
+            pool.step(np.zeros(4, dtype=np.int64))
+        pool.params["a"][0] = 7.0  # a raw write, read only once the rows are whole again
+        observations, *_ = pool.step(np.zeros(4, dtype=np.int64))
+        assert observations[:, 0].tolist() == [7.0, 1.0, 1.0, 1.0]
+        assert observations[:, 1].tolist() == [-1.0] * 4
+
+
+def test_a_handle_of_a_closed_pool_never_locks_a_new_pool_of_the_same_name(pool_name: str) -> None:
+    params = {"a": Param(0.0, bind=False)}
+    with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, params=params) as pool:
+        handle = shmpool.attach(pool.name)
+    with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, params=params) as new_pool:
+        # The handle's lock was never used: its first use opens the file by name, now the new pool's.
+        with pytest.raises(shmpool.PoolClosedError, match="replaced"):
+            handle._view.lock.hold(1.0, lambda: None).__enter__()
+        new_pool.params.write(None, a=1.0)  # and the new pool's writers are not blocked
+        handle.close()
+
+
+def test_env_family_modules_are_attributes_of_shmpool() -> None:
+    assert shmpool.classic_control.__name__ == "shmpool.classic_control"
+    assert shmpool.adapters.__name__ == "shmpool.adapters"
