@@ -32,7 +32,8 @@ from .errors import (
 
 if TYPE_CHECKING:
     from .handle import PoolHandle, attach
-    from .params import Param, ParamBlock
+    from .param_block import ParamBlock
+    from .params import Param
     from .pool import Pool, launch
 
 __version__ = "0.1.0"
@@ -41,7 +42,7 @@ _LAZY = {
     "launch": "pool",
     "Pool": "pool",
     "Param": "params",
-    "ParamBlock": "params",
+    "ParamBlock": "param_block",
     "attach": "handle",
     "PoolHandle": "handle",
 }

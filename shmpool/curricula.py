@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .params import ParamBlock
+from .param_block import ParamBlock
 
 
 def scores(records: np.ndarray, metric: str) -> np.ndarray:

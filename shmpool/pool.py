@@ -19,6 +19,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
+from .bindings import initial_records
 from .config import PoolConfig, launch_signature, make_env
 from .errors import ForeignProcessError, PoolBrokenError, PoolClosedError, ShmpoolError, WriterLockTimeout
 from .layout import (
@@ -31,7 +32,7 @@ from .layout import (
     RESET_WITH_SEED,
 )
 from .lifecycle import Lifecycle, plan_layout
-from .params import constructor_defaults, initial_records
+from .params import constructor_defaults
 from .profiling import TRAINER_PHASES, WORKER_PHASES, PhaseClock, per_step
 from .protocol import W_EVENTS_JOURNAL, W_PARAMS_JOURNAL, check_memory_model, interrupts_deferred
 from .registry import sweep_stale

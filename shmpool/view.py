@@ -28,7 +28,8 @@ from .layout import (
     WORKER_READY,
     WORKER_STARTING,
 )
-from .params import ParamBlock, ParamSpec
+from .param_block import ParamBlock
+from .params import ParamSpec
 from .protocol import event_rings, params_seqlock, writer_lock
 from .system import Segment, segment_file
 

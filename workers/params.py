@@ -9,17 +9,10 @@ from typing import Any
 import numpy as np
 
 from shmpool.adapters import adapter_for
+from shmpool.bindings import Binding, plain_values
+from shmpool.draws import derive_seed, draw
 from shmpool.layout import CTL_PARAM_REFUSALS
-from shmpool.params import (
-    Binding,
-    ParamSpec,
-    bad_rows,
-    derive_seed,
-    draw,
-    plain_values,
-    problem,
-    show,
-)
+from shmpool.params import ParamSpec, bad_rows, problem, show
 from shmpool.protocol import seqlock_read
 
 

@@ -1,0 +1,198 @@
+"""The ``params`` block as writers see it: numpy views per parameter, and validated atomic writes.
+
+Atomic multi-field writes use a per-env sequence counter (a seqlock, in :mod:`shmpool.protocol`):
+:meth:`ParamBlock.write` validates, makes the counters odd, writes the fields, makes them even, all
+under the writers' lock (which excludes threads, processes and forked children); a worker copies the
+records between two reads of the counters and keeps its last values for a row that is odd or moved.
+A writer killed or interrupted mid-write leaves an undo journal that the next holder of the lock (or
+the pool's owner, within 64 steps) rolls back, so its half write is never published. Plain numpy
+writes (``params["gravity"][:8] = 12.0``) skip all of this: each element is one aligned store, but
+two fields written that way may be seen half-done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .errors import LayoutMismatchError
+from .params import ParamSpec, applied_dtype, bad_rows, block_dtype, problem, show
+from .protocol import Seqlock, WriterLock
+
+#: How long :meth:`ParamBlock.write` waits for another writer before raising ``WriterLockTimeout``.
+WRITE_LOCK_TIMEOUT = 5.0
+
+
+class ParamBlock:
+    """The ``params`` block of a pool: ``block["gravity"]`` is a writable numpy view of every env's
+    value (``block["length"]["low"]`` for a distribution's argument); :meth:`write` validates and
+    lands atomically per env.
+
+    Workers pick up plain numpy writes on their next step too; they refuse values that break a
+    bound or are not finite (the env keeps its last good value; see ``refusals``).
+    """
+
+    def __init__(
+        self,
+        specs: Sequence[ParamSpec],
+        views: Mapping[str, np.ndarray],
+        seqlock: Seqlock,
+        lock: WriterLock,
+        env_label: str,
+        check_open: Callable[[], None],
+    ) -> None:
+        num_envs = len(views["params"])
+        for name, expected in (("params", block_dtype(specs)), ("applied", applied_dtype(specs))):
+            if views[name].dtype != expected or views[name].shape != (num_envs,):
+                raise LayoutMismatchError(f"field {name!r} does not match the parameter table")
+        self.specs = {spec.name: spec for spec in specs}
+        self._block = views["params"]
+        self._all = np.arange(num_envs)
+        self._seqlock = seqlock
+        self._refusal_table = views["param_refusals"]
+        self._lock = lock
+        self._label = env_label
+        self._check_open = check_open
+        self._applied = views["applied"].view()
+        self._applied.flags.writeable = False
+
+    @property
+    def applied(self) -> np.ndarray:
+        """What each env uses now (a drawn value for a ``dist`` parameter): read-only, workers write it."""
+        self._check_open()
+        return self._applied
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """The record type: one field per parameter (a sub-record for a distribution)."""
+        return self._block.dtype
+
+    @property
+    def names(self) -> list[str]:
+        """The declared parameters, in declaration order."""
+        return list(self.specs)
+
+    @property
+    def refusals(self) -> dict[str, int]:
+        """How many raw writes each parameter's workers refused so far."""
+        counts = self._refusal_table.sum(axis=0)
+        return {name: int(counts[spec.index]) for name, spec in self.specs.items()}
+
+    def __len__(self) -> int:
+        return len(self._block)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        self._check_open()
+        try:
+            return self._block[name]
+        except (KeyError, ValueError):
+            raise KeyError(f"no parameter {name!r}; the pool has {self.names}") from None
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self[name][...] = value
+
+    def __repr__(self) -> str:
+        return f"ParamBlock({self.names}, num_envs={len(self)})"
+
+    def write(self, env_ids: int | Sequence[int] | slice | np.ndarray | None, **values: Any) -> None:
+        """Validates ``values`` (bounds, shape, finite) and writes them for ``env_ids``, atomically per env.
+
+        ``env_ids``: an env id, a sequence or array of them, a slice, or None for every env. A
+        distribution's arguments are given as a dict, e.g. ``length={"low": 0.4, "high": 0.6}``.
+        Raises ``ValueError`` naming the parameter, the env and the value; nothing is written then.
+        """
+        self._check_open()
+        ids = self._env_ids(env_ids)
+        specs = []
+        for name in values:
+            spec = self.specs.get(name)
+            if spec is None:
+                raise KeyError(f"no parameter {name!r}; the pool has {self.names}")
+            specs.append(spec)
+        rows = slice(None) if env_ids is None else ids  # every env: plain views are cheaper than indexing
+        # Validated under the lock: a distribution's arguments are merged with what the block holds,
+        # which another writer could change between a check outside the lock and the write.
+        with self._lock.hold(WRITE_LOCK_TIMEOUT, self._check_open):
+            staged: list[tuple[np.ndarray, np.ndarray]] = []
+            for spec in specs:
+                staged.extend(self._stage(spec, ids, values[spec.name]))
+            self._seqlock.write(rows, staged)
+
+    def _env_ids(self, env_ids: Any) -> np.ndarray:
+        n = len(self._block)
+        if env_ids is None:
+            return self._all
+        if isinstance(env_ids, slice):
+            return np.arange(n)[env_ids]
+        ids = np.atleast_1d(np.asarray(env_ids))
+        if ids.dtype.kind not in "iu" or ids.ndim != 1:
+            raise ValueError(f"env_ids must be ints, a slice or None, got {env_ids!r:.100}")
+        if ids.size and (ids.min() < -n or ids.max() >= n):
+            raise ValueError(f"env_ids {ids.tolist()} out of range for num_envs={n}")
+        return np.unique(ids % n)
+
+    def _stage(self, spec: ParamSpec, ids: np.ndarray, value: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The validated ``(column view, values)`` pairs of one parameter; raises naming the bad value."""
+        if spec.dist:
+            if not isinstance(value, Mapping) or set(value) - set(spec.arguments):
+                raise ValueError(
+                    f"params[{spec.name!r}] is a {spec.dist} parameter: write a dict with keys {list(spec.arguments)}"
+                )
+            merged = {arg: value.get(arg, self._block[spec.name][arg][ids]) for arg in spec.arguments}
+            arrays = {arg: self._broadcast(spec, ids, merged[arg], f"[{arg!r}]") for arg in spec.arguments}
+            bad = bad_rows(spec, arrays)
+            if bad.any():
+                row = int(np.flatnonzero(bad)[0])
+                record = {arg: arrays[arg][row] for arg in spec.arguments}
+                raise ValueError(
+                    f"{self._label}: params[{spec.name!r}][{ids[row]}] = {show(record)} "
+                    f"rejected: {problem(spec, record)}"
+                )
+            return [(self._block[spec.name][arg], arrays[arg]) for arg in spec.arguments if arg in value]
+        array = self._broadcast(spec, ids, value, "")
+        bad = bad_rows(spec, array)
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise ValueError(
+                f"{self._label}: params[{spec.name!r}][{ids[row]}] = {show(array[row])} "
+                f"rejected: {problem(spec, array[row])}"
+            )
+        return [(self._block[spec.name], array)]
+
+    def _broadcast(self, spec: ParamSpec, ids: np.ndarray, value: Any, where: str) -> np.ndarray:
+        """``value`` as rows of one env each, in the parameter's dtype; raises unless every number is
+        stored exactly as given (integers in range and whole, bools 0 or 1, floats that do not
+        overflow), so that what is validated is what the workers will read."""
+        try:
+            array = np.asarray(value)
+            if array.dtype.kind not in "biuf":
+                raise TypeError(f"dtype {array.dtype}")
+            shape = (len(ids), *spec.shape)
+            if array.shape != shape:
+                array = np.broadcast_to(array, shape)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"{self._label}: params[{spec.name!r}]{where} = {value!r:.100} does not fit "
+                f"{len(ids)} env(s) of shape {spec.shape}: {exc}"
+            ) from exc
+        if spec.dtype.kind == "f":
+            if array.dtype == spec.dtype:  # the common case: float64 values for a float64 parameter
+                return array
+            with np.errstate(over="ignore"):  # an overflow becomes inf, refused as not finite
+                return array.astype(spec.dtype, copy=False)
+        low, high = (0, 1) if spec.dtype.kind == "b" else (np.iinfo(spec.dtype).min, np.iinfo(spec.dtype).max)
+        with np.errstate(invalid="ignore"):
+            if array.dtype.kind == "f":
+                unfit = ~np.isfinite(array) | (array != np.round(array)) | (array < low) | (array > high)
+            else:
+                unfit = (array < low) | (array > high)
+        if unfit.any():
+            row = int(np.flatnonzero(unfit.reshape(len(ids), -1).any(axis=1))[0])
+            kind = "0 or 1" if spec.dtype.kind == "b" else f"a whole number in [{low}, {high}]"
+            raise ValueError(
+                f"{self._label}: params[{spec.name!r}][{ids[row]}]{where} = {show(array[row])} rejected: "
+                f"{spec.name!r} has dtype {spec.dtype}, which holds {kind}"
+            )
+        return array.astype(spec.dtype, copy=False)
