@@ -282,6 +282,11 @@ def phase_profile(settings: Settings) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Runs every row and prints the table."""
     settings = parse_settings(argv)
+    # MuJoCo's warnings to logging, not to MUJOCO_LOG.TXT here; forked workers (Async's, shmpool's)
+    # inherit it.
+    from shmpool import mujoco as smj
+
+    smj.log_to_python()
     if settings.profile:
         phase_profile(settings)
         return

@@ -57,6 +57,7 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
 def main(argv: list[str] | None = None) -> None:
     """Runs the randomized pool and prints what was applied."""
     settings = parse_settings(argv)
+    smj.log_to_python()  # MuJoCo's warnings to logging, not to MUJOCO_LOG.TXT (workers: worker_init below)
     params = smj.scale_randomization(settings.body, settings.floor)
     push = hooks.Perturb(settings.push_force, every=settings.push_every, kick=smj.Push(settings.body), dims=3)
     with shmpool.launch(
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> None:
         hooks=[push],
         seed=settings.seed,
         env_kwargs={"max_episode_steps": 200},
+        worker_init=smj.log_to_python,
     ) as pool:
         print(pool)
         pool.reset()
