@@ -59,6 +59,8 @@ class Settings:
     """seed of the pool and the optimizer."""
     plot: str = "demo.png"
     """where to save the PNG plot ('' for none)."""
+    workdir: str = ""
+    """folder for the curriculum's state file and log ('': a new temporary folder, kept and printed)."""
     quick: bool = False
     """a short run for CI: 16 envs, 4 generations, 200 steps."""
 
@@ -158,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         name: shmpool.Param(dist="uniform", default={"low": nominal, "high": nominal}, low=low, high=high, when="reset")
         for name, (nominal, low, high) in PHYSICS.items()
     }
-    workdir = Path(tempfile.mkdtemp(prefix="shmpool-demo-"))
+    workdir = Path(settings.workdir) if settings.workdir else Path(tempfile.mkdtemp(prefix="shmpool-demo-"))
+    workdir.mkdir(parents=True, exist_ok=True)
     state_file = workdir / "adr.json"
     rng = np.random.default_rng(settings.seed)
     mean, std = np.zeros(5), np.ones(5)

@@ -121,7 +121,7 @@ def test_bench_quick_prints_a_table() -> None:
 def test_demo_quick_runs_curriculum_and_plots(tmp_path: Path) -> None:
     plot = tmp_path / "demo.png"
     result = subprocess.run(
-        [sys.executable, "scripts/demo.py", "--quick", "--plot", str(plot)],
+        [sys.executable, "scripts/demo.py", "--quick", "--plot", str(plot), "--workdir", str(tmp_path / "work")],
         cwd=ROOT,
         capture_output=True,
         text=True,
