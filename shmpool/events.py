@@ -101,7 +101,12 @@ class EventSender:
             hook_index = self.hook_names.index(hook)
         except ValueError:
             raise KeyError(f"no hook named {hook!r}; the pool's hooks are {self.hook_names}") from None
-        ids = np.arange(self.num_envs) if env_ids is None else np.unique(np.atleast_1d(np.asarray(env_ids)))
+        if env_ids is None:
+            ids = np.arange(self.num_envs)
+        else:
+            ids = np.atleast_1d(np.asarray(env_ids))
+            if ids.size > 1:  # one env (the common event) needs no sorting
+                ids = np.unique(ids)
         if ids.dtype.kind not in "iu" or ids.ndim != 1 or not ids.size:
             raise ValueError(f"env_ids must be one or more env ids (or None for all), got {env_ids!r:.100}")
         if ids.min() < 0 or ids.max() >= self.num_envs:
@@ -112,7 +117,7 @@ class EventSender:
         if at_step is not None and (not isinstance(at_step, (int, np.integer)) or at_step < 0):
             raise ValueError(f"at_step must be a non-negative int, got {at_step!r}")
         owners = np.searchsorted(self._starts, ids, side="right") - 1
-        workers = np.unique(owners).tolist()
+        workers = owners.tolist() if owners.size == 1 else np.unique(owners).tolist()
         deadline = None if timeout is None else time.monotonic() + timeout
         lock_wait = None if timeout is None else max(timeout, LOCK_GRACE)
         parts = [
