@@ -7,7 +7,7 @@ import functools
 import inspect
 import os
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
@@ -144,8 +144,8 @@ class PoolConfig:
             mode = AutoresetMode(self.autoreset_mode)
         except ValueError:
             raise ValueError(
-                f"autoreset_mode must be AutoresetMode.NEXT_STEP or SAME_STEP (or their values), "
-                f"got {self.autoreset_mode!r}"
+                f"autoreset_mode must be AutoresetMode.NEXT_STEP or SAME_STEP (or their values "
+                f"{AutoresetMode.NEXT_STEP.value!r}, {AutoresetMode.SAME_STEP.value!r}), got {self.autoreset_mode!r}"
             ) from None
         if mode not in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP):
             raise ValueError(f"shmpool supports NEXT_STEP and SAME_STEP autoreset, not {mode}")
@@ -157,13 +157,12 @@ class PoolConfig:
         if self.seed is not None:
             settle("seed", _count("seed", self.seed, -(1 << 63), (1 << 63) - 1))
         settle("param_seed", secrets.randbits(63) if self.seed is None else self.seed)
-        settle("env_kwargs", dict(self.env_kwargs or {}))
-        if self.timeout is not None and not self.timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds or None, got {self.timeout!r}")
-        if not self.launch_timeout > 0:
-            raise ValueError(f"launch_timeout must be a positive number of seconds, got {self.launch_timeout!r}")
-        settle("info_keys", _count("info_keys", self.info_keys, 1))
-        settle("info_bytes", _count("info_bytes", self.info_bytes, 8))
+        settle("env_kwargs", dict(_mapping("env_kwargs", self.env_kwargs)))
+        if self.timeout is not None:
+            settle("timeout", _seconds("timeout", self.timeout))
+        settle("launch_timeout", _seconds("launch_timeout", self.launch_timeout))
+        settle("info_keys", _count("info_keys", self.info_keys, 1, MAX_COUNT))
+        settle("info_bytes", _count("info_bytes", self.info_bytes, 8, MAX_COUNT))
         if self.info_bytes % 8:
             raise ValueError(f"info_bytes must be a multiple of 8, got {self.info_bytes}")
         methods = multiprocess.get_all_start_methods()
@@ -172,11 +171,23 @@ class PoolConfig:
         for option in ("copy", "info_params", "profile"):
             if not isinstance(getattr(self, option), (bool, np.bool_)):
                 raise TypeError(f"{option} must be True or False, got {getattr(self, option)!r}")
+        if isinstance(self.hooks, (str, bytes)) or not isinstance(self.hooks, Iterable):
+            raise TypeError(f"hooks must be a sequence of hook objects, got {self.hooks!r:.80}")
         settle("hooks", tuple(self.hooks))
-        settle("event_capacity", _count("event_capacity", self.event_capacity, 1))
-        settle("event_payload", _count("event_payload", self.event_payload, 0))
-        settle("episode_metrics", {str(k): str(v) for k, v in (self.episode_metrics or {}).items()})
-        settle("episode_capacity", _count("episode_capacity", self.episode_capacity, 1))
+        from .hooks import PHASES
+
+        for hook in self.hooks:
+            if not any(callable(getattr(hook, method, None)) for method in (*PHASES, "params")):
+                raise TypeError(f"hooks: {hook!r:.80} has none of {', '.join(PHASES)} or params(); see shmpool.hooks")
+        settle("event_capacity", _count("event_capacity", self.event_capacity, 1, MAX_COUNT))
+        settle("event_payload", _count("event_payload", self.event_payload, 0, MAX_COUNT))
+        metrics = _mapping("episode_metrics", self.episode_metrics)
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in metrics.items()):
+            raise TypeError(f"episode_metrics maps names to info keys, both str, got {metrics!r:.80}")
+        settle("episode_metrics", dict(metrics))
+        settle("episode_capacity", _count("episode_capacity", self.episode_capacity, 1, MAX_COUNT))
+        if self.params is not None:
+            _mapping("params", self.params)
         if self.worker_init is not None and not callable(self.worker_init):
             raise TypeError(f"worker_init must be a callable or None, got {self.worker_init!r}")
         names = self.hook_names
@@ -234,6 +245,29 @@ class PoolConfig:
             if f.init and f.name not in ("env", "num_envs") and getattr(self, f.name) not in (f.default, {}, ())
         ]
         return f"PoolConfig({self.env_label!r}, {self.num_envs}{''.join(', ' + c for c in changed)})"
+
+
+#: The largest count or size an option may ask for (ring lengths, info table sizes): far beyond any
+#: real need, and small enough that a typo fails here rather than as a numpy or mmap error.
+MAX_COUNT = 1 << 24
+
+
+def _mapping(option: str, value: Any) -> Mapping[Any, Any]:
+    """``value`` (None: empty) as a mapping, or a ``TypeError`` naming the option."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{option} must be a dict, got {value!r:.80}")
+    return value
+
+
+def _seconds(option: str, value: Any) -> float:
+    """``value`` as a positive number of seconds, or an error naming the option."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{option} must be a number of seconds, got {value!r:.80}")
+    if not value > 0:  # NaN fails too
+        raise ValueError(f"{option} must be a positive number of seconds, got {value!r}")
+    return float(value)
 
 
 def _count(option: str, value: Any, low: int, high: int | None = None) -> int:

@@ -94,6 +94,7 @@ class Pool(Channels, VectorEnv):
         self._pending: tuple[int, int, int] | None = None
         self._reset_once = False
         self._global_step = 0
+        self._profile_since = 0
         self._rate_since = (monotonic(), 0)
 
         declared = config.declared_params
@@ -185,12 +186,12 @@ class Pool(Channels, VectorEnv):
 
     def phase_profile(self) -> dict[str, dict[str, float]]:
         """Microseconds per step of each phase, ``{"trainer": {...}, "workers": {...}}`` (workers
-        averaged), since launch; needs ``launch(profile=True)``. Nested phases (``infos``, ``episode
-        stats``, ``whole step``) overlap the others, see :mod:`shmpool.profiling`."""
+        averaged), over the steps since the last reset; needs ``launch(profile=True)``. Nested phases
+        (``infos``, ``episode stats``, ``whole step``) overlap the others, see :mod:`shmpool.profiling`."""
         self._check_open()
         if not self.config.profile:
             raise ValueError(f"pool {self._name!r} was launched without profile=True")
-        steps = self._global_step
+        steps = self._global_step - self._profile_since
         return {
             "trainer": per_step(self._trainer_times, TRAINER_PHASES, steps),
             "workers": per_step(self._views["profile"], WORKER_PHASES, steps),
@@ -262,7 +263,12 @@ class Pool(Channels, VectorEnv):
         views["reset_options_length"][0] = len(encoded) if options is not None else 0
         self._reset_once = True  # before the command: a reset that Ctrl-C interrupts is still done later
         self._run(CMD_RESET, "reset")
-        return self._results.reset()
+        observations, infos = self._results.reset()
+        if self.config.profile:  # the profile covers steps since the last reset, not the reset itself
+            self._trainer_times[:] = 0
+            self._views["profile"][:] = 0  # the workers are idle: they only write it during a command
+            self._profile_since = self._global_step
+        return observations, infos
 
     def _check_reset_mask(self, mask: Any) -> np.ndarray:
         if not isinstance(mask, np.ndarray):

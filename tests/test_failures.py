@@ -331,3 +331,27 @@ def test_the_next_launch_removes_a_pool_whose_owner_and_workers_died(pool_name: 
         victim.communicate(timeout=10)
         survivor.communicate(input="", timeout=30)  # closes its pool
     assert survivor.returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "option"),
+    [
+        ({"timeout": "5"}, TypeError, "timeout"),
+        ({"timeout": True}, TypeError, "timeout"),
+        ({"launch_timeout": None}, TypeError, "launch_timeout"),
+        ({"hooks": 5}, TypeError, "hooks"),
+        ({"hooks": [None]}, TypeError, "hooks"),
+        ({"params": [1, 2]}, TypeError, "params"),
+        ({"env_kwargs": "ab"}, TypeError, "env_kwargs"),
+        ({"episode_metrics": {"a": 5}}, TypeError, "episode_metrics"),
+        ({"event_capacity": 1 << 62}, ValueError, "event_capacity"),
+        ({"info_bytes": 1 << 62}, ValueError, "info_bytes"),
+        ({"start_method": "fork-please"}, ValueError, "start_method"),
+        ({"copy": 1}, TypeError, "copy"),
+    ],
+)
+def test_bad_launch_options_are_refused_naming_the_option(
+    pool_name: str, options: dict, error: type, option: str
+) -> None:
+    with pytest.raises(error, match=option):
+        shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, **options)

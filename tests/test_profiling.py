@@ -60,3 +60,14 @@ def test_bench_profile_prints_the_phase_table() -> None:
     worker_rows = {line[8:28].strip(): line.split()[-3:] for line in lines[2:] if line.startswith("worker")}
     assert float(worker_rows["env loop"][0]) > 0
     assert float(worker_rows["params sync"][2]) > float(worker_rows["params sync"][0])  # writes cost the workers
+
+
+def test_phase_profile_covers_the_steps_since_the_last_reset(pool_name: str) -> None:
+    with shmpool.launch("CartPole-v1", 4, num_workers=2, name=pool_name, profile=True) as pool:
+        pool.reset(seed=0)
+        pool.reset(seed=1)
+        profile = pool.phase_profile()
+        assert all(v == 0 for side in profile.values() for v in side.values())  # no step yet
+        for _ in range(20):
+            pool.step(np.zeros(4, dtype=np.int64))
+        assert pool.phase_profile()["workers"]["env loop"] > 0

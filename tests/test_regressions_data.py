@@ -3,6 +3,9 @@ gymnasium's SyncVectorEnv would give it, or fails loudly."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 import warnings
 
 import gymnasium as gym
@@ -193,3 +196,15 @@ def test_noise_streams_of_names_sharing_8_characters_differ(pool_name: str) -> N
     plain = SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(2)]).reset(seed=0)[0]
     assert not np.array_equal(observations[0], plain)
     assert not np.allclose(observations[0], observations[1])
+
+
+def _restores_ctrl_c() -> None:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def test_a_worker_init_that_restores_ctrl_c_does_not_let_it_kill_the_workers(pool_name: str) -> None:
+    with shmpool.launch("CartPole-v1", 2, num_workers=2, name=pool_name, worker_init=_restores_ctrl_c) as pool:
+        pool.reset(seed=0)
+        os.kill(pool.worker_pids[0], signal.SIGINT)  # as a terminal's Ctrl-C reaches the whole group
+        time.sleep(0.3)
+        pool.step(np.zeros(2, dtype=np.int64))

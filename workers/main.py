@@ -256,6 +256,7 @@ class Worker:
         try:
             if config.worker_init is not None:
                 config.worker_init()
+                ignore_interrupts()  # again: the user's setup must not make Ctrl-C kill workers
             params = (
                 ParamApplier(
                     list(config.params),
