@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from .errors import PoolClosedError, ShmpoolError, WriterLockTimeout
+from .system import process_state
 
 # Words of the ``writers`` field.
 WRITERS_WORDS = 8
@@ -69,16 +70,6 @@ def check_memory_model(machine: str | None = None) -> None:
             f"shmpool needs a CPU with total store order (x86-64); this one is {machine!r}, on which "
             f"shared-memory publication without acquire/release instructions is unsafe"
         )
-
-
-def _process_state(pid: int) -> str:
-    """The one-letter state of a process from /proc (``T`` stopped, ``R`` running, ...), or ``?``."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as file:
-            data = file.read()
-        return data[data.rindex(b")") + 2 :].split()[0].decode()
-    except (OSError, ValueError, IndexError):
-        return "?"
 
 
 class WriterLock:
@@ -184,7 +175,7 @@ class WriterLock:
         check_open()
         if deadline is not None and time.monotonic() >= deadline:
             holder = int(self._words[W_HOLDER])
-            state = _process_state(holder) if holder else "?"
+            state = process_state(holder) if holder else "?"
             what = f"pid {holder}" + (" (stopped: Ctrl-Z or SIGSTOP)" if state in ("T", "t") else "")
             raise WriterLockTimeout(
                 f"another writer ({what if holder else 'unknown'}) has held the writer lock of "

@@ -63,11 +63,10 @@ def usable_cores() -> int:
 class Segment:
     """One mapped named shared-memory object: created by the pool's owner, opened by everyone else."""
 
-    def __init__(self, name: str, buffer: mmap.mmap, *, created: bool, identity: FileIdentity | None = None) -> None:
+    def __init__(self, name: str, buffer: mmap.mmap, *, identity: FileIdentity | None = None) -> None:
         self.name = name
         self.buffer = buffer
         self.size = len(buffer)
-        self.created = created
         self.identity = identity  # of the file that was mapped (set by open): removal checks it is still that one
 
     @classmethod
@@ -97,7 +96,7 @@ class Segment:
             unlink_segment(name)
             raise
         shm.close_fd()
-        return cls(name, buffer, created=True, identity=(info.st_dev, info.st_ino))
+        return cls(name, buffer, identity=(info.st_dev, info.st_ino))
 
     @classmethod
     def open(cls, name: str) -> Segment:
@@ -149,7 +148,7 @@ class Segment:
                 ) from exc
         finally:
             os.close(fd)
-        return cls(name, buffer, created=False, identity=(info.st_dev, info.st_ino))
+        return cls(name, buffer, identity=(info.st_dev, info.st_ino))
 
     def unlink(self) -> None:
         """Removes the name; mappings that exist stay valid until they are closed."""
@@ -180,10 +179,9 @@ class Doorbell:
     stale ring; :meth:`wait_until` therefore always re-checks the real condition in shared memory.
     """
 
-    def __init__(self, path: str, semaphore: posix_ipc.Semaphore, *, created: bool) -> None:
+    def __init__(self, path: str, semaphore: posix_ipc.Semaphore) -> None:
         self.path = path
         self._semaphore = semaphore
-        self.created = created
 
     @classmethod
     def create(cls, path: str) -> Doorbell:
@@ -192,7 +190,7 @@ class Doorbell:
             semaphore = posix_ipc.Semaphore(path, posix_ipc.O_CREX, mode=0o600, initial_value=0)
         except posix_ipc.ExistentialError as exc:
             raise PoolExistsError(f"a semaphore named {path!r} already exists") from exc
-        return cls(path, semaphore, created=True)
+        return cls(path, semaphore)
 
     @classmethod
     def open(cls, path: str) -> Doorbell:
@@ -201,7 +199,7 @@ class Doorbell:
             semaphore = posix_ipc.Semaphore(path)
         except posix_ipc.ExistentialError as exc:
             raise PoolNotFoundError(f"no semaphore {path!r}") from exc
-        return cls(path, semaphore, created=False)
+        return cls(path, semaphore)
 
     def ring(self) -> None:
         """Wakes the waiter; costs an atomic add when nobody sleeps on it."""
@@ -263,14 +261,6 @@ class Doorbell:
             self._semaphore.close()
         except posix_ipc.ExistentialError:
             pass
-
-
-def unlink_doorbell(path: str) -> None:
-    """Removes a semaphore by name, ignoring one that is already gone."""
-    try:
-        posix_ipc.unlink_semaphore(path)
-    except posix_ipc.ExistentialError:
-        pass
 
 
 def doorbell_file(path: str) -> str:
@@ -389,19 +379,30 @@ def descendants(root: int) -> set[int]:
     return found
 
 
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state first), or None if unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            data = file.read()
+    except OSError:
+        return None
+    # The command name may contain spaces and parentheses: split after the last ')'.
+    return data[data.rindex(b")") + 2 :].split() or None
+
+
+def process_state(pid: int) -> str:
+    """The one-letter state of a process (``T`` stopped, ``R`` running, ...), or ``?``."""
+    fields = _stat_fields(pid)
+    return fields[0].decode() if fields else "?"
+
+
 def process_start_ticks(pid: int) -> int | None:
     """The start time of a live process in clock ticks since boot, or None if it is gone or a zombie.
 
     Together with the pid it names a process uniquely, even after the pid is reused.
     """
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as file:
-            data = file.read()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    # The command name may contain spaces and parentheses: split after the last ')'.
-    fields = data[data.rindex(b")") + 2 :].split()
-    if fields[0] in (b"Z", b"X"):
+    fields = _stat_fields(pid)
+    if fields is None or fields[0] in (b"Z", b"X"):
         return None
     return int(fields[19])
 

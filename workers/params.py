@@ -170,11 +170,12 @@ class ParamApplier:
         snapshot_bytes = snapshot.tobytes()
         if snapshot_bytes == self._seen_bytes:
             return
-        rows = np.flatnonzero(snapshot.view(self._record) != self._seen.view(self._record))
         touched = np.zeros(len(self._env_ids), dtype=np.bool_)
         general = self._specs
         if self._scalars is not None:
             general = self._sync_scalars(snapshot, touched)
+        if general:  # the rows that changed, for the parameters the scalar columns do not cover
+            rows = np.flatnonzero(snapshot.view(self._record) != self._seen.view(self._record))
         for spec in general:
             new, old = snapshot[spec.name][rows], self._seen[spec.name][rows]
             differs = (new.reshape(len(rows), -1).view(np.uint8) != old.reshape(len(rows), -1).view(np.uint8)).any(
