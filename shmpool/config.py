@@ -20,6 +20,8 @@ from .params import Param, ParamSpec, compile_specs
 from .system import POOL_NAME_PATTERN, usable_cores
 
 EnvFactory = str | Callable[..., gymnasium.Env]
+#: What ``launch`` takes as ``env``: one factory for every env, or one callable per env (``env_fns``).
+EnvSpec = EnvFactory | Sequence[Callable[..., gymnasium.Env]]
 
 #: The dotted name of the function every worker process runs; shmpool never imports it itself.
 WORKER_ENTRY_POINT = "shmpool.workers.main:run"
@@ -33,11 +35,19 @@ def make_env(factory: EnvFactory, env_kwargs: dict[str, Any]) -> gymnasium.Env:
     return env
 
 
-def describe_factory(factory: EnvFactory) -> str:
-    """A short human name for an env factory, used in messages."""
+def describe_factory(factory: EnvSpec) -> str:
+    """A short human name for an env factory (or a sequence of them), used in messages."""
     if isinstance(factory, str):
         return factory
+    if isinstance(factory, tuple):
+        names = sorted({describe_factory(f) for f in factory})
+        return names[0] if len(names) == 1 else f"{names[0]} (and {len(names) - 1} other env_fns)"
     return getattr(factory, "__qualname__", None) or type(factory).__name__
+
+
+def factory_of(factory: EnvFactory | tuple[EnvFactory, ...], env_id: int) -> EnvFactory:
+    """The factory of env ``env_id`` (``factory`` is one for all, or a tuple with one per env)."""
+    return factory[env_id] if isinstance(factory, tuple) else factory
 
 
 @dataclass(frozen=True)
@@ -47,10 +57,10 @@ class WorkerConfig:
     pool_name: str
     worker_id: int
     env_ids: tuple[int, int]  # the slot: env ids start (inclusive) to stop (exclusive)
-    env_factory: EnvFactory
+    env_factory: EnvFactory | tuple[EnvFactory, ...]  # a tuple: one callable per env of the slot
     env_kwargs: dict[str, Any]
     env_label: str
-    same_step_autoreset: bool
+    autoreset_mode: AutoresetMode
     owner_pid: int
     owner_start_ticks: int
     observation_space: gymnasium.Space[Any]
@@ -75,11 +85,12 @@ class PoolConfig:
     option for a bad value); every part of the pool reads it. A new option is a new field here.
     """
 
-    env: EnvFactory
-    """A registered gymnasium id, or a callable returning a ``gymnasium.Env`` (lambdas and closures
-    work: they are shipped once with ``multiprocess``)."""
-    num_envs: int
-    """How many envs the pool runs."""
+    env: EnvSpec
+    """A registered gymnasium id, a callable returning a ``gymnasium.Env`` (lambdas and closures
+    work: they are shipped once with ``multiprocess``), or a sequence of such callables, one per env
+    (gymnasium's and SB3's ``env_fns``: envs may then differ, but their spaces must agree)."""
+    num_envs: int = None  # type: ignore[assignment]  # settled to an int by __post_init__
+    """How many envs the pool runs; None only when ``env`` is a sequence (its length)."""
     num_workers: int | None = None
     """Worker processes; None: the usable cores, at most ``num_envs``."""
     seed: int | None = None
@@ -88,7 +99,8 @@ class PoolConfig:
     name: str | None = None
     """The pool's name, by which other processes find it; None: a unique one."""
     autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP
-    """``NEXT_STEP`` or ``SAME_STEP``, with gymnasium's semantics."""
+    """``NEXT_STEP``, ``SAME_STEP`` or ``DISABLED`` (envs reset only by ``reset``, e.g. with
+    ``options={"reset_mask": ...}``), with gymnasium's semantics."""
     start_method: str | None = None
     """``"fork"``, ``"spawn"`` or ``"forkserver"``; None: the platform's default."""
     env_kwargs: Mapping[str, Any] | None = None
@@ -121,6 +133,11 @@ class PoolConfig:
     read from the env's info at the episode's last step."""
     episode_capacity: int = 4096
     """Finished-episode records each worker's ring keeps for readers."""
+    episode_statistics: bool = True
+    """Add ``infos["episode"]`` (return ``r``, length ``l``, time ``t``) and ``infos["_episode"]`` at
+    each episode's end. False leaves the key to a gymnasium ``RecordEpisodeStatistics`` wrapper
+    around the pool. An env that reports its own ``episode`` info keeps it: the pool warns once
+    and does not add its own that step."""
     profile: bool = False
     """Time every phase of a step, in the trainer and the workers, for ``pool.phase_profile()``; off,
     nothing is timed and the step pays nothing."""
@@ -135,8 +152,16 @@ class PoolConfig:
         def settle(name: str, value: Any) -> None:  # frozen: normalized values are set once, here
             object.__setattr__(self, name, value)
 
-        if not isinstance(self.env, str) and not callable(self.env):
-            raise TypeError(f"env must be a registered gymnasium id or a callable returning an env, got {self.env!r}")
+        if isinstance(self.env, Sequence) and not isinstance(self.env, str):
+            settle("env", _env_fns(self.env, self.num_envs))
+            settle("num_envs", len(self.env))
+        elif not isinstance(self.env, str) and not callable(self.env):
+            raise TypeError(
+                f"env must be a registered gymnasium id, a callable returning an env or a sequence of such "
+                f"callables, got {self.env!r:.80}"
+            )
+        elif self.num_envs is None:
+            raise TypeError("num_envs is required unless env is a sequence of env constructors")
         settle("num_envs", _count("num_envs", self.num_envs, 1))
         workers = min(usable_cores(), self.num_envs) if self.num_workers is None else self.num_workers
         settle("num_workers", _count("num_workers", workers, 1, self.num_envs))
@@ -144,11 +169,9 @@ class PoolConfig:
             mode = AutoresetMode(self.autoreset_mode)
         except ValueError:
             raise ValueError(
-                f"autoreset_mode must be AutoresetMode.NEXT_STEP or SAME_STEP (or their values "
-                f"{AutoresetMode.NEXT_STEP.value!r}, {AutoresetMode.SAME_STEP.value!r}), got {self.autoreset_mode!r}"
+                f"autoreset_mode must be an AutoresetMode or one of its values "
+                f"{[mode.value for mode in AutoresetMode]}, got {self.autoreset_mode!r}"
             ) from None
-        if mode not in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP):
-            raise ValueError(f"shmpool supports NEXT_STEP and SAME_STEP autoreset, not {mode}")
         settle("autoreset_mode", mode)
         name = f"{os.getpid()}-{secrets.token_hex(4)}" if self.name is None else self.name
         if not isinstance(name, str) or not POOL_NAME_PATTERN.fullmatch(name):
@@ -168,7 +191,7 @@ class PoolConfig:
         methods = multiprocess.get_all_start_methods()
         if self.start_method is not None and self.start_method not in methods:
             raise ValueError(f"start_method must be None or one of {methods}, got {self.start_method!r}")
-        for option in ("copy", "info_params", "profile"):
+        for option in ("copy", "info_params", "episode_statistics", "profile"):
             if not isinstance(getattr(self, option), (bool, np.bool_)):
                 raise TypeError(f"{option} must be True or False, got {getattr(self, option)!r}")
         if isinstance(self.hooks, (str, bytes)) or not isinstance(self.hooks, Iterable):
@@ -217,6 +240,10 @@ class PoolConfig:
         """Whether finished envs reset within the step that ended them."""
         return self.autoreset_mode == AutoresetMode.SAME_STEP
 
+    def factory_of(self, env_id: int) -> EnvFactory:
+        """The factory that makes env ``env_id``."""
+        return factory_of(self.env, env_id)  # type: ignore[arg-type]  # a tuple once settled
+
     @functools.cached_property
     def hook_names(self) -> list[str]:
         """The hooks' names, by which events address them."""
@@ -245,6 +272,19 @@ class PoolConfig:
             if f.init and f.name not in ("env", "num_envs") and getattr(self, f.name) not in (f.default, {}, ())
         ]
         return f"PoolConfig({self.env_label!r}, {self.num_envs}{''.join(', ' + c for c in changed)})"
+
+
+def _env_fns(env_fns: Sequence[Any], num_envs: Any) -> tuple[Callable[..., gymnasium.Env], ...]:
+    """``env_fns`` as a tuple of callables, checked against ``num_envs`` (None: its length)."""
+    env_fns = tuple(env_fns)
+    if not env_fns:
+        raise ValueError("env: the sequence of env constructors is empty")
+    for env_id, factory in enumerate(env_fns):
+        if not callable(factory):
+            raise TypeError(f"env[{env_id}] must be a callable returning a gymnasium.Env, got {factory!r:.80}")
+    if num_envs is not None and num_envs != len(env_fns):
+        raise ValueError(f"num_envs={num_envs!r} but env holds {len(env_fns)} env constructors; omit num_envs")
+    return env_fns
 
 
 #: The largest count or size an option may ask for (ring lengths, info table sizes): far beyond any

@@ -4,10 +4,14 @@ through ``shmpool.attach`` (``scripts/curriculum.py`` runs them that way).
 Both take the records of ``episodes.read()`` and a parameter block (``pool.params`` or
 ``handle.params``) in ``update`` and return lines worth logging. Their ``state()`` is plain JSON
 data and ``load(state)`` restores it, so a restarted curriculum resumes where it was.
+``state_dict()`` / ``load_state_dict()`` are the complete form, settings included, for checkpoints
+taken together with ``pool.state_dict()``: a curriculum restored from one continues exactly as the
+saved one would have.
 """
 
 from __future__ import annotations
 
+import copy
 import random
 from collections import deque
 from collections.abc import Sequence
@@ -81,6 +85,24 @@ class Threshold:
         self._recent = deque(state["recent"], maxlen=self.window)
         self.changes = state["changes"]
 
+    def state_dict(self) -> dict[str, Any]:
+        """Everything it depends on, settings included, as plain JSON data."""
+        settings = {"step": self.step, "target": self.target, "window": self.window, "metric": self.metric}
+        return {**self.state(), "settings": settings}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores a :meth:`state_dict` (its settings too); it then continues as the saved one would.
+
+        Raises ``ValueError`` for the state of another curriculum or parameter.
+        """
+        _check_algo(state, "threshold")
+        if state["param"] != self.param:
+            raise ValueError(f"this state moves {state['param']!r}, this Threshold moves {self.param!r}")
+        settings = state["settings"]
+        self.step, self.target, self.metric = float(settings["step"]), float(settings["target"]), settings["metric"]
+        self.window = int(settings["window"])
+        self.load(state)
+
 
 class ADR:
     """Automatic Domain Randomization (OpenAI et al., "Solving Rubik's Cube with a Robot Hand", 2019).
@@ -118,6 +140,7 @@ class ADR:
         self.buffers: dict[str, list[float]] = {}  # "param:low" / "param:high" -> scores
         self.pinned: dict[int, tuple[str, str, float, int]] = {}  # env -> (param, side, value, records waited)
         self._random = random.Random(seed)
+        self._hard: dict[str, tuple[float, float]] = {}  # name -> the parameter's hard bounds
         self._started = False
 
     # -- setup -------------------------------------------------------------------------------------
@@ -232,5 +255,49 @@ class ADR:
         self._random.setstate((version, tuple(internal), gauss))
         self._started = False
 
+    def state_dict(self) -> dict[str, Any]:
+        """Everything it depends on, as plain JSON data: :meth:`state` plus the pinned envs, the hard
+        bounds, the parameters it steers and its settings."""
+        settings = {
+            "delta": float(self.delta),
+            "p_boundary": float(self.p_boundary),
+            "buffer": int(self.buffer),
+            "low_threshold": float(self.low_threshold),
+            "high_threshold": float(self.high_threshold),
+            "metric": self.metric,
+        }
+        return {
+            **copy.deepcopy(self.state()),  # state() shares its lists with the live curriculum
+            "settings": settings,
+            "names": None if self.names is None else list(self.names),
+            "started": self._started,
+            "hard": {name: list(bounds) for name, bounds in self._hard.items()},
+            # JSON keys are text: env ids go in the rows.
+            "pinned": [[env, *pin] for env, pin in self.pinned.items()],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores a :meth:`state_dict` (its settings too): pinned envs stay pinned, and it then
+        continues as the saved one would. Raises ``ValueError`` for another curriculum's state."""
+        _check_algo(state, "adr")
+        settings = state["settings"]
+        self.delta, self.p_boundary = float(settings["delta"]), float(settings["p_boundary"])
+        self.buffer, self.metric = int(settings["buffer"]), settings["metric"]
+        self.low_threshold, self.high_threshold = float(settings["low_threshold"]), float(settings["high_threshold"])
+        self.load(state)
+        self.names = None if state["names"] is None else list(state["names"])
+        self._hard = {name: (float(low), float(high)) for name, (low, high) in state["hard"].items()}
+        self.pinned = {
+            int(env): (str(name), str(side), float(value), int(waited))
+            for env, name, side, value, waited in state["pinned"]
+        }
+        self._started = bool(state["started"])
+
 
 _SIDE = {"low": 0, "high": 1}
+
+
+def _check_algo(state: Any, algo: str) -> None:
+    if not isinstance(state, dict) or state.get("algo") != algo or "settings" not in state:
+        found = state.get("algo") if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"not a state_dict() of {algo!r} (algo {found!r}); load() takes the older state()")

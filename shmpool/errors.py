@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import queue
 
+from gymnasium.error import ClosedEnvironmentError
+
 
 class ShmpoolError(Exception):
     """Base class of every error shmpool raises."""
@@ -60,8 +62,9 @@ def _rebuild_worker_died(message: str, worker_id: int, exitcode: int | None) -> 
     return WorkerDiedError(message, worker_id=worker_id, exitcode=exitcode)
 
 
-class PoolClosedError(ShmpoolError, RuntimeError):
-    """A pool (or a handle on one) was used after it was closed."""
+class PoolClosedError(ShmpoolError, ClosedEnvironmentError, RuntimeError):
+    """A pool (or a handle on one) was used after it was closed (a gymnasium ``ClosedEnvironmentError``,
+    itself an ``Exception``, as gymnasium's vector envs raise)."""
 
 
 class PoolTimeoutError(ShmpoolError, TimeoutError):

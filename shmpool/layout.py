@@ -119,7 +119,8 @@ CONTROL_WORDS = 16
     CTL_PARAM_REFUSALS,  # raw parameter writes this worker refused (details in param_refusal_*)
 ) = range(10)
 
-CMD_STEP, CMD_RESET, CMD_CLOSE = 1, 2, 3
+#: CALL: run the request that follows on the worker's private pipe (see :mod:`shmpool.calls`).
+CMD_STEP, CMD_RESET, CMD_CLOSE, CMD_CALL = 1, 2, 3, 4
 WORKER_STARTING, WORKER_READY, WORKER_FAILED, WORKER_CLOSED = 0, 1, 2, 3
 ERROR_BYTES = 8192
 RESET_OPTION_BYTES = 4096

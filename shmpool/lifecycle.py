@@ -130,6 +130,8 @@ class Lifecycle:
         self.trainer_doorbell: Doorbell | None = None
         self.worker_doorbells: list[Doorbell] = []
         self.processes: list[Any] = []
+        #: The owner's end of each worker's private pipe, for control calls (see shmpool.calls).
+        self.call_pipes: list[Any] = []
         self.seq = 0
 
     def create(self, layout: Layout) -> dict[str, np.ndarray]:
@@ -161,10 +163,10 @@ class Lifecycle:
                     pool_name=self.name,
                     worker_id=worker_id,
                     env_ids=slot,
-                    env_factory=config.env,
+                    env_factory=config.env[slice(*slot)] if isinstance(config.env, tuple) else config.env,  # type: ignore[arg-type]
                     env_kwargs=dict(config.env_kwargs or {}),
                     env_label=config.env_label,
-                    same_step_autoreset=config.same_step,
+                    autoreset_mode=config.autoreset_mode,  # type: ignore[arg-type]
                     owner_pid=self.owner_pid,
                     owner_start_ticks=self.owner_start_ticks,
                     observation_space=observation_space,
@@ -180,10 +182,18 @@ class Lifecycle:
                     poll_interval=WORKER_POLL_INTERVAL,
                     worker_init=config.worker_init,
                 )
+                owner_end, worker_end = context.Pipe(duplex=True)
+                self.call_pipes.append(owner_end)
                 process = context.Process(
-                    target=entry_point, args=(worker_config,), name=f"shmpool-{self.name}-w{worker_id}", daemon=True
+                    target=entry_point,
+                    args=(worker_config, worker_end),
+                    name=f"shmpool-{self.name}-w{worker_id}",
+                    daemon=True,
                 )
-                process.start()
+                try:
+                    process.start()
+                finally:
+                    worker_end.close()  # the worker's own copy only: a later worker must not inherit it
                 self.processes.append(process)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
@@ -212,6 +222,10 @@ class Lifecycle:
             control[worker_id, CTL_COMMAND] = word
         for worker_id in targets:
             self.worker_doorbells[worker_id].ring()
+
+    def send_call(self, worker_id: int, message: bytes) -> None:
+        """Sends an encoded call request (:mod:`shmpool.calls`) on worker ``worker_id``'s pipe."""
+        self.call_pipes[worker_id].send_bytes(message)
 
     def disown(self) -> None:
         """In a forked child: forgets the parent's workers, so that multiprocess's exit handler in the
@@ -254,6 +268,9 @@ class Lifecycle:
         self.processes = []
 
     def _release(self) -> None:
+        for pipe in self.call_pipes:
+            pipe.close()
+        self.call_pipes = []
         for doorbell in [*self.worker_doorbells, *filter(None, [self.trainer_doorbell])]:
             doorbell.unlink()
             doorbell.close()

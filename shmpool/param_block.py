@@ -80,6 +80,13 @@ class ParamBlock:
         counts = self._refusal_table.sum(axis=0)
         return {name: int(counts[spec.index]) for name, spec in self.specs.items()}
 
+    def snapshot(self) -> np.ndarray:
+        """A copy of every env's record, taken under the writers' lock so that no ``write()`` is
+        half in it (raw numpy writes are single stores per element and need no lock)."""
+        self._check_open()
+        with self._lock.hold(WRITE_LOCK_TIMEOUT, self._check_open):
+            return self._block.copy()
+
     def __len__(self) -> int:
         return len(self._block)
 

@@ -12,7 +12,7 @@ import json
 import os
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,9 +20,18 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from .bindings import initial_records
+from .calls import Request, encode, set_wrapper_attribute
 from .config import PoolConfig, launch_signature, make_env
-from .errors import ForeignProcessError, PoolBrokenError, PoolClosedError, ShmpoolError, WriterLockTimeout
+from .errors import (
+    ForeignProcessError,
+    PoolBrokenError,
+    PoolClosedError,
+    RemoteTraceback,
+    ShmpoolError,
+    WriterLockTimeout,
+)
 from .layout import (
+    CMD_CALL,
     CMD_RESET,
     CMD_STEP,
     H_GLOBAL_STEP,
@@ -46,10 +55,11 @@ from .waiting import Waiter
 CLOSE_WAIT = 5.0
 
 
-def launch(env: Any, num_envs: int, **options: Any) -> Pool:
+def launch(env: Any, num_envs: int | None = None, **options: Any) -> Pool:
     """Starts worker processes that together run ``num_envs`` copies of ``env``; returns the pool.
 
-    ``env`` is a registered gymnasium id or a callable returning a ``gymnasium.Env``. The options
+    ``env`` is a registered gymnasium id, a callable returning a ``gymnasium.Env``, or a sequence of
+    such callables, one per env (``num_envs`` is then its length). The options
     (``num_workers``, ``seed``, ``name``, ``params``, ``hooks``, ``timeout``, ...) are the fields of
     :class:`shmpool.config.PoolConfig`, where each one's default, check and meaning are written.
 
@@ -61,7 +71,7 @@ def launch(env: Any, num_envs: int, **options: Any) -> Pool:
         >>> observations.shape
         (4, 4)
     """
-    return Pool(PoolConfig(env, num_envs, **options))
+    return Pool(PoolConfig(env, num_envs, **options))  # type: ignore[arg-type]
 
 
 launch.__signature__ = launch_signature()  # type: ignore[attr-defined]
@@ -99,7 +109,7 @@ class Pool(Channels, VectorEnv):
 
         declared = config.declared_params
         probe = make_env(
-            config.env, {**(config.env_kwargs or {}), **constructor_defaults(config.param_specs, declared)}
+            config.factory_of(0), {**(config.env_kwargs or {}), **constructor_defaults(config.param_specs, declared)}
         )
         try:
             self.metadata = dict(probe.metadata)
@@ -295,6 +305,118 @@ class Pool(Channels, VectorEnv):
                 self._recover_writers()
             return self._results.step()
 
+    # -- control calls (gymnasium's vector API; see shmpool.calls) -------------------------------------
+
+    def env_apply(
+        self,
+        function: Callable[..., Any] | str,
+        env_ids: Sequence[int] | None = None,
+        *,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """Runs ``function(env, *args, **kwargs)`` on each env in ``env_ids`` (None: all) inside the
+        workers and returns the results in that order.
+
+        ``function`` is a picklable callable given the env as made (wrappers included), or an
+        attribute name, which is gymnasium's ``call``: the attribute, called with the arguments if
+        callable. An exception an env raises is raised here with its type, its traceback as the
+        cause and a note naming the env; the pool stays usable.
+        """
+        ids = self._env_id_list(env_ids)
+        return self._apply([(env_id, function, tuple(args), dict(kwargs or {})) for env_id in ids], repr(function))
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Calls method ``name`` of every env with the arguments (or reads it, if not callable);
+        returns the results, as gymnasium's ``VectorEnv.call``."""
+        return tuple(self.env_apply(name, args=args, kwargs=kwargs))
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """Attribute ``name`` of every env (found through its wrappers), as gymnasium's ``get_attr``."""
+        return self.call(name)
+
+    def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
+        """Sets attribute ``name`` of every env: ``values`` holds one value per env if it is a list or
+        tuple, else the one value for all, as gymnasium's ``set_attr``."""
+        if not isinstance(values, (list, tuple)):
+            values = [values] * self.num_envs
+        if len(values) != self.num_envs:
+            raise ValueError(
+                "Values must be a list or tuple with length equal to the number of environments. "
+                f"Got `{len(values)}` values for {self.num_envs} environments."
+            )
+        self._apply(
+            [(env_id, set_wrapper_attribute, (name, value), {}) for env_id, value in enumerate(values)],
+            f"set_attr({name!r})",
+        )
+
+    def render(self) -> tuple[Any, ...] | None:  # type: ignore[override]
+        """Every env's ``render()`` (launch with ``env_kwargs={"render_mode": "rgb_array"}`` for frames)."""
+        return self.call("render")
+
+    @property
+    def np_random_seed(self) -> tuple[int, ...]:  # type: ignore[override]
+        """The seed of each env's random number generator, as gymnasium's Sync and Async report it."""
+        return self.get_attr("np_random_seed")
+
+    @property  # type: ignore[misc]
+    def np_random(self) -> tuple[np.random.Generator, ...]:  # type: ignore[override]
+        """A copy of each env's random number generator (the envs keep their own)."""
+        return self.get_attr("np_random")
+
+    def _env_id_list(self, env_ids: Sequence[int] | None) -> list[int]:
+        if env_ids is None:
+            return list(range(self.num_envs))
+        ids = [int(i.__index__()) if hasattr(i, "__index__") else i for i in env_ids]
+        bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < self.num_envs]
+        if bad:
+            raise IndexError(f"env ids {bad!r:.80} are outside 0..{self.num_envs - 1} of pool {self._name!r}")
+        return ids
+
+    def _apply(self, requests: list[Request], what: str) -> list[Any]:
+        """Runs a control call's requests in the workers and returns the results in request order."""
+        with self._calls:
+            self._enter()
+            by_worker: list[list[Request]] = [[] for _ in self.config.slots]
+            for request in requests:
+                by_worker[self._worker_of(request[0])].append(request)
+            seq = self._lifecycle.next_seq()
+            messages = [encode((seq, part), f"the arguments of {what}") for part in by_worker]
+            with interrupts_deferred():  # a request half-written to a pipe could not be sent again
+                self._run(CMD_CALL, f"call {what}", seq)
+                for worker_id, message in enumerate(messages):
+                    self._lifecycle.send_call(worker_id, message)
+            answers = self._finish(f"call {what}")
+        results: dict[int, Any] = {}
+        for worker_id, (part, (values, failure)) in enumerate(zip(by_worker, answers)):
+            if failure is not None:
+                self._raise_call_failure(worker_id, failure, what)
+            results.update(zip((request[0] for request in part), values))
+        return [results[request[0]] for request in requests]
+
+    def _worker_of(self, env_id: int) -> int:
+        for worker_id, (start, stop) in enumerate(self.config.slots):
+            if start <= env_id < stop:
+                return worker_id
+        raise IndexError(f"env id {env_id} is outside 0..{self.num_envs - 1}")
+
+    def _raise_call_failure(self, worker_id: int, failure: Any, what: str) -> None:
+        env_id, error, text = failure
+        if error is None:  # it did not pickle: its text is all there is
+            lines = text.strip().splitlines()
+            error = RuntimeError(lines[-1] if lines else "unknown error")
+        note = f"raised by env {env_id} (worker {worker_id}, {self.config.env_label}) of pool {self._name!r} in {what}"
+        if hasattr(error, "add_note"):
+            error.add_note(note)
+        raise error from RemoteTraceback(text)
+
+    def load_state_dict(self, state: Any, *, same_draws: bool = True) -> None:
+        """As on an attached handle (see :meth:`shmpool.view.Channels.load_state_dict`), after any step
+        that Ctrl-C interrupted has finished, so that no env is resetting while the indices land."""
+        with self._calls:
+            self._enter()
+            super().load_state_dict(state, same_draws=same_draws)
+
     def _recover_writers(self) -> None:
         """Rolls back what a writer that died mid-write left (its rows stay unread until then), unless
         the next writer does it first; a writer still at work keeps the lock, and is left alone."""
@@ -317,19 +439,27 @@ class Pool(Channels, VectorEnv):
 
     # -- commands --------------------------------------------------------------------------------
 
-    def _run(self, command: int, phase: str) -> None:
-        """Sends ``command`` to every worker and waits until all have done it."""
+    def _run(self, command: int, phase: str, seq: int | None = None) -> None:
+        """Sends ``command`` to every worker and, unless it is a call (whose requests go next), waits
+        until all have done it."""
         self._usable = False
         steps = self._global_step + (command == CMD_STEP)
-        self._pending = (self._lifecycle.next_seq(), command, steps)
-        self._finish(phase)
+        self._pending = (self._lifecycle.next_seq() if seq is None else seq, command, steps)
+        if command == CMD_CALL:
+            self._lifecycle.send(self._pending[0], command)
+        else:
+            self._finish(phase)
 
-    def _finish(self, phase: str) -> None:
-        """Sends the pending command (again, if Ctrl-C cut its send short), waits, and records it done."""
+    def _finish(self, phase: str) -> list[Any]:
+        """Sends the pending command (again, if Ctrl-C cut its send short), waits, and records it done;
+        returns a call's answers."""
         assert self._pending is not None
         seq, command, steps = self._pending
         self._lifecycle.send(seq, command)
+        answers: list[Any] = []
         try:
+            if command == CMD_CALL:
+                answers = self._waiter.receive_calls(seq, phase)
             self._waiter.wait_done(seq, phase)
             self._global_step = steps  # before clearing _pending: a repeat after Ctrl-C here is harmless
             self._header[H_GLOBAL_STEP] = steps  # type: ignore[index]
@@ -340,8 +470,9 @@ class Pool(Channels, VectorEnv):
             self._broken = error
             self._usable = False
             raise
-        if self.config.param_specs:
+        if self.config.param_specs and command != CMD_CALL:
             self._results.warn_refusals()
+        return answers
 
     def _enter(self) -> None:
         """Raises if the pool cannot be used; finishes a call that Ctrl-C interrupted."""

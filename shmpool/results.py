@@ -42,6 +42,8 @@ class Results:
         self._infos = InfoReader(
             views["info_keys"], views["info_values"], views["info_mask"], views["control"], config.slots
         )
+        self._episode_statistics = config.episode_statistics
+        self._own_episode_warned = False
         self._refusals_seen = [0] * self._num_workers
         self._refusals_warned: set[int] = set()
 
@@ -94,6 +96,18 @@ class Results:
             infos["final_obs"], infos["_final_obs"] = final, dones.copy()
             infos.setdefault("final_info", {})
             infos["_final_info"] = dones.copy()
+        if not self._episode_statistics:
+            return
+        if "episode" in infos:  # the env's own (a RecordEpisodeStatistics inside it): it wins
+            if not self._own_episode_warned:
+                self._own_episode_warned = True
+                warnings.warn(
+                    f"{self._config.env_label} reports its own info['episode']; the pool keeps it and does not "
+                    f"add its own (launch with episode_statistics=False to silence this)",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+            return
         infos["episode"] = {
             "r": np.where(dones, views["episode_return"], 0.0),
             "l": np.where(dones, views["episode_length"], 0),

@@ -160,8 +160,8 @@ def _(space: spaces.MultiBinary) -> Callable[[np.ndarray], np.ndarray | None]:
 class ActionChecker:
     """Validates batches of actions for one action space and pool size; built once per pool.
 
-    Calling it returns one array per leaf, or raises ``ValueError`` naming the env and the value for
-    a wrong shape, a dtype that cannot be cast to the space's, or a discrete value out of range. Box
+    Calling it returns one array per leaf, or raises ``TypeError`` for a scalar where a batch belongs
+    (as gymnasium does) and ``ValueError`` naming the env and the value for a wrong shape, a dtype that cannot be cast to the space's, or a discrete value out of range. Box
     bounds are not checked: gymnasium envs clip.
     """
 
@@ -185,6 +185,11 @@ class ActionChecker:
         checked = []
         for (leaf, expected, range_check, where), part in zip(self._checks, parts):
             array = np.asarray(part)
+            if array.ndim == 0 and expected:  # gymnasium raises TypeError: a scalar cannot be iterated
+                raise TypeError(
+                    f"{self._label}: {where} must be a batch of {expected[0]} actions (shape {expected}), "
+                    f"got the scalar {part!r:.40}"
+                )
             if array.shape != expected:
                 raise ValueError(
                     f"{self._label}: {where} has shape {array.shape}, expected {expected} "

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from . import checkpoints
 from .episodes import EpisodeReader
 from .errors import LayoutMismatchError
 from .events import EventSender
@@ -63,6 +64,10 @@ class PoolView:
     ) -> None:
         self.name = name
         self.env_label = str(meta.get("env", "?"))
+        #: The seed of the ``dist`` draws (``launch(seed=)``, or the random one drawn for seed=None).
+        self.param_seed = int(meta.get("param_seed", 0))
+        #: Each env's episode index, which workers advance at each reset: with the seed, it keys the draws.
+        self.episode_index = views["episode_index"]
         self._views = views
         self._header = header
         self._created = float(meta.get("created", time.time()))
@@ -153,3 +158,40 @@ class Channels:
         """Global step, steps/s, worker states, refusal counts, finished episodes."""
         self._check_open()
         return self._view.stats()
+
+    def state_dict(self) -> checkpoints.PoolState:
+        """A checkpoint of the pool's shared state, as plain data that ``pickle`` and ``torch.save`` store:
+        the parameter block (distribution arguments included), each env's episode index, the draw seed
+        and a schema (see :mod:`shmpool.checkpoints`). Env internals and hook streams are not in it.
+
+        Example:
+            >>> import pickle, shmpool
+            >>> spec = {"length": shmpool.Param(dist="uniform", low=0.1, high=2.0, when="reset")}
+            >>> with shmpool.launch("CartPole-v1", 4, params=spec, seed=0) as pool:
+            ...     _ = pool.reset()
+            ...     state = pickle.loads(pickle.dumps(pool.state_dict()))
+            >>> with shmpool.launch("CartPole-v1", 4, params=spec, seed=0) as fresh:
+            ...     fresh.load_state_dict(state)  # its next reset draws what the first pool's would
+        """
+        self._check_open()
+        return checkpoints.state_dict(self._view)
+
+    def load_state_dict(self, state: Mapping[str, Any], *, same_draws: bool = True) -> None:
+        """Loads a :meth:`state_dict` of a pool launched with the same env, ``num_envs`` and params.
+
+        Parameters are written through ``params.write()`` (validated, atomic per env; workers apply them
+        at their next step or reset), then the episode indices: after it, each env's next reset draws
+        what the saved pool would have drawn at its next one. Call it between steps (or before the first
+        reset): an env resetting while the indices land may keep its own.
+
+        Args:
+            state: what ``state_dict()`` returned, here or in another process (after ``pickle``).
+            same_draws: refuse a state from a pool with another draw seed (whose draws could not
+                continue here); False loads the values and indices anyway.
+
+        Raises:
+            ValueError: naming each differing schema field (or the seed), or a value the pool's bounds
+                refuse; nothing is written then.
+        """
+        self._check_open()
+        checkpoints.load_state_dict(self._view, state, same_draws=same_draws)

@@ -8,9 +8,13 @@ that reported a failure becomes a :class:`WorkerError` with its traceback; a dea
 
 from __future__ import annotations
 
+import functools
+import operator
 import signal
 from collections.abc import Callable
+from typing import Any
 
+from .calls import decode
 from .config import PoolConfig
 from .errors import PoolClosedError, PoolTimeoutError, WorkerDiedError, WorkerError
 from .layout import (
@@ -85,6 +89,29 @@ class Waiter:
             spin=TRAINER_SPIN,
             on_idle=lambda: self._check_workers(deadline, limit, phase, lambda k: words[done[k]] == seq),
         )
+
+    def receive_calls(self, seq: int, phase: str) -> list[tuple[list[Any] | None, Any]]:
+        """Each worker's answer ``(results, failure)`` to control call ``seq`` (see
+        :mod:`shmpool.calls`), read while it comes; answers to older calls are dropped. Raises like
+        :meth:`wait_done` if a worker dies or the pool's ``timeout`` passes."""
+        limit = self._config.timeout
+        deadline = None if limit is None else monotonic() + limit
+        answers = []
+        for worker_id, pipe in enumerate(self._lifecycle.call_pipes):
+            others_finished = functools.partial(operator.ne, worker_id)  # only this worker's death matters
+            while True:
+                while not pipe.poll(TRAINER_POLL_INTERVAL):
+                    self._check_workers(deadline, limit, phase, others_finished)
+                try:
+                    answer_seq, results, failure = decode(pipe.recv_bytes())
+                except EOFError:  # the worker died while answering: say so with its exit status
+                    self._lifecycle.processes[worker_id].join(1.0)
+                    self._check_workers(None, None, phase, others_finished)
+                    raise
+                if answer_seq == seq:
+                    answers.append((results, failure))
+                    break
+        return answers
 
     def _sleep_until(self, ready: Callable[[], bool], *, spin: int, on_idle: Callable[[], None]) -> None:
         doorbell = self._lifecycle.trainer_doorbell

@@ -8,8 +8,9 @@ from typing import Any
 
 import gymnasium
 import numpy as np
+from gymnasium.vector import AutoresetMode
 
-from shmpool.config import WorkerConfig, make_env
+from shmpool.config import WorkerConfig, factory_of, make_env
 from shmpool.episodes import EpisodeWriter
 from shmpool.infos import InfoWriter
 from shmpool.layout import RESET_THIS_ENV, RESET_WITH_SEED
@@ -28,7 +29,8 @@ class EnvSlice:
         self, config: WorkerConfig, views: dict[str, np.ndarray], info: InfoWriter, params: ParamApplier | None
     ) -> None:
         self.start, self.stop = config.env_ids
-        self.same_step = config.same_step_autoreset
+        self.same_step = config.autoreset_mode == AutoresetMode.SAME_STEP
+        self.autoreset = config.autoreset_mode != AutoresetMode.DISABLED
         self.current_env: int | None = None
         self._config = config
         self._info = info
@@ -85,7 +87,7 @@ class EnvSlice:
         kwargs = self._config.env_kwargs
         if self._params is not None:
             kwargs = {**kwargs, **self._params.constructor_kwargs(local)}
-        env = make_env(self._config.env_factory, kwargs)
+        env = make_env(factory_of(self._config.env_factory, local), kwargs)
         for what, got, expected in (
             ("observation", env.observation_space, self._obs_space),
             ("action", env.action_space, self._act_space),
@@ -267,7 +269,7 @@ class EnvSlice:
                     observation, env_info = env.reset(seed=seed)
                     self._obs_writer.write(index, observation)
                     same_step_resets.append(index)
-                else:
+                elif self.autoreset:
                     needs_reset[index] = True
             if env_info:
                 info.add(index, env_info)

@@ -25,9 +25,11 @@ from typing import Any
 
 import numpy as np
 
+from shmpool.calls import decode, run_requests
 from shmpool.config import WorkerConfig
 from shmpool.infos import InfoWriter
 from shmpool.layout import (
+    CMD_CALL,
     CMD_CLOSE,
     CMD_RESET,
     CMD_STEP,
@@ -73,8 +75,9 @@ OWNER_GONE_GRACE = 1.0
 EXIT_OWNER_GONE = 70
 
 
-def run(config: WorkerConfig) -> None:
-    """Runs one worker until the trainer closes the pool or dies."""
+def run(config: WorkerConfig, call_pipe: Any) -> None:
+    """Runs one worker until the trainer closes the pool or dies; ``call_pipe`` is this worker's end
+    of its private pipe for control calls (:mod:`shmpool.calls`)."""
     ignore_interrupts()
     _keep_helper_fds_from_children()
     owner = ProcessWatch(config.owner_pid, config.owner_start_ticks)
@@ -108,7 +111,7 @@ def run(config: WorkerConfig) -> None:
         views = layout.views(segment.buffer)
         doorbells.append(Doorbell.open(config.doorbell))
         doorbells.append(Doorbell.open(config.trainer_doorbell))
-        worker = Worker(config, views, doorbells[0], doorbells[1], owner)
+        worker = Worker(config, views, doorbells[0], doorbells[1], owner, call_pipe)
         del views
         worker.serve()
     except OwnerGone:
@@ -125,6 +128,7 @@ def run(config: WorkerConfig) -> None:
         for doorbell in doorbells:
             doorbell.close()
         owner.close()
+        call_pipe.close()
         segment.close()
 
 
@@ -231,8 +235,10 @@ class Worker:
         doorbell: Doorbell,
         trainer_doorbell: Doorbell,
         owner: ProcessWatch,
+        call_pipe: Any,
     ) -> None:
         self._config = config
+        self._call_pipe = call_pipe
         self._views = views
         self._control = views["control"][config.worker_id]
         self._words = memoryview(self._control.data).cast("B").cast("q")
@@ -319,11 +325,29 @@ class Worker:
                     elif command == CMD_RESET:
                         self.envs.reset()
                         words[CTL_NUM_DONE] = 0
+                    elif command == CMD_CALL:
+                        self._serve_call(seq)
+                        continue  # the call changes no results: the step's infos stay as they were
                     words[CTL_NUM_INFO] = self._info.dirty
                 except Exception:  # noqa: BLE001
                     self._fail(self.envs.current_env)
             words[CTL_DONE] = seq  # published last: the trainer reads results after seeing it
             self._trainer_doorbell.ring()
+
+    def _serve_call(self, seq: int) -> None:
+        """Runs control call ``seq``: reads its request from the pipe, answers there, then marks it done
+        (the answer goes first: the trainer reads it while it waits, so a large one cannot stall)."""
+        pipe, envs = self._call_pipe, self.envs
+        assert envs is not None
+        while True:
+            while not pipe.poll(self._config.poll_interval):
+                self._check_owner()
+            request_seq, requests = decode(pipe.recv_bytes())
+            if request_seq == seq:
+                break
+        pipe.send_bytes(run_requests(envs.envs, envs.start, seq, requests))
+        self._words[CTL_DONE] = seq
+        self._trainer_doorbell.ring()
 
     def _instrument(self, clock: PhaseClock) -> None:
         """Times each phase of a step (``launch(profile=True)`` only)."""

@@ -1,0 +1,156 @@
+"""Checkpoints of a pool's shared state: ``state_dict()`` / ``load_state_dict()`` of a pool or handle.
+
+A state is plain data (dicts, lists, str, int, None and numpy arrays of numbers), so ``pickle`` and
+``torch.save`` store it. It holds:
+
+* ``schema``: what must match for the state to fit a pool: env label, ``num_envs`` and each
+  parameter's name (in order: its index keys the draws), dtype, shape, bounds, ``when`` and ``dist``.
+* ``params``: the parameter block, every env's value (a dict of arrays per argument for a ``dist``
+  parameter, e.g. a curriculum's ranges).
+* ``episode_index``: each env's episode index (-1 before its first reset).
+* ``param_seed``: the seed of the draws.
+
+Draws are a pure function of (seed, env id, episode index, parameter index, step in the episode;
+:mod:`shmpool.draws`), and the episode index lives in the segment, so nothing worker-private needs
+saving: a fresh pool with the same seed that loads the state draws at each env's next reset exactly
+what the saved pool would have drawn at its next one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypedDict
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .view import PoolView
+
+#: Bumped when the state's shape changes; a state of another version is refused by name.
+STATE_VERSION = 1
+
+
+class PoolState(TypedDict):
+    """What :func:`state_dict` returns (see the module docstring)."""
+
+    version: int
+    schema: dict[str, Any]
+    param_seed: int
+    params: dict[str, Any]
+    episode_index: np.ndarray
+
+
+def schema(view: PoolView) -> dict[str, Any]:
+    """The fingerprint a state must share with a pool to load into it, as plain data."""
+    params = []
+    for spec in view.specs:
+        description = spec.to_json()
+        # Where a value goes is not part of the state's shape, and a binding object's text may hold
+        # a memory address that differs between pools.
+        description.pop("bind", None)
+        params.append(description)
+    return {"env": view.env_label, "num_envs": len(view.episode_index), "params": params}
+
+
+def state_dict(view: PoolView) -> PoolState:
+    """The pool's parameter block, episode indices, draw seed and schema (see the module docstring)."""
+    params: dict[str, Any] = {}
+    if view.params is not None:
+        records = view.params.snapshot()
+        for spec in view.specs:
+            column = records[spec.name]
+            if spec.dist:
+                params[spec.name] = {argument: column[argument].copy() for argument in spec.arguments}
+            else:
+                params[spec.name] = column.copy()
+    return {
+        "version": STATE_VERSION,
+        "schema": schema(view),
+        "param_seed": view.param_seed,
+        "params": params,
+        "episode_index": view.episode_index.copy(),
+    }
+
+
+def load_state_dict(view: PoolView, state: Mapping[str, Any], *, same_draws: bool = True) -> None:
+    """Writes ``state`` into the pool: parameters through the validated, atomic ``write()`` (workers
+    pick them up at their next step or reset), then episode indices.
+
+    Raises ``ValueError`` naming what differs (schema fields, the draw seed unless ``same_draws`` is
+    False, a malformed state) before anything is written, and as ``ParamBlock.write`` does for a
+    value the pool's bounds refuse.
+    """
+    if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
+        version = state.get("version") if isinstance(state, Mapping) else type(state).__name__
+        raise ValueError(f"not a shmpool pool state of version {STATE_VERSION} (got version {version!r})")
+    missing = [key for key in PoolState.__annotations__ if key not in state]
+    if missing:
+        raise ValueError(f"the pool state lacks {missing}")
+    differences = _differences(state["schema"], schema(view))
+    if differences:
+        raise ValueError(
+            f"cannot load this state into pool {view.name!r}: it was saved from a pool that differs in "
+            f"{'; '.join(differences)}. Launch the pool with the same env, num_envs and params"
+        )
+    has_draws = any(spec.dist for spec in view.specs)
+    if same_draws and has_draws and int(state["param_seed"]) != view.param_seed:
+        raise ValueError(
+            f"cannot load this state into pool {view.name!r}: param_seed differs (state {state['param_seed']}, "
+            f"pool {view.param_seed}), so its draws would not continue; launch with seed={state['param_seed']}, "
+            f"or pass same_draws=False to load the values alone"
+        )
+    indices = np.asarray(state["episode_index"])
+    if indices.shape != view.episode_index.shape or indices.dtype.kind not in "iu" or (indices < -1).any():
+        raise ValueError(
+            f"the state's episode_index must be {len(view.episode_index)} integers >= -1, "
+            f"got {indices.dtype} of shape {indices.shape}"
+        )
+    if view.params is not None:
+        values = state["params"]
+        if not isinstance(values, Mapping) or set(values) != {spec.name for spec in view.specs}:
+            raise ValueError(f"the state's params must hold exactly {[spec.name for spec in view.specs]}")
+        # One write: validated as a whole before anything lands, then atomic per env.
+        view.params.write(None, **{name: _as_arrays(value) for name, value in values.items()})
+    # A single aligned store per env. Workers only advance these during a command, so between the
+    # trainer's calls (or before its first reset) the next reset of each env continues from here.
+    view.episode_index[:] = indices
+
+
+def _as_arrays(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {argument: np.asarray(item) for argument, item in value.items()}
+    return np.asarray(value)
+
+
+def _differences(saved: Any, current: dict[str, Any]) -> list[str]:
+    """The schema fields that differ, each as ``field (state X, pool Y)``."""
+    if not isinstance(saved, Mapping):
+        return [f"schema (state {saved!r:.60}, pool {current!r:.60})"]
+    found = [
+        f"{key} (state {saved.get(key)!r}, pool {current[key]!r})"
+        for key in ("env", "num_envs")
+        if saved.get(key) != current[key]
+    ]
+    saved_params = saved.get("params")
+    if not isinstance(saved_params, list) or not all(isinstance(p, Mapping) for p in saved_params):
+        return [*found, "params (the state's are not a list of descriptions)"]
+    saved_names = [p.get("name") for p in saved_params]
+    names = [p["name"] for p in current["params"]]
+    if saved_names != names:
+        if set(saved_names) == set(names):
+            found.append(f"the order of params (state {saved_names}, pool {names}), which keys the draws")
+        else:
+            extra = [n for n in saved_names if n not in names]
+            lacking = [n for n in names if n not in saved_names]
+            found.append(f"params (only the state has {extra}, only the pool has {lacking})")
+    by_name = {p.get("name"): p for p in saved_params}
+    for description in current["params"]:
+        old = by_name.get(description["name"])
+        if old is None:
+            continue
+        found += [
+            f"params[{description['name']!r}].{key} (state {old.get(key)!r}, pool {value!r})"
+            for key, value in description.items()
+            if key != "name" and old.get(key) != value
+        ]
+    return found
