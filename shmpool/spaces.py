@@ -160,9 +160,10 @@ def _(space: spaces.MultiBinary) -> Callable[[np.ndarray], np.ndarray | None]:
 class ActionChecker:
     """Validates batches of actions for one action space and pool size; built once per pool.
 
-    Calling it returns one array per leaf, or raises ``TypeError`` for a scalar where a batch belongs
-    (as gymnasium does) and ``ValueError`` naming the env and the value for a wrong shape, a dtype that cannot be cast to the space's, or a discrete value out of range. Box
-    bounds are not checked: gymnasium envs clip.
+    Calling it returns one array per leaf. It raises ``TypeError`` for a scalar where a batch belongs
+    (as gymnasium does), and ``ValueError`` naming the env and the value for a wrong shape, a dtype
+    that cannot be cast to the space's, or a discrete value out of range. Box bounds are not checked:
+    gymnasium envs clip.
     """
 
     def __init__(self, space: spaces.Space[Any], num_envs: int, env_label: str) -> None:

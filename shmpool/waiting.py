@@ -96,22 +96,29 @@ class Waiter:
         :meth:`wait_done` if a worker dies or the pool's ``timeout`` passes."""
         limit = self._config.timeout
         deadline = None if limit is None else monotonic() + limit
-        answers = []
-        for worker_id, pipe in enumerate(self._lifecycle.call_pipes):
-            others_finished = functools.partial(operator.ne, worker_id)  # only this worker's death matters
-            while True:
-                while not pipe.poll(TRAINER_POLL_INTERVAL):
-                    self._check_workers(deadline, limit, phase, others_finished)
-                try:
-                    answer_seq, results, failure = decode(pipe.recv_bytes())
-                except EOFError:  # the worker died while answering: say so with its exit status
-                    self._lifecycle.processes[worker_id].join(1.0)
-                    self._check_workers(None, None, phase, others_finished)
-                    raise
-                if answer_seq == seq:
-                    answers.append((results, failure))
-                    break
-        return answers
+        return [self._receive_answer(worker_id, seq, phase, deadline) for worker_id in range(len(self._slots))]
+
+    def _receive_answer(
+        self, worker_id: int, seq: int, phase: str, deadline: float | None
+    ) -> tuple[list[Any] | None, Any]:
+        pipe = self._lifecycle.call_pipes[worker_id]
+        others_finished = functools.partial(operator.ne, worker_id)  # only this worker's death matters
+        while True:
+            if not pipe.poll(TRAINER_POLL_INTERVAL):
+                # A worker answers before it marks the call done, so done with nothing to read means
+                # a wait that Ctrl-C cut short read the answer already: the call is over.
+                if self.words[self._done[worker_id]] == seq and not pipe.poll(0):
+                    return None, None
+                self._check_workers(deadline, self._config.timeout, phase, others_finished)
+                continue
+            try:
+                answer_seq, results, failure = decode(pipe.recv_bytes())
+            except EOFError:  # the worker died while answering: say so with its exit status
+                self._lifecycle.processes[worker_id].join(1.0)
+                self._check_workers(None, None, phase, others_finished)
+                raise
+            if answer_seq == seq:
+                return results, failure
 
     def _sleep_until(self, ready: Callable[[], bool], *, spin: int, on_idle: Callable[[], None]) -> None:
         doorbell = self._lifecycle.trainer_doorbell
