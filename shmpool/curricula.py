@@ -61,8 +61,8 @@ class Threshold:
             self._recent.append(float(score))
             if len(self._recent) == self.window and np.mean(self._recent) >= self.target:
                 new = float(np.clip(self.value + self.step, spec.low, spec.high))
-                log.append(f"{self.param}: {self.value:g} -> {new:g} (mean {self.metric} {np.mean(self._recent):.3g})")
-                if new != self.value:
+                if new != self.value:  # at a bound nothing moves, and nothing is logged
+                    log.append(f"{self.param}: {self.value:g} -> {new:g} (mean {self.metric} {np.mean(self._recent):.3g})")
                     self.value = new
                     self.changes += 1
                     params.write(None, **{self.param: new})

@@ -76,7 +76,7 @@ def test_settings_helper_types_defaults_and_errors(capsys: pytest.CaptureFixture
         assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("script", ["bench", "demo", "curriculum", "robot_dr", "soak"])
+@pytest.mark.parametrize("script", ["bench", "demo", "curriculum", "robot_dr", "soak", "ppo"])
 def test_scripts_document_their_options(script: str) -> None:
     result = subprocess.run(
         [sys.executable, f"scripts/{script}.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
@@ -136,6 +136,30 @@ def test_demo_quick_runs_curriculum_and_plots(tmp_path: Path) -> None:
     assert [line for line in result.stderr.splitlines() if line.startswith("generation 4/4")], result.stderr
     table = [line.split()[0] for line in result.stdout.splitlines() if line[:10].strip().isdigit()]
     assert table == ["1", "2", "3", "4"]  # one row per generation here, the last one only once
+
+
+def test_ppo_quick_prints_returns_and_plots(tmp_path: Path) -> None:
+    plot = tmp_path / "ppo.png"
+    result = subprocess.run(
+        [sys.executable, "scripts/ppo.py", "--quick", "--plot", str(plot)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    header = next(line for line in lines if line.split()[:2] == ["iteration", "env"])
+    assert header.split()[-2:] == ["return", "pole"]
+    rows = [line.split() for line in lines if line[:9].strip().isdigit()]
+    assert [row[0] for row in rows] == [str(i) for i in range(2, 17, 2)]  # 16 iterations, a row every 2
+    assert rows[-1][1] == "8,192"
+    returns = [float(row[4]) for row in rows if row[4] != "-"]
+    assert returns and all(0 < value <= 500 for value in returns)
+    assert all(0.5 <= float(row[5]) <= 2.0 for row in rows)  # the pole length, from its nominal 0.5 up
+    assert "8,192 env steps in" in result.stdout and "mean return of the last" in result.stdout
+    assert f"plot saved to {plot}" in result.stdout
+    assert plot.stat().st_size > 10_000 and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_robot_dr_prints_applied_ranges() -> None:
