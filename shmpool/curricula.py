@@ -62,7 +62,8 @@ class Threshold:
             if len(self._recent) == self.window and np.mean(self._recent) >= self.target:
                 new = float(np.clip(self.value + self.step, spec.low, spec.high))
                 if new != self.value:  # at a bound nothing moves, and nothing is logged
-                    log.append(f"{self.param}: {self.value:g} -> {new:g} (mean {self.metric} {np.mean(self._recent):.3g})")
+                    mean = np.mean(self._recent)
+                    log.append(f"{self.param}: {self.value:g} -> {new:g} (mean {self.metric} {mean:.3g})")
                     self.value = new
                     self.changes += 1
                     params.write(None, **{self.param: new})
