@@ -7,9 +7,17 @@ machine drifts between minutes, so only ratios from one run mean anything).
     python scripts/bench.py                 # full table
     python scripts/bench.py --quick         # a short run, for CI
     python scripts/bench.py --envs CartPole-v1 --num-envs 32 --workers 2
+    python scripts/bench.py --loop          # the whole loop: a policy between steps, sync and async
 """
 
 from __future__ import annotations
+
+import os
+
+# One BLAS thread everywhere (trainer and forked workers alike): the policy of --loop must not
+# take the cores the envs need, and every runner gets the same policy cost.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import statistics
 import subprocess
@@ -45,6 +53,12 @@ class Settings:
     """the length of one timed window."""
     quick: bool = False
     """a short run for CI: one env size (32), three 0.2 s windows."""
+    loop: bool = False
+    """instead of the table: whole-loop steps/s with a fixed-cost policy (an MLP forward of each
+    batch) between steps, for gymnasium Sync and Async and shmpool sync and async (batch_size =
+    num_envs / 2); --envs and --num-envs default to CartPole-v1 x32 and HalfCheetah-v5 x16."""
+    hidden: int = 256
+    """the width of the --loop policy's two hidden layers."""
     profile: bool = False
     """instead of the table: where a step's time goes, phase by phase (us per step, trainer and
     workers), for the first of --envs at the first of --num-envs: plain, and for CartPole also with 3
@@ -54,6 +68,8 @@ class Settings:
 def parse_settings(argv: list[str] | None = None) -> Settings:
     """Builds Settings from the command line; each field is an option, documented by --help."""
     given = _settings.parse_given(Settings, argv, description=__doc__)
+    if given["loop"] and "envs" not in given and "num_envs" not in given:
+        given.update(envs=["CartPole-v1", "HalfCheetah-v5"], num_envs=[32, 16])
     if given["quick"]:
         given.update(windows=3, window_seconds=0.2)
         given.setdefault("num_envs", [32])
@@ -279,6 +295,133 @@ def phase_profile(settings: Settings) -> None:
             )
 
 
+class Policy:
+    """A fixed-cost policy: a tanh MLP forward of the batch of observations (float32), then argmax
+    (discrete actions) or the tanh outputs scaled to the bounds (Box actions)."""
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, hidden: int) -> None:
+        rng = np.random.default_rng(0)
+        inputs = int(np.prod(observation_space.shape))
+        self._discrete = isinstance(action_space, gym.spaces.Discrete)
+        outputs = int(action_space.n) if self._discrete else int(np.prod(action_space.shape))
+        sizes = [inputs, hidden, hidden, outputs]
+        self._layers = [
+            (rng.normal(0, 1 / np.sqrt(a), (a, b)).astype(np.float32), np.zeros(b, np.float32))
+            for a, b in zip(sizes, sizes[1:])
+        ]
+        if not self._discrete:
+            self._low, self._high = action_space.low, action_space.high
+
+    def __call__(self, observations: np.ndarray) -> np.ndarray:
+        x = observations.reshape(len(observations), -1).astype(np.float32)
+        for weights, bias in self._layers[:-1]:
+            x = np.tanh(x @ weights + bias)
+        weights, bias = self._layers[-1]
+        x = x @ weights + bias
+        if self._discrete:
+            return x.argmax(axis=1)
+        return self._low + (np.tanh(x) + 1) / 2 * (self._high - self._low)
+
+
+@contextmanager
+def sync_loop(make: Callable[[], Any], hidden: int) -> Iterator[Callable[[], int]]:
+    """One whole-loop iteration of a synchronous vector env: policy, then step; returns env steps."""
+    envs = make()
+    policy = Policy(envs.single_observation_space, envs.single_action_space, hidden)
+    state = {"observations": envs.reset(seed=0)[0]}
+
+    def iteration() -> int:
+        state["observations"] = envs.step(policy(state["observations"]))[0]
+        return envs.num_envs
+
+    try:
+        yield iteration
+    finally:
+        envs.close()
+
+
+@contextmanager
+def async_loop(make: Callable[[], Any], hidden: int) -> Iterator[Callable[[], int]]:
+    """One whole-loop iteration of shmpool's async API: recv a batch, policy, send; returns env steps."""
+    pool = make()
+    policy = Policy(pool.single_observation_space, pool.single_action_space, hidden)
+    pool.async_reset(seed=0)
+
+    def iteration() -> int:
+        observations, _, _, _, infos = pool.recv()
+        pool.send(policy(observations), infos["env_id"])
+        return len(observations)
+
+    try:
+        yield iteration
+    finally:
+        pool.close()
+
+
+def loop_cases(env_id: str, num_envs: int, workers: int, hidden: int) -> list[tuple[str, Callable[[], Any]]]:
+    """The whole-loop rows for one env and size: (label, context manager factory)."""
+    fns = [lambda: gym.make(env_id) for _ in range(num_envs)]
+    half = num_envs // 2
+    return [
+        ("gymnasium Sync", lambda: sync_loop(lambda: gym.vector.SyncVectorEnv(fns), hidden)),
+        ("gymnasium Async", lambda: sync_loop(lambda: gym.vector.AsyncVectorEnv(fns, shared_memory=True), hidden)),
+        (
+            f"shmpool sync ({workers} workers)",
+            lambda: sync_loop(lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0), hidden),
+        ),
+        (
+            f"shmpool async (B={half}, {workers} workers)",
+            lambda: async_loop(
+                lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, batch_size=half), hidden
+            ),
+        ),
+    ]
+
+
+def measure_loop(looper: Any, settings: Settings) -> float:
+    """The median env steps per second of whole-loop iterations over the timed windows, after a
+    warm-up window."""
+    with looper() as iteration:
+        rates = []
+        for window in range(settings.windows + 1):
+            env_steps = 0
+            start = time.perf_counter()
+            deadline = start + settings.window_seconds
+            while True:
+                for _ in range(8):
+                    env_steps += iteration()
+                now = time.perf_counter()
+                if now >= deadline:
+                    break
+            if window:
+                rates.append(env_steps / (now - start))
+        return statistics.median(rates)
+
+
+def whole_loop(settings: Settings) -> None:
+    """Prints whole-loop steps/s (policy + env steps) of every runner, with ratios to gymnasium Sync
+    and to shmpool sync from the same run."""
+    plan = [
+        (env_id, n, case)
+        for env_id, n in zip(settings.envs, settings.num_envs)
+        if measurable(env_id, n)
+        for case in loop_cases(env_id, n, settings.workers, settings.hidden)
+    ]
+    measured: dict[tuple[str, int], dict[str, float]] = {}
+    for done, (env_id, num_envs, (label, looper)) in enumerate(plan, 1):
+        print(f"[{done}/{len(plan)}] whole loop {env_id} x{num_envs}: {label}", file=sys.stderr, flush=True)
+        measured.setdefault((env_id, num_envs), {})[label] = measure_loop(looper, settings)
+    print(f"whole loop: policy = MLP {settings.hidden}x{settings.hidden} forward of each batch, then the step")
+    header = f"{'env':<16} {'num_envs':>8}  {'runner':<34} {'steps/s':>10} {'x Sync':>7} {'x shmpool sync':>15}"
+    print(header)
+    print("-" * len(header))
+    for (env_id, num_envs), results in measured.items():
+        sync = results["gymnasium Sync"]
+        ours = results[f"shmpool sync ({settings.workers} workers)"]
+        for label, rate in results.items():
+            print(f"{env_id:<16} {num_envs:>8}  {label:<34} {rate:>10,.0f} {rate / sync:>7.2f} {rate / ours:>15.2f}")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Runs every row and prints the table."""
     settings = parse_settings(argv)
@@ -289,6 +432,9 @@ def main(argv: list[str] | None = None) -> None:
     smj.log_to_python()
     if settings.profile:
         phase_profile(settings)
+        return
+    if settings.loop:
+        whole_loop(settings)
         return
     rows: list[tuple[str, int, str, float, float, float]] = []
     plan = [

@@ -133,6 +133,9 @@ class PoolConfig:
     read from the env's info at the episode's last step."""
     episode_capacity: int = 4096
     """Finished-episode records each worker's ring keeps for readers."""
+    batch_size: int | None = None
+    """Envs per ``recv()`` of the async API (``async_reset``/``send``/``recv``, EnvPool's); None:
+    ``num_envs``. A multiple of the slot size, with equal slots (see :mod:`shmpool.batches`)."""
     episode_statistics: bool = True
     """Add ``infos["episode"]`` (return ``r``, length ``l``, time ``t``) and ``infos["_episode"]`` at
     each episode's end. False leaves the key to a gymnasium ``RecordEpisodeStatistics`` wrapper
@@ -166,8 +169,8 @@ class PoolConfig:
         workers = min(usable_cores(), self.num_envs) if self.num_workers is None else self.num_workers
         settle("num_workers", _count("num_workers", workers, 1, self.num_envs))
         try:
-            mode = AutoresetMode(self.autoreset_mode)
-        except ValueError:
+            mode = _autoreset_mode(self.autoreset_mode)
+        except (ValueError, KeyError):
             raise ValueError(
                 f"autoreset_mode must be an AutoresetMode or one of its values "
                 f"{[mode.value for mode in AutoresetMode]}, got {self.autoreset_mode!r}"
@@ -208,6 +211,14 @@ class PoolConfig:
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in metrics.items()):
             raise TypeError(f"episode_metrics maps names to info keys, both str, got {metrics!r:.80}")
         settle("episode_metrics", dict(metrics))
+        batch = self.num_envs if self.batch_size is None else _count("batch_size", self.batch_size, 1, self.num_envs)
+        if batch != self.num_envs and (self.num_envs % workers or batch % (self.num_envs // workers)):
+            raise ValueError(
+                f"batch_size={batch} must be a multiple of the slot size with equal slots (a worker steps its "
+                f"whole slot at once): num_envs={self.num_envs} over num_workers={workers} gives "
+                + (f"slots of {self.num_envs // workers} envs" if self.num_envs % workers == 0 else "unequal slots")
+            )
+        settle("batch_size", batch)
         settle("episode_capacity", _count("episode_capacity", self.episode_capacity, 1, MAX_COUNT))
         if self.params is not None:
             _mapping("params", self.params)
@@ -272,6 +283,13 @@ class PoolConfig:
             if f.init and f.name not in ("env", "num_envs") and getattr(self, f.name) not in (f.default, {}, ())
         ]
         return f"PoolConfig({self.env_label!r}, {self.num_envs}{''.join(', ' + c for c in changed)})"
+
+
+def _autoreset_mode(value: Any) -> AutoresetMode:
+    """An ``AutoresetMode`` from itself, its value (``"SameStep"``) or its name in any case (``"same_step"``)."""
+    if isinstance(value, str) and value not in {mode.value for mode in AutoresetMode}:
+        return AutoresetMode[value.upper()]
+    return AutoresetMode(value)
 
 
 def _env_fns(env_fns: Sequence[Any], num_envs: Any) -> tuple[Callable[..., gymnasium.Env], ...]:

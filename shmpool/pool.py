@@ -19,6 +19,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
+from .batches import Batches
 from .bindings import initial_records
 from .calls import Request, encode, set_wrapper_attribute
 from .config import PoolConfig, launch_signature, make_env
@@ -145,6 +146,9 @@ class Pool(Channels, VectorEnv):
             self._results = Results(
                 config, views, self._waiter.words, self.single_observation_space, observation_leaves
             )
+            self._batches = Batches(
+                config, lifecycle, self._waiter, self._results, self._action_views, self.single_action_space
+            )
             self._trainer_times = np.zeros((len(TRAINER_PHASES), 2), dtype=np.int64)
             if config.profile:
                 self._instrument(PhaseClock(TRAINER_PHASES, self._trainer_times))
@@ -237,6 +241,18 @@ class Pool(Channels, VectorEnv):
         self, seed: int | Sequence[int | None] | None, options: dict[str, Any] | None
     ) -> tuple[Any, dict[str, Any]]:
         self._enter()
+        self._batches.discard()
+        self._prepare_reset(seed, options)
+        self._run(CMD_RESET, "reset")
+        observations, infos = self._results.reset()
+        if self.config.profile:  # the profile covers steps since the last reset, not the reset itself
+            self._trainer_times[:] = 0
+            self._views["profile"][:] = 0  # the workers are idle: they only write it during a command
+            self._profile_since = self._global_step
+        return observations, infos
+
+    def _prepare_reset(self, seed: int | Sequence[int | None] | None, options: dict[str, Any] | None) -> None:
+        """Writes the reset's flags, seeds and options to the segment, for the workers to read."""
         n = self.num_envs
         if seed is None and not self._reset_once and self.config.seed is not None:
             seed = self.config.seed
@@ -272,13 +288,6 @@ class Pool(Channels, VectorEnv):
         views["reset_options"][: len(encoded)] = np.frombuffer(encoded, dtype=np.uint8)
         views["reset_options_length"][0] = len(encoded) if options is not None else 0
         self._reset_once = True  # before the command: a reset that Ctrl-C interrupts is still done later
-        self._run(CMD_RESET, "reset")
-        observations, infos = self._results.reset()
-        if self.config.profile:  # the profile covers steps since the last reset, not the reset itself
-            self._trainer_times[:] = 0
-            self._views["profile"][:] = 0  # the workers are idle: they only write it during a command
-            self._profile_since = self._global_step
-        return observations, infos
 
     def _check_reset_mask(self, mask: Any) -> np.ndarray:
         if not isinstance(mask, np.ndarray):
@@ -294,8 +303,13 @@ class Pool(Channels, VectorEnv):
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Steps every env with its action; returns observations, rewards, terminations, truncations, infos."""
         with self._calls:
-            if not self._usable:
+            if not self._usable or self._batches.in_flight:
                 self._enter()
+                if self._batches.in_flight:
+                    raise RuntimeError(
+                        f"pool {self._name!r} has async batches in flight (async_reset/send/recv): keep using "
+                        f"send() and recv(), or call reset() to go back to step()"
+                    )
             parts = self._check_actions(actions)
             for view, part in zip(self._action_views, parts):
                 view[...] = part
@@ -304,6 +318,66 @@ class Pool(Channels, VectorEnv):
                 self._publish_rate()
                 self._recover_writers()
             return self._results.step()
+
+    # -- async batches (EnvPool's API; see shmpool.batches) ----------------------------------------
+
+    @property
+    def batch_size(self) -> int:
+        """Envs per ``recv()``: ``launch(batch_size=...)``, or ``num_envs``."""
+        return self._batches.batch_size
+
+    def async_reset(
+        self, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None
+    ) -> None:
+        """Starts resetting every env (as :meth:`reset`, without waiting); each ``recv()`` then returns
+        ``batch_size`` of their first observations.
+
+        Example:
+            >>> import shmpool
+            >>> with shmpool.launch("CartPole-v1", 4, num_workers=2, batch_size=2) as pool:
+            ...     pool.async_reset(seed=0)
+            ...     for _ in range(10):
+            ...         observations, rewards, terminations, truncations, infos = pool.recv()
+            ...         pool.send(observations[:, 2] > 0, infos["env_id"])  # push toward the pole's lean
+        """
+        with self._calls:
+            self._enter()
+            if options is not None and "reset_mask" in options:
+                raise ValueError("async_reset resets every env: reset_mask belongs to reset()")
+            self._batches.discard()
+            self._prepare_reset(seed, options)
+            self._batches.start_reset(self._lifecycle.next_seq())
+
+    def send(self, actions: Any, env_ids: Any = None) -> None:
+        """Starts stepping the envs ``env_ids`` (default: those the last ``recv()`` returned) with
+        ``actions``, one row per env id in that order; returns at once."""
+        with self._calls:
+            self._enter()
+            try:
+                self._batches.send(actions, env_ids, self._lifecycle.next_seq)
+            except ShmpoolError as error:
+                self._broken = error
+                raise
+            self._global_step += 1
+            self._header[H_GLOBAL_STEP] = self._global_step  # type: ignore[index]
+            if self._global_step % 64 == 0:
+                self._publish_rate()
+                self._recover_writers()
+
+    def recv(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Waits for the first ``batch_size`` envs to finish their step (or reset) and returns their
+        observations, rewards, terminations, truncations and infos, with ``infos["env_id"]`` (int32)
+        saying which env each row is."""
+        with self._calls:
+            self._enter()
+            try:
+                results = self._batches.recv()
+            except ShmpoolError as error:
+                self._broken = error
+                raise
+            if self.config.param_specs:
+                self._results.warn_refusals()
+            return results
 
     # -- control calls (gymnasium's vector API; see shmpool.calls) -------------------------------------
 
@@ -377,6 +451,7 @@ class Pool(Channels, VectorEnv):
         """Runs a control call's requests in the workers and returns the results in request order."""
         with self._calls:
             self._enter()
+            self._batches.settle()  # a worker mid-step would take the call for its next command
             by_worker: list[list[Request]] = [[] for _ in self.config.slots]
             for request in requests:
                 by_worker[self._worker_of(request[0])].append(request)

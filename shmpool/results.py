@@ -70,6 +70,35 @@ class Results:
             self._add_param_infos(infos)
         return self.observations(), rewards, terminations, truncations, infos
 
+    def batch(
+        self, workers: list[int], were_reset: list[bool]
+    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """The results of the given workers' slots (an async batch: see :mod:`shmpool.batches`), with
+        ``infos["env_id"]``; a slot whose command was a reset has zero rewards and no flags."""
+        from .batches import select_rows, worker_rows
+
+        views, words = self._views, self._words
+        rows = worker_rows(self._config.slots, workers)
+        stepped = np.zeros(self._num_envs, dtype=np.bool_)
+        for worker_id, was_reset in zip(workers, were_reset):
+            stepped[slice(*self._config.slots[worker_id])] = not was_reset
+        rewards = np.where(stepped, views["rewards"], 0.0)
+        terminations = views["terminations"] & stepped
+        truncations = views["truncations"] & stepped
+        infos: dict[str, Any] = {}
+        for worker_id in workers:
+            if words[worker_id * CONTROL_WORDS + CTL_NUM_INFO]:
+                self._infos.read_into(infos, worker_id)
+        if any(words[k * CONTROL_WORDS + CTL_NUM_DONE] for k, reset in zip(workers, were_reset) if not reset):
+            self._add_episode_infos(infos, terminations | truncations)
+        if self._info_params:
+            self._add_param_infos(infos)
+        infos = select_rows(infos, rows)
+        infos["env_id"] = rows.astype(np.int32)
+        arrays = [view[rows] for view in self._observations]  # fancy indexing: always copies
+        observations = arrays[0] if self._is_leaf else assemble(self._space, iter(arrays))
+        return observations, rewards[rows], terminations[rows], truncations[rows], infos
+
     def reset(self) -> tuple[Any, dict[str, Any]]:
         """Observations and infos of the reset just done."""
         infos: dict[str, Any] = {}

@@ -181,7 +181,8 @@ class ActionChecker:
             for leaf in self._leaves
         ]
 
-    def __call__(self, actions: Any) -> list[np.ndarray]:
+    def __call__(self, actions: Any, env_ids: np.ndarray | None = None) -> list[np.ndarray]:
+        """The checked arrays; ``env_ids`` names the env of each row in messages (default: the row)."""
         parts = [actions] if self._is_leaf else flatten(self._space, actions)
         checked = []
         for (leaf, expected, range_check, where), part in zip(self._checks, parts):
@@ -203,9 +204,10 @@ class ActionChecker:
                 )
             bad = range_check(array) if range_check is not None else None
             if bad is not None:
-                env_id = _first_bad_env(bad)
+                row = _first_bad_env(bad)
+                env_id = row if env_ids is None else int(env_ids[row])
                 raise ValueError(
-                    f"{self._label} env {env_id}: action {array[env_id].tolist()!r} in {where} is outside {leaf.space}"
+                    f"{self._label} env {env_id}: action {array[row].tolist()!r} in {where} is outside {leaf.space}"
                 )
             checked.append(array)
         return checked

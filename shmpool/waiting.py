@@ -90,6 +90,21 @@ class Waiter:
             on_idle=lambda: self._check_workers(deadline, limit, phase, lambda k: words[done[k]] == seq),
         )
 
+    def wait_some(self, pending: dict[int, int], phase: str) -> list[int]:
+        """Waits until at least one worker in ``pending`` (worker id: the sequence number of its
+        command) has finished; returns those that have, by worker id. Raises like :meth:`wait_done`."""
+        words, done, limit = self.words, self._done, self._config.timeout
+        deadline = None if limit is None else monotonic() + limit
+        items = [(done[k], seq) for k, seq in pending.items()]
+        self._sleep_until(
+            lambda: any(words[word] == seq for word, seq in items),
+            spin=TRAINER_SPIN,
+            on_idle=lambda: self._check_workers(
+                deadline, limit, phase, lambda k: k not in pending or words[done[k]] == pending[k]
+            ),
+        )
+        return [k for k, seq in pending.items() if words[done[k]] == seq]
+
     def receive_calls(self, seq: int, phase: str) -> list[tuple[list[Any] | None, Any]]:
         """Each worker's answer ``(results, failure)`` to control call ``seq`` (see
         :mod:`shmpool.calls`), read while it comes; answers to older calls are dropped. Raises like

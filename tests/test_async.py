@@ -1,0 +1,195 @@
+"""EnvPool-style async batches (``batch_size``, ``async_reset``, ``send``, ``recv``): each env's
+trajectory equals a gymnasium env's whatever the order in which slots finish; parameters, hooks and
+episode records keep working; misuse is a clear error, never a hang."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from helpers import CountingEnv
+
+import shmpool
+import shmpool.hooks
+from shmpool.errors import WorkerDiedError, WorkerError
+
+
+class Slow(gym.Wrapper):
+    """Sleeps ``seconds`` in every step: slots of different speeds finish in changing orders."""
+
+    def __init__(self, env: gym.Env, seconds: float) -> None:
+        super().__init__(env)
+        self.seconds = seconds
+
+    def step(self, action):
+        time.sleep(self.seconds)
+        return self.env.step(action)
+
+
+def uneven(env_id: int):
+    seconds = [0.0, 0.004, 0.0005, 0.002][env_id // 2]
+    return lambda: Slow(gym.make("CartPole-v1"), seconds)
+
+
+def replay(env_id: int, seed: int, actions: list[int], steps: int) -> list[tuple]:
+    """What a plain gymnasium env (next-step autoreset by hand) returns for these actions."""
+    env = gym.make("CartPole-v1")
+    observation, _ = env.reset(seed=seed)
+    trajectory, done = [(observation, 0.0, False, False)], False
+    for action in actions[: steps - 1]:
+        if done:
+            observation, _ = env.reset()
+            reward, terminated, truncated = 0.0, False, False
+        else:
+            observation, reward, terminated, truncated, _ = env.step(action)
+        done = terminated or truncated
+        trajectory.append((observation, reward, terminated, truncated))
+    env.close()
+    return trajectory
+
+
+def test_each_env_follows_its_own_trajectory_whatever_order_slots_finish(pool_name: str) -> None:
+    env_fns = [uneven(i) for i in range(8)]
+    rng = np.random.default_rng(1)
+    got: dict[int, list[tuple]] = {i: [] for i in range(8)}
+    sent: dict[int, list[int]] = {i: [] for i in range(8)}
+    orders = set()
+    with shmpool.launch(env_fns, num_workers=4, batch_size=4, name=pool_name) as pool:
+        assert pool.batch_size == 4
+        pool.async_reset(seed=100)
+        for _ in range(120):
+            observations, rewards, terminations, truncations, infos = pool.recv()
+            env_ids = infos["env_id"]
+            assert env_ids.dtype == np.int32 and len(env_ids) == 4
+            orders.add(tuple(env_ids.tolist()))
+            for row, env_id in enumerate(env_ids):
+                got[env_id].append((observations[row], rewards[row], terminations[row], truncations[row]))
+            actions = rng.integers(0, 2, 4)
+            for row, env_id in enumerate(env_ids):
+                sent[env_id].append(int(actions[row]))
+            pool.send(actions, env_ids)
+    assert len(orders) > 2  # the fast slots came back more often, in several pairings
+    assert len(got[0]) > len(got[2])
+    for env_id in range(8):
+        expected = replay(env_id, 100 + env_id, sent[env_id], len(got[env_id]))
+        for step, (mine, theirs) in enumerate(zip(got[env_id], expected)):
+            np.testing.assert_array_equal(mine[0], theirs[0], err_msg=f"env {env_id} step {step}")
+            assert mine[1:] == theirs[1:], f"env {env_id} step {step}"
+
+
+def test_a_batch_of_every_env_is_the_synchronous_step(pool_name: str) -> None:
+    with shmpool.launch("CartPole-v1", 4, num_workers=2, seed=3, name=pool_name) as pool:
+        assert pool.batch_size == 4
+        pool.async_reset(seed=3)
+        observations, rewards, *_, infos = pool.recv()
+        assert infos["env_id"].tolist() == [0, 1, 2, 3] and rewards.tolist() == [0.0] * 4
+        reference, _ = pool.reset(seed=3)
+        np.testing.assert_array_equal(observations, reference)
+        stepped = pool.step(np.ones(4, dtype=np.int64))
+        pool.async_reset(seed=3)
+        pool.recv()
+        pool.send(np.ones(4, dtype=np.int64))  # env ids default to the last recv's
+        again = pool.recv()
+        for mine, theirs in zip(again[:4], stepped[:4]):
+            np.testing.assert_array_equal(mine, theirs)
+
+
+def test_params_hooks_and_episode_records_work_in_batches(pool_name: str) -> None:
+    params = {"length": shmpool.Param(low=0.1, high=3.0)}
+    hooks = [shmpool.hooks.RewardScale(2.0)]
+    with shmpool.launch(
+        "CartPole-v1", 4, num_workers=2, batch_size=2, params=params, hooks=hooks, seed=0, name=pool_name
+    ) as pool:
+        pool.async_reset(seed=0)
+        pool.params.write(None, length=1.5)  # before any step: every step below sees it
+        stepped = 0
+        for _ in range(6):
+            _, rewards, *_, infos = pool.recv()
+            if rewards.any():  # a step (the first batch of each slot is its reset)
+                stepped += 1
+                assert rewards.tolist() == [2.0, 2.0]  # RewardScale ran in the workers
+                assert pool.applied["length"][infos["env_id"]].tolist() == [1.5, 1.5]
+            pool.send(np.ones(2, dtype=np.int64), infos["env_id"])
+        assert stepped >= 4
+        finished = 0
+        for _ in range(200):  # always pushing right: every episode ends within a few dozen steps
+            _, _, terminations, truncations, infos = pool.recv()
+            finished += int((terminations | truncations).sum())
+            if "episode" in infos:
+                assert (infos["episode"]["l"][infos["_episode"]] > 0).all()
+            pool.send(np.ones(2, dtype=np.int64), infos["env_id"])
+        records = pool.episodes.read()
+        assert finished > 4 and len(records) == finished
+        assert set(records["env_id"].tolist()) == {0, 1, 2, 3}
+
+
+def test_misuse_is_a_clear_error(pool_name: str) -> None:
+    with pytest.raises(ValueError, match="batch_size=3 must be a multiple of the slot size"):
+        shmpool.launch("CartPole-v1", 4, num_workers=2, batch_size=3, name=pool_name)
+    with pytest.raises(ValueError, match="batch_size must be between 1 and 4"):
+        shmpool.launch("CartPole-v1", 4, num_workers=2, batch_size=5, name=pool_name)
+    with shmpool.launch("CartPole-v1", 4, num_workers=2, batch_size=2, name=pool_name) as pool:
+        with pytest.raises(RuntimeError, match="recv needs 2 envs in flight, but only 0"):
+            pool.recv()
+        with pytest.raises(RuntimeError, match="no recv"):
+            pool.send(np.ones(2, dtype=np.int64))
+        pool.async_reset(seed=0)
+        *_, infos = pool.recv()
+        others = [2, 3] if infos["env_id"][0] == 0 else [0, 1]
+        with pytest.raises(RuntimeError, match="have no results returned by recv"):
+            pool.send(np.ones(2, dtype=np.int64), others)
+        with pytest.raises(IndexError, match="outside 0..3"):
+            pool.send(np.ones(2, dtype=np.int64), [7, 8])
+        with pytest.raises(ValueError, match="whole slots"):
+            pool.send(np.ones(1, dtype=np.int64), infos["env_id"][:1])
+        with pytest.raises(ValueError, match="shape"):
+            pool.send(np.ones(3, dtype=np.int64), infos["env_id"])
+        with pytest.raises(RuntimeError, match="async batches in flight"):
+            pool.step(np.ones(4, dtype=np.int64))
+        pool.send(np.ones(2, dtype=np.int64), infos["env_id"])
+        assert pool.get_attr("spec")[0].id == "CartPole-v1"  # a control call waits for the slot in flight
+        pool.recv()
+        pool.recv()
+        with pytest.raises(RuntimeError, match="recv needs 2 envs in flight"):
+            pool.recv()
+        observations, _ = pool.reset(seed=0)  # back to synchronous steps
+        assert observations.shape == (4, 4)
+        pool.step(np.ones(4, dtype=np.int64))
+
+
+def test_a_failing_or_dying_worker_surfaces_in_recv(pool_name: str) -> None:
+    def fragile() -> gym.Env:
+        return gym.make("CartPole-v1")
+
+    with shmpool.launch(
+        lambda: CountingEnv(raise_at=2, raise_seed=3), 4, num_workers=2, batch_size=2, name=pool_name
+    ) as pool:
+        pool.async_reset(seed=0)
+        *_, infos = pool.recv()
+        with pytest.raises(ValueError, match=rf"env {infos['env_id'][1]}: action 7"):
+            pool.send(np.array([1, 7]), infos["env_id"])  # out of the space: refused here, named by env id
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:  # the other slot may run many batches while env 3 fails
+            pool.send(np.ones(2, dtype=np.int64), infos["env_id"])
+            try:
+                *_, infos = pool.recv()
+            except WorkerError as error:
+                assert "env 3" in str(error) and "during recv" in str(error) and error.env_id == 3
+                break
+        else:
+            pytest.fail("env 3's failure never surfaced")
+    with shmpool.launch(fragile, 4, num_workers=2, batch_size=2, name=pool_name) as pool:
+        pool.async_reset(seed=0)
+        *_, infos = pool.recv()
+        victim = pool.worker_pids[int(infos["env_id"][0]) // 2]
+        pool.send(np.ones(2, dtype=np.int64), infos["env_id"])
+        pool.recv()  # the other slot's reset
+        os.kill(victim, signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises(WorkerDiedError):
+            pool.recv()
+        assert time.monotonic() - started < 5.0
