@@ -75,6 +75,7 @@ class WorkerConfig:
     spin: int = 200
     poll_interval: float = 0.2
     worker_init: Callable[[], Any] | None = None  # run before the envs are made
+    same_observation_spaces: bool = True  # False: envs' observation spaces need equal shapes and dtypes only
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ class PoolConfig:
     workers are still detected)."""
     launch_timeout: float = 120.0
     """Seconds the workers may take to start and build their envs."""
-    info_keys: int = 16
+    info_keys: int = 32
     """Distinct info keys each worker can report."""
     info_bytes: int = 64
     """The largest numeric info value, in bytes (a multiple of 8)."""
@@ -133,6 +134,10 @@ class PoolConfig:
     read from the env's info at the episode's last step."""
     episode_capacity: int = 4096
     """Finished-episode records each worker's ring keeps for readers."""
+    observation_mode: str | tuple[gymnasium.Space[Any], gymnasium.Space[Any]] = "same"
+    """As gymnasium's vector envs: ``"same"`` (every env's observation space equal), ``"different"``
+    (equal shapes and dtypes, bounds may differ: ``observation_space`` batches each env's), or a
+    pair ``(observation_space, single_observation_space)`` to use as given."""
     batch_size: int | None = None
     """Envs per ``recv()`` of the async API (``async_reset``/``send``/``recv``, EnvPool's); None:
     ``num_envs``. A multiple of the slot size, with equal slots (see :mod:`shmpool.batches`)."""
@@ -219,6 +224,18 @@ class PoolConfig:
                 + (f"slots of {self.num_envs // workers} envs" if self.num_envs % workers == 0 else "unequal slots")
             )
         settle("batch_size", batch)
+        if batch != self.num_envs and mode == AutoresetMode.DISABLED:
+            raise ValueError("batch_size: async batches autoreset envs (NEXT_STEP or SAME_STEP), not DISABLED")
+        mode_ok = (
+            all(isinstance(space, gymnasium.Space) for space in self.observation_mode)
+            if isinstance(self.observation_mode, tuple) and len(self.observation_mode) == 2
+            else self.observation_mode in ("same", "different")
+        )
+        if not mode_ok:
+            raise ValueError(
+                f"observation_mode must be 'same', 'different' or a (batched, single) pair of spaces, "
+                f"got {self.observation_mode!r:.80}"
+            )
         settle("episode_capacity", _count("episode_capacity", self.episode_capacity, 1, MAX_COUNT))
         if self.params is not None:
             _mapping("params", self.params)

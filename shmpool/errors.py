@@ -10,6 +10,7 @@ from __future__ import annotations
 import queue
 
 from gymnasium.error import ClosedEnvironmentError
+from gymnasium.error import Error as GymnasiumError
 
 
 class ShmpoolError(Exception):
@@ -65,6 +66,10 @@ def _rebuild_worker_died(message: str, worker_id: int, exitcode: int | None) -> 
 class PoolClosedError(ShmpoolError, ClosedEnvironmentError, RuntimeError):
     """A pool (or a handle on one) was used after it was closed (a gymnasium ``ClosedEnvironmentError``,
     itself an ``Exception``, as gymnasium's vector envs raise)."""
+
+
+class SeedError(ShmpoolError, GymnasiumError, ValueError):
+    """A reset seed gymnasium would refuse (not an int, negative), or one too large for the pool (2**256 or more)."""
 
 
 class PoolTimeoutError(ShmpoolError, TimeoutError):

@@ -24,7 +24,8 @@ A segment is one named POSIX shared-memory object (mode 0600)::
                 │   rewards f8, terminations b1, truncations b1        (num_envs,)    │
                 │   episode_return f8, episode_length i8, episode_time f8,            │
                 │   episode_index i8                                   (num_envs,)    │
-                │   reset_seed i8, reset_flags u1 (num_envs,), reset_options u1 (4096)│
+                │   reset_seed u8 (num_envs, 4): 256-bit seeds, little-endian words   │
+                │   reset_flags u1 (num_envs,), reset_options u1 (4096)               │
                 │   reset_options_length i8 (1,)                                      │
                 │   info_keys  record (num_workers, info_keys)  key table per worker  │
                 │   info_values u1 (num_envs, info_keys, info_bytes), info_mask b1    │
@@ -79,8 +80,8 @@ from .system import pid_namespace
 
 MAGIC = b"SHMPOOL\x00"
 #: 3: the owner's pid namespace word, no owner-uid or worker-pid words, the writers' words and undo
-#: journals, event tickets.
-LAYOUT_VERSION = 3
+#: journals, event tickets. 4: 256-bit reset seeds (gymnasium takes any non-negative int).
+LAYOUT_VERSION = 4
 HEADER_WORDS = 16
 HEADER_BYTES = HEADER_WORDS * 8
 ALIGNMENT = 64
@@ -125,6 +126,20 @@ WORKER_STARTING, WORKER_READY, WORKER_FAILED, WORKER_CLOSED = 0, 1, 2, 3
 ERROR_BYTES = 8192
 RESET_OPTION_BYTES = 4096
 RESET_THIS_ENV, RESET_WITH_SEED = 1, 2
+#: uint64 words per env of ``reset_seed``: seeds below 2**256 fit (an unseeded numpy generator's
+#: seed, which ``np_random_seed`` reports and users pass back, is 128 bits).
+SEED_WORDS = 4
+
+
+def seed_words(seed: int) -> np.ndarray:
+    """A non-negative seed below 2**256 as the ``reset_seed`` row that holds it."""
+    return np.frombuffer(seed.to_bytes(SEED_WORDS * 8, "little"), dtype="<u8")
+
+
+def seed_of(words: np.ndarray) -> int:
+    """The seed a ``reset_seed`` row holds."""
+    return int.from_bytes(words.astype("<u8").tobytes(), "little")
+
 
 _ALLOWED_KINDS = set("biufcSV")
 # The dtype strings Layout.plan writes (``dtype.str`` of plain types). Anything else numpy would parse

@@ -28,6 +28,7 @@ from .layout import (
     ERROR_BYTES,
     H_STATE,
     RESET_OPTION_BYTES,
+    SEED_WORDS,
     STATE_CLOSING,
     STATE_RUNNING,
     Layout,
@@ -69,7 +70,7 @@ def plan_layout(config: PoolConfig, observation_leaves: Sequence[Leaf], action_l
         ("episode_length", np.int64, (n,)),
         ("episode_time", np.float64, (n,)),
         ("episode_index", np.int64, (n,)),
-        ("reset_seed", np.int64, (n,)),
+        ("reset_seed", np.uint64, (n, SEED_WORDS)),
         ("reset_flags", np.uint8, (n,)),
         ("reset_options", np.uint8, (RESET_OPTION_BYTES,)),
         ("reset_options_length", np.int64, (1,)),
@@ -181,6 +182,7 @@ class Lifecycle:
                     spin=WORKER_SPIN,
                     poll_interval=WORKER_POLL_INTERVAL,
                     worker_init=config.worker_init,
+                    same_observation_spaces=config.observation_mode == "same",
                 )
                 owner_end, worker_end = context.Pipe(duplex=True)
                 self.call_pipes.append(owner_end)

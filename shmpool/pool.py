@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
-from gymnasium.vector.utils import batch_space
+from gymnasium.vector.utils import batch_differing_spaces, batch_space
 
 from .batches import Batches
 from .bindings import initial_records
@@ -28,6 +28,7 @@ from .errors import (
     PoolBrokenError,
     PoolClosedError,
     RemoteTraceback,
+    SeedError,
     ShmpoolError,
     WriterLockTimeout,
 )
@@ -40,6 +41,8 @@ from .layout import (
     RESET_OPTION_BYTES,
     RESET_THIS_ENV,
     RESET_WITH_SEED,
+    SEED_WORDS,
+    seed_words,
 )
 from .lifecycle import Lifecycle, plan_layout
 from .params import constructor_defaults
@@ -104,6 +107,9 @@ class Pool(Channels, VectorEnv):
         #: leaves it set, and the next call completes that command before issuing another.
         self._pending: tuple[int, int, int] | None = None
         self._reset_once = False
+        #: With autoreset DISABLED: envs whose episode ended and that no reset has restarted yet
+        #: (gymnasium's vector envs refuse to step them, and so does the pool).
+        self._ended = np.zeros(config.num_envs, np.bool_) if config.autoreset_mode == AutoresetMode.DISABLED else None
         self._global_step = 0
         self._profile_since = 0
         self._rate_since = (monotonic(), 0)
@@ -125,8 +131,11 @@ class Pool(Channels, VectorEnv):
         finally:
             probe.close()
         self.metadata["autoreset_mode"] = self.autoreset_mode
+        if isinstance(config.observation_mode, tuple):
+            self.observation_space, self.single_observation_space = config.observation_mode
+        else:
+            self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         observation_leaves = leaves(self.single_observation_space)
-        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self._check_actions = ActionChecker(self.single_action_space, self.num_envs, config.env_label)
 
@@ -160,6 +169,12 @@ class Pool(Channels, VectorEnv):
             raise
         lifecycle.mark_running()
         self._usable = True
+        if config.observation_mode == "different":
+            try:
+                self.observation_space = batch_differing_spaces(self.get_attr("observation_space"))
+            except BaseException:
+                self.close()
+                raise
 
     # -- properties ------------------------------------------------------------------------------
 
@@ -259,11 +274,14 @@ class Pool(Channels, VectorEnv):
         if seed is None:
             seeds: list[int | None] = [None] * n
         elif isinstance(seed, (int, np.integer)):
-            seeds = [int(seed) + i for i in range(n)]
+            seeds = [_check_seed(int(seed), "seed") + i for i in range(n)]
         else:
             seeds = list(seed)
             if len(seeds) != n:
                 raise ValueError(f"reset got {len(seeds)} seeds for num_envs={n}")
+            seeds = [None if s is None else _check_seed(s, f"seed[{i}]") for i, s in enumerate(seeds)]
+        if seeds[-1] is not None:
+            _check_seed(seeds[-1], f"seed + {n - 1} (env {n - 1})")
         mask = np.ones(n, dtype=np.bool_)
         encoded = b""
         if options is not None:
@@ -278,12 +296,14 @@ class Pool(Channels, VectorEnv):
                 ) from exc
             if len(encoded) > RESET_OPTION_BYTES:
                 raise ValueError(f"reset options take {len(encoded)} bytes as JSON; at most {RESET_OPTION_BYTES} fit")
+        if self._ended is not None:
+            self._ended[mask] = False
         views = self._views
         flags = views["reset_flags"]
         flags[:] = np.where(mask, RESET_THIS_ENV, 0)
         for env_id, env_seed in enumerate(seeds):
             if env_seed is not None and mask[env_id]:
-                views["reset_seed"][env_id] = int(env_seed)
+                views["reset_seed"][env_id] = seed_words(env_seed)
                 flags[env_id] |= RESET_WITH_SEED
         views["reset_options"][: len(encoded)] = np.frombuffer(encoded, dtype=np.uint8)
         views["reset_options_length"][0] = len(encoded) if options is not None else 0
@@ -311,13 +331,21 @@ class Pool(Channels, VectorEnv):
                         f"send() and recv(), or call reset() to go back to step()"
                     )
             parts = self._check_actions(actions)
+            if self._ended is not None and self._ended.any():
+                raise RuntimeError(
+                    f"pool {self._name!r}: the episodes of envs {np.flatnonzero(self._ended).tolist()} ended; with "
+                    f"autoreset_mode DISABLED, reset them with reset(options={{'reset_mask': mask}}) before stepping"
+                )
             for view, part in zip(self._action_views, parts):
                 view[...] = part
             self._run(CMD_STEP, "step")
             if self._global_step % 64 == 0:
                 self._publish_rate()
                 self._recover_writers()
-            return self._results.step()
+            results = self._results.step()
+            if self._ended is not None:
+                self._ended |= results[2] | results[3]
+            return results
 
     # -- async batches (EnvPool's API; see shmpool.batches) ----------------------------------------
 
@@ -581,6 +609,16 @@ class Pool(Channels, VectorEnv):
             self._view.close()
         if getattr(self, "_finalizer", None) is not None:
             self._finalizer()
+
+
+def _check_seed(seed: Any, where: str) -> int:
+    """``seed`` if it is one gymnasium takes and the segment holds (a non-negative int below
+    2**256), else a :class:`SeedError` naming it; nothing has been written yet."""
+    if not isinstance(seed, (int, np.integer)):
+        raise SeedError(f"Seed must be a python integer (or None): reset got {where} = {seed!r:.40}")
+    if not 0 <= seed < 1 << (SEED_WORDS * 64):
+        raise SeedError(f"Seed must be between 0 and 2**{SEED_WORDS * 64} - 1: reset got {where} = {seed}")
+    return int(seed)
 
 
 #: Pools of this process, so that a forked child can disown them (see _after_fork_in_child).

@@ -150,12 +150,12 @@ def test_disabled_autoreset_resets_only_through_reset_mask(pool_name: str) -> No
             observations, _, terminations, _, infos = pool.step(np.ones(4, dtype=np.int64))
         assert terminations.tolist() == [True, False, True, False]
         assert "final_obs" not in infos and infos["_episode"].tolist() == [True, False, True, False]
-        observations, _, terminations, _, _ = pool.step(np.ones(4, dtype=np.int64))
-        assert observations[:, 0].tolist() == [3.0] * 4  # stepped on: nothing reset them
+        with pytest.raises(RuntimeError, match=r"episodes of envs \[0, 2\] ended"):  # as gymnasium refuses
+            pool.step(np.ones(4, dtype=np.int64))
         observations, _ = pool.reset(options={"reset_mask": terminations})
-        assert observations[:, 0].tolist() == [0.0, 3.0, 0.0, 3.0]
+        assert observations[:, 0].tolist() == [0.0, 2.0, 0.0, 2.0]
         observations, *_ = pool.step(np.ones(4, dtype=np.int64))
-        assert observations[:, 0].tolist() == [1.0, 4.0, 1.0, 4.0]
+        assert observations[:, 0].tolist() == [1.0, 3.0, 1.0, 3.0]
 
 
 def test_episode_statistics_false_composes_with_gymnasiums_wrapper(pool_name: str) -> None:

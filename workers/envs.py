@@ -8,12 +8,13 @@ from typing import Any
 
 import gymnasium
 import numpy as np
+from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 from gymnasium.vector import AutoresetMode
 
 from shmpool.config import WorkerConfig, factory_of, make_env
 from shmpool.episodes import EpisodeWriter
 from shmpool.infos import InfoWriter
-from shmpool.layout import RESET_THIS_ENV, RESET_WITH_SEED
+from shmpool.layout import RESET_THIS_ENV, RESET_WITH_SEED, seed_of
 from shmpool.spaces import ObservationWriter, assemble, flatten, is_leaf, leaves
 from shmpool.workers.hooks import HookRunner
 from shmpool.workers.params import ParamApplier
@@ -88,15 +89,21 @@ class EnvSlice:
         if self._params is not None:
             kwargs = {**kwargs, **self._params.constructor_kwargs(local)}
         env = make_env(factory_of(self._config.env_factory, local), kwargs)
-        for what, got, expected in (
-            ("observation", env.observation_space, self._obs_space),
-            ("action", env.action_space, self._act_space),
+        same_observations = self._config.same_observation_spaces
+        for what, got, expected, agrees in (
+            ("observation", env.observation_space, self._obs_space, not same_observations),
+            ("action", env.action_space, self._act_space, False),
         ):
-            if got != expected:
+            if got != expected and not (agrees and is_space_dtype_shape_equiv(got, expected)):
                 env.close()
+                rule = (
+                    "the same shapes and dtypes"
+                    if agrees
+                    else "the same spaces (observation_mode='different' lets observation bounds differ)"
+                )
                 raise ValueError(
                     f"env {env_id} has {what} space {got}, but the pool was launched with {expected}; "
-                    f"every env of a pool must have the same spaces"
+                    f"every env of a pool must have {rule}"
                 )
         if self._params is not None:
             self._params.attach_env(local, env)
@@ -293,7 +300,7 @@ class EnvSlice:
                 continue
             self.current_env = self.start + index
             env, rebuilt_seed = self._begin_episode(index)
-            seed = int(self._reset_seed[index]) if flags & RESET_WITH_SEED else rebuilt_seed
+            seed = seed_of(self._reset_seed[index]) if flags & RESET_WITH_SEED else rebuilt_seed
             observation, env_info = env.reset(seed=seed, options=options)
             self._needs_reset[index] = False
             self._obs_writer.write(index, observation)
