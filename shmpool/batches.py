@@ -65,8 +65,9 @@ class Batches:
         self._ready: collections.deque[int] = collections.deque()
         self._checkers: dict[int, ActionChecker] = {}
         self._worker_of = np.repeat(np.arange(num_workers), [stop - start for start, stop in self._slots])
-        #: Env ids of the last recv, the default of ``send``.
-        self.last_env_ids: np.ndarray | None = None
+        #: The slots the last recv returned, while some await their actions: ``send``'s default.
+        self._returned: SlotSet | None = None
+        self._slot_sets: dict[tuple[int, ...], SlotSet] = {}
         #: Whether any worker is between a send (or async_reset) and the send after its recv.
         self.in_flight = False
 
@@ -78,50 +79,66 @@ class Batches:
 
     def send(self, actions: Any, env_ids: Any, seq: Callable[[], int]) -> None:
         """Writes ``actions`` (one row per env id) and starts the step of the envs' workers."""
-        ids = self._check_env_ids(self.last_env_ids if env_ids is None else env_ids)
-        workers = np.unique(self._worker_of[ids]).tolist()
+        returned = self._returned
+        if returned is not None and (env_ids is None or env_ids is returned.env_id):
+            # The ids the last recv handed out (read-only, so unchanged): checked when they were made.
+            workers, index, ids = returned.workers, returned.index, returned.rows
+            self._check_returned(workers)
+        else:
+            ids = self._check_env_ids(env_ids)
+            workers = tuple(np.unique(self._worker_of[ids]).tolist())
+            self._check_returned(workers)
+            if len(ids) != sum(self._slots[k][1] - self._slots[k][0] for k in workers):
+                raise ValueError(
+                    f"send: the env ids must cover whole slots (a worker steps all its envs at once): "
+                    f"{[f'{self._slots[k][0]}..{self._slots[k][1] - 1}' for k in workers]}, got {len(ids)} ids"
+                )
+            index = ids
+        checker = self._checkers.get(len(ids))
+        if checker is None:
+            checker = self._checkers[len(ids)] = ActionChecker(self._action_space, len(ids), self._config.env_label)
+        for view, part in zip(self._action_views, checker(actions, ids)):
+            view[index] = part
+        self._issue(seq(), CMD_STEP, workers)
+        if returned is not None and all(self._state[k] != RETURNED for k in returned.workers):
+            self._returned = None
+
+    def _check_returned(self, workers: Sequence[int]) -> None:
         for worker_id in workers:
-            start, stop = self._slots[worker_id]
             if self._state[worker_id] != RETURNED:
+                start, stop = self._slots[worker_id]
                 raise RuntimeError(
                     f"send: envs {start}..{stop - 1} (worker {worker_id}) have no results returned by recv() "
                     f"awaiting actions ({_STATE_NAMES[self._state[worker_id]]}); send actions only for the "
                     f"env ids of infos['env_id'] of a recv()"
                 )
-        if len(ids) != sum(self._slots[k][1] - self._slots[k][0] for k in workers):
-            raise ValueError(
-                f"send: the env ids must cover whole slots (a worker steps all its envs at once): "
-                f"{[f'{self._slots[k][0]}..{self._slots[k][1] - 1}' for k in workers]}, got {len(ids)} ids"
-            )
-        checker = self._checkers.get(len(ids))
-        if checker is None:
-            checker = self._checkers[len(ids)] = ActionChecker(self._action_space, len(ids), self._config.env_label)
-        for view, part in zip(self._action_views, checker(actions, ids)):
-            view[ids] = part
-        self._issue(seq(), CMD_STEP, workers)
 
     def recv(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """The results of the first ``batch_size`` envs to finish, with ``infos["env_id"]``."""
-        busy = {k: self._seq[k] for k, state in enumerate(self._state) if state == BUSY}
-        if len(self._ready) + len(busy) < self._workers_per_batch:
-            raise RuntimeError(
-                f"recv needs {self.batch_size} envs in flight, but only "
-                f"{(len(self._ready) + len(busy)) * self.batch_size // self._workers_per_batch} are: call "
-                f"async_reset() first, and send() the actions of the envs each recv() returns"
-            )
-        while len(self._ready) < self._workers_per_batch:
-            for worker_id in self._waiter.wait_some(busy, "recv"):
-                self._state[worker_id] = READY
-                self._ready.append(worker_id)
-                del busy[worker_id]
+        ready, needed = self._ready, self._workers_per_batch
+        if len(ready) < needed:
+            busy = {k: self._seq[k] for k, state in enumerate(self._state) if state == BUSY}
+            if len(ready) + len(busy) < needed:
+                raise RuntimeError(
+                    f"recv needs {self.batch_size} envs in flight, but only "
+                    f"{(len(ready) + len(busy)) * self.batch_size // needed} are: call "
+                    f"async_reset() first, and send() the actions of the envs each recv() returns"
+                )
+            while len(ready) < needed:
+                for worker_id in self._waiter.wait_some(busy, "recv"):
+                    self._state[worker_id] = READY
+                    ready.append(worker_id)
+                    del busy[worker_id]
         self._waiter.raise_failures("recv")
         # The first to finish, in worker order within the batch: a batch of every env is in env order.
-        chosen = sorted(self._ready.popleft() for _ in range(self._workers_per_batch))
+        chosen = tuple(sorted(ready.popleft() for _ in range(needed)))
         for worker_id in chosen:
             self._state[worker_id] = RETURNED
-        results = self._results.batch(chosen, [self._was_reset[k] for k in chosen])
-        self.last_env_ids = results[4]["env_id"]
-        return results
+        slot_set = self._slot_sets.get(chosen)
+        if slot_set is None:
+            slot_set = self._slot_sets[chosen] = SlotSet(self._slots, chosen)
+        self._returned = slot_set
+        return self._results.batch(slot_set, [self._was_reset[k] for k in chosen])
 
     def settle(self) -> None:
         """Waits until no worker is stepping (before a control call); their results stay for recv."""
@@ -138,7 +155,7 @@ class Batches:
         self.settle()
         self._ready.clear()
         self._state = [IDLE] * len(self._slots)
-        self.last_env_ids = None
+        self._returned = None
         self.in_flight = False
 
     def discard(self) -> None:
@@ -146,7 +163,7 @@ class Batches:
         if self.in_flight:
             self._discard()
 
-    def _issue(self, seq: int, command: int, workers: list[int]) -> None:
+    def _issue(self, seq: int, command: int, workers: Sequence[int]) -> None:
         with interrupts_deferred():  # the states must say exactly which workers got the command
             self._lifecycle.send(seq, command, workers)
             for worker_id in workers:
@@ -172,11 +189,21 @@ class Batches:
 _STATE_NAMES = {IDLE: "not started", BUSY: "still stepping", READY: "not yet returned by recv", RETURNED: ""}
 
 
-def select_rows(infos: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
-    """gymnasium vector infos (arrays over envs, nested dicts) cut down to ``rows``, in that order."""
-    return {key: select_rows(value, rows) if isinstance(value, dict) else value[rows] for key, value in infos.items()}
+class SlotSet:
+    """The rows of a set of whole slots, worked out once per set: their env ids in worker order, the
+    index that reads them from a field (a slice when the slots are adjacent: no index array), and
+    the read-only ``infos["env_id"]`` that ``send`` recognises."""
 
+    __slots__ = ("workers", "rows", "index", "env_id")
 
-def worker_rows(slots: Sequence[tuple[int, int]], workers: Sequence[int]) -> np.ndarray:
-    """The env ids of the given workers' slots, worker after worker."""
-    return np.concatenate([np.arange(*slots[k]) for k in workers])
+    def __init__(self, slots: Sequence[tuple[int, int]], workers: tuple[int, ...]) -> None:
+        self.workers = workers
+        self.rows = np.concatenate([np.arange(*slots[k]) for k in workers])
+        adjacent = all(slots[a][1] == slots[b][0] for a, b in zip(workers, workers[1:]))
+        self.index: slice | np.ndarray = slice(int(self.rows[0]), int(self.rows[-1]) + 1) if adjacent else self.rows
+        self.env_id = self.rows.astype(np.int32)
+        self.env_id.flags.writeable = False  # handed to users, and compared by identity in send
+
+    def take(self, field: np.ndarray) -> np.ndarray:
+        """A copy of the set's rows of ``field``."""
+        return field[self.index].copy() if isinstance(self.index, slice) else field[self.index]

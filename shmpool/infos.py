@@ -137,6 +137,11 @@ class InfoWriter:
         return slot
 
 
+def _indices(rows: Any) -> np.ndarray:
+    """A slice of rows (with a stop) as the array of its indices; an index array as itself."""
+    return np.arange(rows.start, rows.stop) if isinstance(rows, slice) else rows
+
+
 class _Key:
     __slots__ = ("path", "view", "dtype", "shape")
 
@@ -171,57 +176,67 @@ class InfoReader:
         self._overflow_warned = [0] * len(slots)
         self._warned: set[tuple[str, Path]] = set()
 
-    def read_into(self, infos: dict[str, Any], worker_id: int) -> None:
-        """Adds the infos that ``worker_id`` reported this step to ``infos``."""
+    def read_into(self, infos: dict[str, Any], worker_id: int, at: int | None = None, size: int | None = None) -> None:
+        """Adds the infos that ``worker_id`` reported this step to ``infos``: in arrays of one row per
+        env, or, with ``at``, in arrays of ``size`` rows where the slot's rows start at row ``at``
+        (an async batch of a few slots)."""
         keys = self._refresh(worker_id)
         start, stop = self._slots[worker_id]
+        first = start if at is None else at
+        rows = self._num_envs if size is None else size
         mask = self._mask[start:stop, : len(keys)]
-        present = np.flatnonzero(mask.any(axis=0))
+        reported = mask.sum(axis=0)
+        present = np.flatnonzero(reported)
         if self._several[worker_id] and len(present) > 1:
             # Records in the order of the first env reporting them: that env's value sizes the array.
             present = present[np.argsort(mask[:, present].argmax(axis=0), kind="stable")]
-        for slot in present:
+        count = stop - start
+        for slot in present.tolist():
             key = keys[slot]
             if key.view is None:
                 continue
-            env_ids = np.flatnonzero(mask[:, slot]) + start
-            self._put(infos, key, env_ids)
+            if reported[slot] == count:  # every env of the slot: slices, no index arrays
+                self._put(infos, key, slice(start, stop), slice(first, first + count), rows)
+            else:
+                local = np.flatnonzero(mask[:, slot])
+                self._put(infos, key, local + start, local + first, rows)
 
-    def _put(self, infos: dict[str, Any], key: _Key, env_ids: np.ndarray) -> None:
-        target = infos
+    def _put(self, infos: dict[str, Any], key: _Key, source: Any, target: Any, rows: int) -> None:
+        """Copies ``key``'s values of the envs ``source`` (env ids) to rows ``target`` of its array."""
+        container = infos
         for part in key.path[:-1]:
-            inner = target.get(part)
+            inner = container.get(part)
             if inner is None:
-                inner = target[part] = {}
-            target = inner
-            if not isinstance(target, dict):
+                inner = container[part] = {}
+            container = inner
+            if not isinstance(container, dict):
                 self._warn_once("nesting", key.path, "is a dict in some envs' infos and a value in others'")
                 return
         name = key.path[-1]
-        array = target.get(name)
+        array = container.get(name)
         if array is None:
-            array = target[name] = np.zeros((self._num_envs, *key.shape), key.dtype)
-            array[env_ids] = key.view[env_ids]  # type: ignore[index]
+            array = container[name] = np.zeros((rows, *key.shape), key.dtype)
+            array[target] = key.view[source]  # type: ignore[index]
         elif type(array) is np.ndarray and array.dtype == key.dtype and array.shape[1:] == key.shape:
-            array[env_ids] = key.view[env_ids]  # type: ignore[index]
+            array[target] = key.view[source]  # type: ignore[index]
         else:
-            env_ids = self._put_other_kind(array, key, env_ids)
-            if not env_ids.size:
+            target = self._put_other_kind(array, key, _indices(source), _indices(target))
+            if not target.size:
                 return
-        self._mark(infos, key.path, env_ids)
+        self._mark(infos, key.path, target, rows)
 
-    def _put_other_kind(self, array: Any, key: _Key, env_ids: np.ndarray) -> np.ndarray:
+    def _put_other_kind(self, array: Any, key: _Key, source: np.ndarray, target: np.ndarray) -> np.ndarray:
         """Assigns, one env at a time as gymnasium does, values whose dtype or shape differ from those
-        of the key's array this step (made for a lower env's value); returns the envs whose values fit."""
+        of the key's array this step (made for a lower env's value); returns the rows whose values fit."""
         if not isinstance(array, np.ndarray):
             self._warn_once("nesting", key.path, "is a dict in some envs' infos and a value in others'")
-            return env_ids[:0]
+            return target[:0]
         view = key.view
         assert view is not None and key.dtype is not None
         kept = []
-        for env_id in env_ids.tolist():
+        for env_id, row in zip(source.tolist(), target.tolist()):
             try:
-                array[env_id] = view[env_id]
+                array[row] = view[env_id]
             except (OverflowError, TypeError, ValueError):
                 self._warn_once(
                     "fit",
@@ -231,26 +246,26 @@ class InfoReader:
                     f"envs raise here, shmpool leaves it out of info",
                 )
                 continue
-            kept.append(env_id)
+            kept.append((env_id, row))
         if kept and not np.can_cast(key.dtype, array.dtype, casting="same_kind"):
             self._warn_once(
                 "cast",
                 key.path,
-                f"of env {kept[0]} is {key.dtype}, but this step's array of the key is {array.dtype} (the type of "
+                f"of env {kept[0][0]} is {key.dtype}, but this step's array of the key is {array.dtype} (the type of "
                 f"a lower env's value): the value is truncated into it, as gymnasium's vector envs do. "
                 f"Report one type per key (e.g. always a float) to keep such values whole",
             )
-        return np.array(kept, dtype=np.int64)
+        return np.array([row for _, row in kept], dtype=np.int64)
 
-    def _mark(self, infos: dict[str, Any], path: Path, env_ids: np.ndarray) -> None:
-        """Sets the ``_key`` masks along ``path`` for ``env_ids``."""
-        target = infos
+    def _mark(self, infos: dict[str, Any], path: Path, target: Any, rows: int) -> None:
+        """Sets the ``_key`` masks along ``path`` for rows ``target`` (of ``rows``)."""
+        container = infos
         for part in path:
-            present = target.get(f"_{part}")
+            present = container.get(f"_{part}")
             if present is None:
-                present = target[f"_{part}"] = np.zeros(self._num_envs, dtype=np.bool_)
-            present[env_ids] = True
-            target = target[part]
+                present = container[f"_{part}"] = np.zeros(rows, dtype=np.bool_)
+            present[target] = True
+            container = container[part]
 
     def _warn_once(self, what: str, path: Path, text: str) -> None:
         if (what, path) in self._warned:

@@ -118,7 +118,8 @@ CONTROL_WORDS = 16
     CTL_ERROR_LENGTH,  # bytes of traceback text in this worker's errors row
     CTL_INFO_OVERFLOW,  # info keys this worker could not register (table full or path too long)
     CTL_PARAM_REFUSALS,  # raw parameter writes this worker refused (details in param_refusal_*)
-) = range(10)
+    CTL_FINISHED_AT,  # CLOCK_MONOTONIC ns when the worker finished its last command: async recv's order
+) = range(11)
 
 #: CALL: run the request that follows on the worker's private pipe (see :mod:`shmpool.calls`).
 CMD_STEP, CMD_RESET, CMD_CLOSE, CMD_CALL = 1, 2, 3, 4

@@ -5,11 +5,14 @@ warning per parameter whose raw write a worker refused."""
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .config import PoolConfig
+
+if TYPE_CHECKING:
+    from .batches import SlotSet
 from .infos import InfoReader
 from .layout import CONTROL_WORDS, CTL_NUM_DONE, CTL_NUM_INFO, CTL_PARAM_REFUSALS
 from .spaces import Leaf, assemble, is_leaf
@@ -71,33 +74,39 @@ class Results:
         return self.observations(), rewards, terminations, truncations, infos
 
     def batch(
-        self, workers: list[int], were_reset: list[bool]
+        self, slot_set: SlotSet, were_reset: list[bool]
     ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        """The results of the given workers' slots (an async batch: see :mod:`shmpool.batches`), with
+        """The results of a set of whole slots (an async batch: see :mod:`shmpool.batches`), with
         ``infos["env_id"]``; a slot whose command was a reset has zero rewards and no flags."""
-        from .batches import select_rows, worker_rows
-
-        views, words = self._views, self._words
-        rows = worker_rows(self._config.slots, workers)
-        stepped = np.zeros(self._num_envs, dtype=np.bool_)
-        for worker_id, was_reset in zip(workers, were_reset):
-            stepped[slice(*self._config.slots[worker_id])] = not was_reset
-        rewards = np.where(stepped, views["rewards"], 0.0)
-        terminations = views["terminations"] & stepped
-        truncations = views["truncations"] & stepped
+        views, words, slots = self._views, self._words, self._config.slots
+        take = slot_set.take
+        rewards, terminations, truncations = (
+            take(views["rewards"]),
+            take(views["terminations"]),
+            take(views["truncations"]),
+        )
         infos: dict[str, Any] = {}
-        for worker_id in workers:
-            if words[worker_id * CONTROL_WORDS + CTL_NUM_INFO]:
-                self._infos.read_into(infos, worker_id)
-        if any(words[k * CONTROL_WORDS + CTL_NUM_DONE] for k, reset in zip(workers, were_reset) if not reset):
-            self._add_episode_infos(infos, terminations | truncations)
+        size, at, ended = len(slot_set.rows), 0, False
+        for worker_id, was_reset in zip(slot_set.workers, were_reset):
+            start, stop = slots[worker_id]
+            base = worker_id * CONTROL_WORDS
+            if was_reset:  # the rows still hold the slot's last step
+                rewards[at : at + stop - start] = 0.0
+                terminations[at : at + stop - start] = truncations[at : at + stop - start] = False
+            elif words[base + CTL_NUM_DONE]:
+                ended = True
+            if words[base + CTL_NUM_INFO]:
+                self._infos.read_into(infos, worker_id, at, size)
+            at += stop - start
+        if ended:
+            self._add_episode_infos(infos, terminations | truncations, slot_set.rows)
         if self._info_params:
-            self._add_param_infos(infos)
-        infos = select_rows(infos, rows)
-        infos["env_id"] = rows.astype(np.int32)
-        arrays = [view[rows] for view in self._observations]  # fancy indexing: always copies
+            applied = views["applied"]
+            infos["params"] = {name: take(applied[name]) for name in self._param_names}
+        infos["env_id"] = slot_set.env_id
+        arrays = [take(view) for view in self._observations]
         observations = arrays[0] if self._is_leaf else assemble(self._space, iter(arrays))
-        return observations, rewards[rows], terminations[rows], truncations[rows], infos
+        return observations, rewards, terminations, truncations, infos
 
     def reset(self) -> tuple[Any, dict[str, Any]]:
         """Observations and infos of the reset just done."""
@@ -116,12 +125,15 @@ class Results:
         applied = self._views["applied"]
         infos["params"] = {name: applied[name].copy() for name in self._param_names}
 
-    def _add_episode_infos(self, infos: dict[str, Any], dones: np.ndarray) -> None:
+    def _add_episode_infos(self, infos: dict[str, Any], dones: np.ndarray, rows: np.ndarray | None = None) -> None:
+        """Adds ``final_obs`` (same-step autoreset) and ``episode`` for the envs that are ``dones``;
+        ``rows``: the env id of each row (an async batch), None for every env in order."""
         views = self._views
         if self._config.same_step:
-            final = np.full(self._num_envs, None, dtype=object)
-            for env_id in np.flatnonzero(dones):
-                final[env_id] = assemble(self._space, iter([view[env_id].copy() for view in self._final_observations]))
+            final = np.full(len(dones), None, dtype=object)
+            for row in np.flatnonzero(dones).tolist():
+                env_id = row if rows is None else int(rows[row])
+                final[row] = assemble(self._space, iter([view[env_id].copy() for view in self._final_observations]))
             infos["final_obs"], infos["_final_obs"] = final, dones.copy()
             infos.setdefault("final_info", {})
             infos["_final_info"] = dones.copy()
@@ -137,10 +149,13 @@ class Results:
                     stacklevel=4,
                 )
             return
+        returns, lengths, times = views["episode_return"], views["episode_length"], views["episode_time"]
+        if rows is not None:
+            returns, lengths, times = returns[rows], lengths[rows], times[rows]
         infos["episode"] = {
-            "r": np.where(dones, views["episode_return"], 0.0),
-            "l": np.where(dones, views["episode_length"], 0),
-            "t": np.where(dones, views["episode_time"], 0.0),
+            "r": np.where(dones, returns, 0.0),
+            "l": np.where(dones, lengths, 0),
+            "t": np.where(dones, times, 0.0),
         }
         infos["_episode"] = dones
 

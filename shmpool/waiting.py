@@ -22,6 +22,7 @@ from .layout import (
     CTL_DONE,
     CTL_ERROR_ENV,
     CTL_ERROR_LENGTH,
+    CTL_FINISHED_AT,
     CTL_STATUS,
     ERROR_BYTES,
     WORKER_FAILED,
@@ -92,7 +93,8 @@ class Waiter:
 
     def wait_some(self, pending: dict[int, int], phase: str) -> list[int]:
         """Waits until at least one worker in ``pending`` (worker id: the sequence number of its
-        command) has finished; returns those that have, by worker id. Raises like :meth:`wait_done`."""
+        command) has finished; returns those that have, first finished first. Raises like
+        :meth:`wait_done`."""
         words, done, limit = self.words, self._done, self._config.timeout
         deadline = None if limit is None else monotonic() + limit
         items = [(done[k], seq) for k, seq in pending.items()]
@@ -103,7 +105,10 @@ class Waiter:
                 deadline, limit, phase, lambda k: k not in pending or words[done[k]] == pending[k]
             ),
         )
-        return [k for k, seq in pending.items() if words[done[k]] == seq]
+        finished = [k for k, seq in pending.items() if words[done[k]] == seq]
+        if len(finished) > 1:  # several at once: by the time each finished, so that none is passed over
+            finished.sort(key=lambda k: words[k * CONTROL_WORDS + CTL_FINISHED_AT])
+        return finished
 
     def receive_calls(self, seq: int, phase: str) -> list[tuple[list[Any] | None, Any]]:
         """Each worker's answer ``(results, failure)`` to control call ``seq`` (see

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+from contextlib import closing
 import time
 
 import gymnasium as gym
@@ -122,6 +123,9 @@ def test_params_hooks_and_episode_records_work_in_batches(pool_name: str) -> Non
             if "episode" in infos:
                 assert (infos["episode"]["l"][infos["_episode"]] > 0).all()
             pool.send(np.ones(2, dtype=np.int64), infos["env_id"])
+        for _ in range(2):  # the two slots still in flight
+            _, _, terminations, truncations, _ = pool.recv()
+            finished += int((terminations | truncations).sum())
         records = pool.episodes.read()
         assert finished > 4 and len(records) == finished
         assert set(records["env_id"].tolist()) == {0, 1, 2, 3}
@@ -182,7 +186,8 @@ def test_a_failing_or_dying_worker_surfaces_in_recv(pool_name: str) -> None:
                 break
         else:
             pytest.fail("env 3's failure never surfaced")
-    with shmpool.launch(fragile, 4, num_workers=2, batch_size=2, name=pool_name) as pool:
+    slow = [lambda: Slow(gym.make("CartPole-v1"), 0.2)] * 4  # a step takes 0.4 s: the kill lands mid-step
+    with shmpool.launch(slow, num_workers=2, batch_size=2, name=pool_name) as pool:
         pool.async_reset(seed=0)
         *_, infos = pool.recv()
         victim = pool.worker_pids[int(infos["env_id"][0]) // 2]
@@ -193,3 +198,56 @@ def test_a_failing_or_dying_worker_surfaces_in_recv(pool_name: str) -> None:
         with pytest.raises(WorkerDiedError):
             pool.recv()
         assert time.monotonic() - started < 5.0
+
+
+def env_row(infos: dict, row: int) -> dict:
+    """One row of gymnasium vector infos as that env's own info dict (keys masked out left out)."""
+    out = {}
+    for key, value in infos.items():
+        mask = infos.get(f"_{key}")
+        if key.startswith("_") or key == "env_id" or (mask is not None and not mask[row]):
+            continue
+        if isinstance(value, dict):
+            out[key] = env_row(value, row)
+        else:
+            out[key] = value[row].tolist() if isinstance(value[row], np.ndarray) else value[row]
+    return out
+
+
+@pytest.mark.parametrize("mode", ["NextStep", "SameStep"])
+def test_batches_carry_each_envs_infos_final_obs_and_episodes(mode: str, pool_name: str) -> None:
+    from helpers import InfoEnv
+
+    rng = np.random.default_rng(2)
+    got: dict[int, list] = {i: [] for i in range(6)}
+    sent: dict[int, list[int]] = {i: [] for i in range(6)}
+    with shmpool.launch(InfoEnv, 6, num_workers=3, batch_size=2, autoreset_mode=mode, name=pool_name) as pool:
+        pool.async_reset(seed=7)
+        for _ in range(60):
+            observations, rewards, terminations, truncations, infos = pool.recv()
+            for row, env_id in enumerate(infos["env_id"].tolist()):
+                info = env_row(infos, row)
+                final = infos["final_obs"][row].tolist() if infos.get("_final_obs", [False] * 2)[row] else None
+                got[env_id].append(
+                    (observations[row].tolist(), float(rewards[row]), bool(terminations[row]), info, final)
+                )
+            actions = rng.integers(0, 2, 2)
+            for row, env_id in enumerate(infos["env_id"].tolist()):
+                sent[env_id].append(int(actions[row]))
+            pool.send(actions, infos["env_id"])
+    for env_id in range(6):
+        with closing(gym.vector.SyncVectorEnv([InfoEnv], autoreset_mode=mode)) as reference:
+            observations, infos = reference.reset(seed=7 + env_id)
+            expected = [(observations[0].tolist(), 0.0, False, env_row(infos, 0), None)]
+            for action in sent[env_id][: len(got[env_id]) - 1]:
+                observations, rewards, terminations, _, infos = reference.step(np.array([action]))
+                final = infos["final_obs"][0].tolist() if infos.get("_final_obs", [False])[0] else None
+                info = env_row({k: v for k, v in infos.items() if k not in ("final_obs", "_final_obs")}, 0)
+                expected.append((observations[0].tolist(), float(rewards[0]), bool(terminations[0]), info, final))
+        mine = [
+            (o, r, t, {k: v for k, v in i.items() if k not in ("episode", "final_obs")}, f)
+            for o, r, t, i, f in got[env_id]
+        ]
+        assert mine == expected, f"env {env_id}"
+        ended = [i["episode"] for _, _, t, i, _ in got[env_id] if "episode" in i]
+        assert all(episode["l"] == 4 and episode["r"] == 4.0 for episode in ended) and ended

@@ -37,6 +37,7 @@ from shmpool.layout import (
     CTL_DONE,
     CTL_ERROR_ENV,
     CTL_ERROR_LENGTH,
+    CTL_FINISHED_AT,
     CTL_NUM_DONE,
     CTL_NUM_INFO,
     CTL_STATUS,
@@ -331,6 +332,7 @@ class Worker:
                     words[CTL_NUM_INFO] = self._info.dirty
                 except Exception:  # noqa: BLE001
                     self._fail(self.envs.current_env)
+            words[CTL_FINISHED_AT] = time.monotonic_ns()
             words[CTL_DONE] = seq  # published last: the trainer reads results after seeing it
             self._trainer_doorbell.ring()
 
