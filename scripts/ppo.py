@@ -13,6 +13,8 @@ happen, and saves a plot of the returns and the pole length to ``--plot``.
     pip install -e ".[examples]"
     python scripts/ppo.py             # 200,000 env steps: 15 to 40 s on 2 cores
     python scripts/ppo.py --quick     # a few seconds, for CI
+    python scripts/ppo.py --async     # rollouts with send/recv: the policy runs on one half of the
+                                      # envs while the workers step the other half
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import _settings
 import numpy as np
@@ -83,6 +86,8 @@ class Settings:
     """torch threads (the workers need the other cores)."""
     plot: str = "ppo.png"
     """where to save the PNG plot ('' for none)."""
+    async_: bool = False
+    """collect rollouts with the async API (batch_size = num_envs / 2, send/recv) instead of step."""
     quick: bool = False
     """a short run for CI: 8,192 env steps, 64 steps per rollout, a target of 30."""
 
@@ -140,6 +145,77 @@ class Agent(nn.Module):
         return actions, distribution.log_prob(actions), distribution.entropy(), self.value(observations)
 
 
+class Rollout:
+    """Fills the rollout buffers (step x env) from a pool: with ``step``, or with ``send``/``recv``."""
+
+    def __init__(self, observations, actions, log_probs, rewards, dones, values, gamma: float) -> None:  # noqa: ANN001
+        self.observations, self.actions, self.log_probs = observations, actions, log_probs
+        self.rewards, self.dones, self.values, self.gamma = rewards, dones, values, gamma
+
+    def _record(self, agent: Agent, step: Any, env_ids: Any, observations: torch.Tensor, done: torch.Tensor) -> Any:
+        """Stores the observations and picks the actions of envs ``env_ids`` at their step ``step``."""
+        if not isinstance(env_ids, slice):
+            env_ids = torch.as_tensor(env_ids, dtype=torch.long)
+        self.observations[step, env_ids], self.dones[step, env_ids] = observations, done
+        with torch.no_grad():
+            action, log_prob, _, value = agent.act(observations)
+        self.actions[step, env_ids] = action.to(self.actions.dtype)
+        self.log_probs[step, env_ids], self.values[step, env_ids] = log_prob, value
+        return action.numpy()
+
+    def _reward(self, agent: Agent, reward: np.ndarray, terminations: np.ndarray, truncations: np.ndarray, infos):  # noqa: ANN001
+        """The rewards, with a time-limit cut bootstrapped from the cut episode's last observation."""
+        cut = truncations & ~terminations
+        if cut.any():
+            final = torch.as_tensor(np.stack(infos["final_obs"][cut]))
+            with torch.no_grad():
+                reward[cut] += self.gamma * agent.value(final).numpy()
+        return torch.as_tensor(reward, dtype=torch.float32)
+
+    def collect(self, pool: Any, agent: Agent, next_observations: torch.Tensor, next_dones: torch.Tensor):  # noqa: ANN201
+        """A rollout of synchronous steps; returns the observations and dones it ends on."""
+        every = slice(None)
+        for step in range(len(self.rewards)):
+            action = self._record(agent, step, every, next_observations, next_dones)
+            next_np, reward, terminations, truncations, infos = pool.step(action)
+            self.rewards[step] = self._reward(agent, reward, terminations, truncations, infos)
+            next_observations = torch.as_tensor(next_np)
+            next_dones = torch.as_tensor(terminations | truncations, dtype=torch.float32)
+        return next_observations, next_dones
+
+    def collect_async(self, pool: Any, agent: Agent, carry: list[tuple[Any, Any, Any]]) -> tuple[Any, Any]:
+        """A rollout with send/recv (EnvPool's way): the policy acts on one batch while the workers
+        step the other, and each env advances through its own steps as its batch comes back. A batch
+        whose envs have all their steps waits, unsent, in ``carry``: its observations start the next
+        rollout. Returns the observations and dones the envs end on."""
+        num_steps, num_envs = self.rewards.shape
+        taken = np.zeros(num_envs, dtype=np.int64)  # steps recorded per env in this rollout
+        next_observations, next_dones = torch.zeros(self.observations.shape[1:]), torch.zeros(num_envs)
+        pending, held = list(carry), 0
+        carry.clear()
+        while held < num_envs:
+            if pending:  # envs whose last rollout ended with their observation in hand
+                env_ids, observations, done = pending.pop()
+            else:
+                next_np, reward, terminations, truncations, infos = pool.recv()
+                env_ids = infos["env_id"]
+                observations = torch.as_tensor(next_np)
+                done = torch.as_tensor(terminations | truncations, dtype=torch.float32)
+                step = taken[env_ids[0]]  # a batch's envs always move together
+                if step > 0:  # the reward of the action taken at their previous step (none after async_reset)
+                    rewards = self._reward(agent, reward, terminations, truncations, infos)
+                    self.rewards[step - 1, torch.as_tensor(env_ids, dtype=torch.long)] = rewards
+                if step == num_steps:
+                    rows = torch.as_tensor(env_ids, dtype=torch.long)
+                    next_observations[rows], next_dones[rows] = observations, done
+                    carry.append((env_ids, observations, done))
+                    held += len(env_ids)
+                    continue
+            pool.send(self._record(agent, taken[env_ids[0]], env_ids, observations, done), env_ids)
+            taken[env_ids] += 1
+        return next_observations, next_dones
+
+
 def save_plot(path: str, episodes: np.ndarray, num_envs: int) -> str:
     """Plots each episode's return and pole length against env steps; returns what happened."""
     try:
@@ -191,14 +267,20 @@ def main(argv: list[str] | None = None) -> int:
         params=params,
         seed=settings.seed,
         autoreset_mode="SameStep",
+        batch_size=settings.num_envs // 2 if settings.async_ else None,
     ) as pool:
         agent = Agent(pool.single_observation_space.shape[0], int(pool.single_action_space.n))
         optimizer = torch.optim.Adam(agent.parameters(), lr=settings.learning_rate, eps=1e-5)
         shape = (settings.num_steps, settings.num_envs)
         observations = torch.zeros(shape + pool.single_observation_space.shape)
         actions, log_probs, rewards, dones, values = (torch.zeros(shape) for _ in range(5))
-        next_observations = torch.as_tensor(pool.reset()[0])
-        next_dones = torch.zeros(settings.num_envs)
+        carry: list[tuple[Any, Any, Any]] = []  # async: batches received, to be sent by the next rollout
+        if settings.async_:
+            pool.async_reset()
+            next_observations = next_dones = torch.zeros(0)  # the async rollout keeps its own
+        else:
+            next_observations = torch.as_tensor(pool.reset()[0])
+            next_dones = torch.zeros(settings.num_envs)
         print(f"pool {pool.name}: {settings.num_envs} CartPole-v1 envs on {settings.num_workers} workers")
         print(f"{'iteration':>9} {'env steps':>10} {'steps/s':>8} {'episodes':>8} {'mean return':>11} {'pole':>5}")
         shown = 0  # episodes already in a row of the table
@@ -206,21 +288,11 @@ def main(argv: list[str] | None = None) -> int:
             if settings.anneal_lr:
                 optimizer.param_groups[0]["lr"] = settings.learning_rate * (1.0 - (iteration - 1.0) / num_iterations)
 
-            for step in range(settings.num_steps):
-                observations[step], dones[step] = next_observations, next_dones
-                with torch.no_grad():
-                    action, log_prob, _, value = agent.act(next_observations)
-                actions[step], log_probs[step], values[step] = action, log_prob, value
-                next_np, reward, terminations, truncations, infos = pool.step(action.numpy())
-                # A time limit is not a failure: bootstrap the cut episode from its last observation.
-                cut = truncations & ~terminations
-                if cut.any():
-                    final = torch.as_tensor(np.stack(infos["final_obs"][cut]))
-                    with torch.no_grad():
-                        reward[cut] += settings.gamma * agent.value(final).numpy()
-                rewards[step] = torch.as_tensor(reward)
-                next_observations = torch.as_tensor(next_np)
-                next_dones = torch.as_tensor(terminations | truncations, dtype=torch.float32)
+            rollout = Rollout(observations, actions, log_probs, rewards, dones, values, settings.gamma)
+            if settings.async_:
+                next_observations, next_dones = rollout.collect_async(pool, agent, carry)
+            else:
+                next_observations, next_dones = rollout.collect(pool, agent, next_observations, next_dones)
 
             with torch.no_grad():  # generalized advantage estimation, backwards over the rollout
                 next_value = agent.value(next_observations)

@@ -138,10 +138,11 @@ def test_demo_quick_runs_curriculum_and_plots(tmp_path: Path) -> None:
     assert table == ["1", "2", "3", "4"]  # one row per generation here, the last one only once
 
 
-def test_ppo_quick_prints_returns_and_plots(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", [[], ["--async"]], ids=["step", "send-recv"])
+def test_ppo_quick_prints_returns_and_plots(mode: list[str], tmp_path: Path) -> None:
     plot = tmp_path / "ppo.png"
     result = subprocess.run(
-        [sys.executable, "scripts/ppo.py", "--quick", "--plot", str(plot)],
+        [sys.executable, "scripts/ppo.py", "--quick", "--plot", str(plot), *mode],
         cwd=ROOT,
         capture_output=True,
         text=True,
