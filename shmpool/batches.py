@@ -32,7 +32,8 @@ from .lifecycle import Lifecycle
 from .protocol import interrupts_deferred
 from .results import Results
 from .spaces import ActionChecker
-from .waiting import Waiter
+from .system import usable_cores
+from .waiting import TRAINER_SPIN, Waiter
 
 IDLE, BUSY, READY, RETURNED = range(4)
 
@@ -64,6 +65,7 @@ class Batches:
         self._was_reset = [False] * num_workers  # whether that command is a reset
         self._ready: collections.deque[int] = collections.deque()
         self._checkers: dict[int, ActionChecker] = {}
+        self._cores = usable_cores()
         self._worker_of = np.repeat(np.arange(num_workers), [stop - start for start, stop in self._slots])
         #: The slots the last recv returned, while some await their actions: ``send``'s default.
         self._returned: SlotSet | None = None
@@ -124,30 +126,40 @@ class Batches:
                     f"{(len(ready) + len(busy)) * self.batch_size // needed} are: call "
                     f"async_reset() first, and send() the actions of the envs each recv() returns"
                 )
+            # Spinning takes a core: only when one is free of stepping workers (see TRAINER_SPIN).
+            spin = TRAINER_SPIN if len(busy) < self._cores else 0
             while len(ready) < needed:
-                for worker_id in self._waiter.wait_some(busy, "recv"):
-                    self._state[worker_id] = READY
-                    ready.append(worker_id)
-                    del busy[worker_id]
+                self._mark_ready(self._waiter.wait_some(busy, "recv", spin), busy)
         self._waiter.raise_failures("recv")
         # The first to finish, in worker order within the batch: a batch of every env is in env order.
-        chosen = tuple(sorted(ready.popleft() for _ in range(needed)))
+        first = [ready.popleft() for _ in range(needed)]
+        try:
+            chosen = tuple(sorted(first))
+            slot_set = self._slot_sets.get(chosen)
+            if slot_set is None:
+                slot_set = self._slot_sets[chosen] = SlotSet(self._slots, chosen)
+            results = self._results.batch(slot_set, [self._was_reset[k] for k in chosen])
+        except BaseException:  # Ctrl-C, say: the batch was not handed out, so the next recv hands it out
+            ready.extendleft(reversed(first))
+            raise
         for worker_id in chosen:
             self._state[worker_id] = RETURNED
-        slot_set = self._slot_sets.get(chosen)
-        if slot_set is None:
-            slot_set = self._slot_sets[chosen] = SlotSet(self._slots, chosen)
         self._returned = slot_set
-        return self._results.batch(slot_set, [self._was_reset[k] for k in chosen])
+        return results
+
+    def _mark_ready(self, finished: list[int], busy: dict[int, int]) -> None:
+        """Moves the workers that ``wait_some`` found finished from ``busy`` to the ready queue."""
+        with interrupts_deferred():  # state and queue must agree: a worker in one but not the other is lost
+            for worker_id in finished:
+                self._state[worker_id] = READY
+                self._ready.append(worker_id)
+                del busy[worker_id]
 
     def settle(self) -> None:
         """Waits until no worker is stepping (before a control call); their results stay for recv."""
         busy = {k: self._seq[k] for k, state in enumerate(self._state) if state == BUSY}
         while busy:
-            for worker_id in self._waiter.wait_some(busy, "a batch in flight"):
-                self._state[worker_id] = READY
-                self._ready.append(worker_id)
-                del busy[worker_id]
+            self._mark_ready(self._waiter.wait_some(busy, "a batch in flight"), busy)
         self._waiter.raise_failures("a batch in flight")
 
     def _discard(self) -> None:

@@ -91,7 +91,7 @@ class Waiter:
             on_idle=lambda: self._check_workers(deadline, limit, phase, lambda k: words[done[k]] == seq),
         )
 
-    def wait_some(self, pending: dict[int, int], phase: str) -> list[int]:
+    def wait_some(self, pending: dict[int, int], phase: str, spin: int = TRAINER_SPIN) -> list[int]:
         """Waits until at least one worker in ``pending`` (worker id: the sequence number of its
         command) has finished; returns those that have, first finished first. Raises like
         :meth:`wait_done`."""
@@ -100,7 +100,7 @@ class Waiter:
         items = [(done[k], seq) for k, seq in pending.items()]
         self._sleep_until(
             lambda: any(words[word] == seq for word, seq in items),
-            spin=TRAINER_SPIN,
+            spin=spin,
             on_idle=lambda: self._check_workers(
                 deadline, limit, phase, lambda k: k not in pending or words[done[k]] == pending[k]
             ),

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import os
 import signal
-from contextlib import closing
+import threading
 import time
+from contextlib import closing
 
 import gymnasium as gym
 import numpy as np
@@ -251,3 +252,25 @@ def test_batches_carry_each_envs_infos_final_obs_and_episodes(mode: str, pool_na
         assert mine == expected, f"env {env_id}"
         ended = [i["episode"] for _, _, t, i, _ in got[env_id] if "episode" in i]
         assert all(episode["l"] == 4 and episode["r"] == 4.0 for episode in ended) and ended
+
+
+def test_ctrl_c_in_recv_loses_no_batch(pool_name: str) -> None:
+    slow = [lambda: Slow(gym.make("CartPole-v1"), 0.15)] * 4  # a slot's step takes 0.3 s
+    with shmpool.launch(slow, num_workers=2, batch_size=2, name=pool_name) as pool:
+        pool.async_reset(seed=0)
+        sent = []
+        for _ in range(2):
+            *_, infos = pool.recv()
+            pool.send(np.ones(2, dtype=np.int64), infos["env_id"])
+            sent.append(tuple(infos["env_id"].tolist()))
+        timer = threading.Timer(0.1, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            pool.recv()
+        timer.join()
+        got = []
+        for _ in range(2):
+            observations, *_, infos = pool.recv()
+            got.append(tuple(infos["env_id"].tolist()))
+            assert (observations[:, 0] != 0).all()  # a step's observations, not the reset's
+        assert sorted(got) == sorted(sent)
