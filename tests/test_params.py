@@ -188,6 +188,13 @@ def test_refused_raw_writes_keep_the_last_good_value(pool_name: str) -> None:
         for bad in (np.nan, np.inf, 2.5, -1.0):
             with pytest.raises(ValueError, match=r"params\['length'\]\[0\] = .* rejected"):
                 pool.params.write(0, length=bad)
+            # One float64 value per env: the checks of the common write, which cover all its arrays at once.
+            values = np.full(4, 1.0)
+            values[2] = bad
+            before = pool.params.snapshot()
+            with pytest.raises(ValueError, match=r"params\['length'\]\[2\] = .* rejected"):
+                pool.params.write(None, gravity=np.full(4, 1.5), length=values)
+            assert pool.params.snapshot().tobytes() == before.tobytes()  # nothing written
         with pytest.raises(ValueError, match="does not fit"):
             pool.params.write([0, 1], length=[0.5, 0.6, 0.7])
         with pytest.raises(KeyError, match="the pool has"):
