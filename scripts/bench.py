@@ -8,6 +8,7 @@ machine drifts between minutes, so only ratios from one run mean anything).
     python scripts/bench.py --quick         # a short run, for CI
     python scripts/bench.py --envs CartPole-v1 --num-envs 32 --workers 2
     python scripts/bench.py --loop          # the whole loop: a policy between steps, sync and async
+    python scripts/bench.py --ray           # shmpool.ray's ClusterPool against a local pool (needs Ray)
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import importlib.util
 import statistics
 import subprocess
 import sys
@@ -63,6 +65,14 @@ class Settings:
     """instead of the table: where a step's time goes, phase by phase (us per step, trainer and
     workers), for the first of --envs at the first of --num-envs: plain, and for CartPole also with 3
     built-in hooks and with 3 params written every step."""
+    ray: bool = False
+    """instead of the table: the per-step cost of shmpool.ray's ClusterPool against a local pool of the
+    same total size (the first of --envs and of --num-envs, 32 by default), on the Ray cluster at
+    RAY_ADDRESS, or else on a simulated one of --ray-nodes nodes on this machine (loopback only)."""
+    ray_nodes: int = 2
+    """nodes of the simulated cluster of --ray."""
+    engine: str = "python"
+    """the shmpool engine that --profile measures: python or numba (compiled kernels)."""
 
 
 def parse_settings(argv: list[str] | None = None) -> Settings:
@@ -72,6 +82,8 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         given.update(envs=["CartPole-v1", "HalfCheetah-v5"], num_envs=[32, 16])
     if given["quick"]:
         given.update(windows=3, window_seconds=0.2)
+        given.setdefault("num_envs", [32])
+    if given["ray"]:
         given.setdefault("num_envs", [32])
     return Settings(**given)
 
@@ -179,6 +191,50 @@ def with_event_sender(
             sender.wait()
 
 
+@contextmanager
+def envpool_steps(env_id: str, num_envs: int, threads: int) -> Iterator[tuple[Callable[[Any], None], list[Any], int]]:
+    """EnvPool's C++ envs (synchronous API, ``threads`` threads); counts num_envs env steps per call."""
+    import envpool
+
+    envs = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, num_threads=threads, seed=0)
+    envs.reset()
+    actions = _actions(gym.vector.utils.batch_space(envs.action_space, num_envs), 64)
+    try:
+        yield envs.step, actions, num_envs
+    finally:
+        envs.close()
+
+
+def envpool_installed() -> bool:
+    """Whether EnvPool imports (the ``bench`` extra; it has wheels for x86-64 Linux up to Python 3.12)."""
+    try:
+        import envpool  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+#: The "numba engine" rows' labels, for the notes.
+NUMBA, NUMBA_LOADED, ENVPOOL = "shmpool numba", "numba, 3 params/step + 3 hooks", "EnvPool"
+
+
+def compiled_cases(env_id: str, num_envs: int, workers: int) -> list[tuple[str, Callable[[], Any]]]:
+    """The numba engine's rows and EnvPool's, for the envs that have a compiled kernel."""
+    from shmpool import kernels
+
+    if env_id not in kernels.compiled_ids() or importlib.util.find_spec("numba") is None:
+        return []
+    numba = lambda **options: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, engine="numba", **options)  # noqa: E731
+    rows: list[tuple[str, Callable[[], Any]]] = [(NUMBA, lambda: vector(numba, num_envs))]
+    if env_id.startswith("CartPole"):
+        params = {name: shmpool.Param(low=0.01, high=100.0) for name in UPDATED}
+        loaded = lambda: numba(params=params, hooks=three_hooks())  # noqa: E731
+        rows.append((NUMBA_LOADED, lambda: with_updates(loaded, num_envs, "write")))
+    if envpool_installed():
+        rows.append((f"{ENVPOOL} ({workers} threads)", lambda: envpool_steps(env_id, num_envs, workers)))
+    return rows
+
+
 def cases(env_id: str, num_envs: int, workers: int) -> list[tuple[str, Callable[[], Any]]]:
     """The rows measured for one env and one pool size: (label, context manager factory)."""
     fns = [lambda: gym.make(env_id) for _ in range(num_envs)]
@@ -218,7 +274,7 @@ def cases(env_id: str, num_envs: int, workers: int) -> list[tuple[str, Callable[
                 lambda: with_updates(lambda: gym.vector.AsyncVectorEnv(fns, shared_memory=True), num_envs, "set_attr"),
             ),
         ]
-    return rows
+    return rows + compiled_cases(env_id, num_envs, workers)
 
 
 def measurable(env_id: str, num_envs: int) -> bool:
@@ -272,7 +328,9 @@ def phase_profile(settings: Settings) -> None:
     columns: dict[str, dict[str, dict[str, float]]] = {}
     for label, options in variants.items():
         print(f"profiling {env_id} x{num_envs}: {label}", file=sys.stderr, flush=True)
-        with shmpool.launch(env_id, num_envs, num_workers=settings.workers, seed=0, profile=True, **options) as pool:
+        with shmpool.launch(
+            env_id, num_envs, num_workers=settings.workers, seed=0, profile=True, engine=settings.engine, **options
+        ) as pool:
             pool.reset(seed=0)
             actions = _actions(pool.action_space, 64)
             deadline = time.perf_counter() + settings.windows * settings.window_seconds
@@ -284,7 +342,10 @@ def phase_profile(settings: Settings) -> None:
                 steps += 1
             columns[label] = pool.phase_profile()
     labels = list(columns)
-    print(f"{env_id} x{num_envs}, {settings.workers} workers: us per step (nested phases in parentheses)")
+    print(
+        f"{env_id} x{num_envs}, {settings.workers} workers, {settings.engine} engine: us per step "
+        "(nested phases in parentheses)"
+    )
     print(f"{'phase':<28}" + "".join(f"{label:>24}" for label in labels))
     for side in ("trainer", "workers"):
         for phase in columns[labels[0]][side]:
@@ -422,6 +483,79 @@ def whole_loop(settings: Settings) -> None:
             print(f"{env_id:<16} {num_envs:>8}  {label:<34} {rate:>10,.0f} {rate / sync:>7.2f} {rate / ours:>15.2f}")
 
 
+@contextmanager
+def ray_cluster(simulated_nodes: int) -> Iterator[int]:
+    """Connects to the Ray cluster at RAY_ADDRESS, or starts a simulated one of ``simulated_nodes``
+    nodes on this machine (``ray.cluster_utils.Cluster``, loopback only, its files in a temporary
+    folder); yields the number of alive nodes and shuts down what it started."""
+    import shutil
+    import tempfile
+
+    if os.environ.get("RAY_ADDRESS"):
+        import ray
+
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
+        try:
+            yield sum(1 for node in ray.nodes() if node["Alive"])
+        finally:
+            ray.shutdown()
+        return
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray puts Unix sockets in it
+    # Set before Ray is imported, which reads them: loopback addresses, no usage report, our folder.
+    os.environ.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0", RAY_TMPDIR=temp)
+    import ray
+    from ray.cluster_utils import Cluster
+
+    node_args = {"num_cpus": 1, "node_ip_address": "127.0.0.1"}
+    cluster = Cluster(initialize_head=True, head_node_args={**node_args, "include_dashboard": False})
+    try:
+        for _ in range(simulated_nodes - 1):
+            cluster.add_node(**node_args)
+        ray.init(address=cluster.address, log_to_driver=False)
+        yield simulated_nodes
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def ray_overhead(settings: Settings) -> None:
+    """Prints steps/s of shmpool.ray's ClusterPool (over every node, and over one) and of a local pool
+    of the same total size, with the Ray path's cost per step, from the same run."""
+    import shmpool.ray
+
+    env_id, num_envs, workers = settings.envs[0], settings.num_envs[0], settings.workers
+    with ray_cluster(settings.ray_nodes) as nodes:
+        per_node = max(1, num_envs // nodes)
+        total, node_workers = per_node * nodes, max(1, workers // nodes)
+        rows = [
+            (
+                f"local pool ({workers} workers)",
+                lambda: vector(lambda: shmpool.launch(env_id, total, num_workers=workers, seed=0), total),
+            ),
+            (
+                f"ClusterPool, 1 node ({workers} workers)",
+                lambda: vector(lambda: shmpool.ray.launch(env_id, total, nodes=1, num_workers=workers, seed=0), total),
+            ),
+            (
+                f"ClusterPool, {nodes} nodes ({node_workers} each)",
+                lambda: vector(lambda: shmpool.ray.launch(env_id, per_node, num_workers=node_workers, seed=0), total),
+            ),
+        ]
+        rates = {}
+        for done, (label, stepper) in enumerate(rows, 1):
+            print(f"[{done}/{len(rows)}] {env_id} x{total}: {label}", file=sys.stderr, flush=True)
+            rates[label] = measure(stepper, settings)
+    local = rates[rows[0][0]]
+    print(f"{env_id} x{total}: shmpool.ray against a local pool of the same size (one run; ratios only)")
+    header = f"{'runner':<34} {'steps/s':>10} {'us/step':>9} {'x local':>8} {'Ray cost us/step':>17}"
+    print(header)
+    print("-" * len(header))
+    for label, rate in rates.items():
+        step_us, local_us = total / rate * 1e6, total / local * 1e6
+        print(f"{label:<34} {rate:>10,.0f} {step_us:>9.0f} {rate / local:>8.2f} {step_us - local_us:>17.0f}")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Runs every row and prints the table."""
     settings = parse_settings(argv)
@@ -435,6 +569,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     if settings.loop:
         whole_loop(settings)
+        return
+    if settings.ray:
+        ray_overhead(settings)
         return
     rows: list[tuple[str, int, str, float, float, float]] = []
     plan = [
@@ -473,12 +610,32 @@ def main(argv: list[str] | None = None) -> None:
                 f"{env_id} x{num_envs}: param writes keep {written / results['shmpool, 3 params, no writes']:.2f} "
                 f"of no-write throughput; {written / results['Async, set_attr x3 per step']:.1f}x Async with set_attr"
             )
+    notes += compiled_notes(measured, settings.workers)
     if WRITE_COST["calls"]:
         notes.append(
             f"params.write(None, 3 params) costs the trainer "
             f"{WRITE_COST['seconds'] / WRITE_COST['calls'] * 1e6:.1f} us per update (mean over all sizes)"
         )
     print("\n".join(notes))
+
+
+def compiled_notes(measured: dict[tuple[str, int], dict[str, float]], workers: int) -> list[str]:
+    """The numba engine against the Python engine and EnvPool, per env and size."""
+    notes = []
+    for (env_id, num_envs), results in measured.items():
+        numba, python = results.get(NUMBA), results.get(f"shmpool ({workers} workers)")
+        if numba is None or python is None:
+            continue
+        line = f"{env_id} x{num_envs}: numba engine {numba / python:.2f}x the Python engine"
+        envpool = results.get(f"{ENVPOOL} ({workers} threads)")
+        if envpool:
+            line += f", {numba / envpool:.2f}x EnvPool"
+            if NUMBA_LOADED in results:
+                line += f"; with 3 params written/step and 3 hooks {results[NUMBA_LOADED] / envpool:.2f}x EnvPool"
+        notes.append(line)
+    if notes and not envpool_installed():
+        notes.append("EnvPool rows skipped: envpool is not installed (pip install -e '.[bench]')")
+    return notes
 
 
 def print_table(rows: list[tuple[str, int, str, float, float, float]]) -> None:

@@ -3,6 +3,7 @@ episodes it finishes, until the pool goes away.
 
     python scripts/curriculum.py --pool NAME --algo adr --low-threshold 100 --high-threshold 400
     python scripts/curriculum.py --pool NAME --algo threshold --param length --step 0.05 --target 300
+    python scripts/curriculum.py --ray NAME --algo adr ...    # a cluster pool (shmpool.ray), every node
 
 ``threshold`` moves one parameter by ``--step`` whenever the mean score of the last ``--window``
 episodes reaches ``--target``. ``adr`` is Automatic Domain Randomization (OpenAI, 2019) over the
@@ -19,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import _settings
 
@@ -31,10 +32,15 @@ from shmpool.curricula import ADR, Threshold
 class Settings:
     """What the curriculum does."""
 
-    pool: str
-    """the name of the pool to attach to."""
     algo: Literal["threshold", "adr"]
     """which curriculum."""
+    pool: str | None = None
+    """the name of the pool to attach to (a pool of this machine)."""
+    ray: str | None = None
+    """instead of --pool: the name of a cluster pool (shmpool.ray.launch) to attach to, from any machine
+    of its Ray cluster: the curriculum then steers every node's envs."""
+    ray_address: str = "auto"
+    """the Ray cluster to connect to, for --ray."""
     param: list[str] = field(default_factory=list)
     """parameter(s) to steer (repeatable)."""
     metric: str = "return"
@@ -119,9 +125,16 @@ def save(settings: Settings, curriculum: Threshold | ADR) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Runs the curriculum until the pool closes; returns the exit status."""
     settings = parse_settings(argv)
+    if (settings.pool is None) == (settings.ray is None):
+        raise SystemExit("curriculum: give the pool to attach to: --pool NAME, or --ray NAME for a Ray cluster pool")
     curriculum = build(settings)
     try:
-        handle = shmpool.attach(settings.pool, timeout=settings.attach_timeout)
+        if settings.ray is not None:
+            from shmpool.ray import attach as attach_cluster  # needs Ray: imported only here
+
+            handle: Any = attach_cluster(settings.ray, address=settings.ray_address, timeout=settings.attach_timeout)
+        else:
+            handle = shmpool.attach(settings.pool, timeout=settings.attach_timeout)
     except shmpool.ShmpoolError as exc:
         print(f"curriculum: {exc}", file=sys.stderr)
         return 1

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 #: The modules that declare shmpool's own adapters (each as a module-level ``ADAPTERS`` list).
-FAMILIES = ("shmpool.classic_control", "shmpool.mujoco")
+FAMILIES = ("shmpool.classic_control", "shmpool.mujoco", "shmpool.kernels")
 
 
 class EnvAdapter:

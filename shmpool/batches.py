@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .config import PoolConfig
+from .config import PoolConfig, check_env_ids
 from .layout import CMD_RESET, CMD_STEP
 from .lifecycle import Lifecycle
 from .protocol import interrupts_deferred
@@ -66,7 +66,7 @@ class Batches:
         self._ready: collections.deque[int] = collections.deque()
         self._checkers: dict[int, ActionChecker] = {}
         self._cores = usable_cores()
-        self._worker_of = np.repeat(np.arange(num_workers), [stop - start for start, stop in self._slots])
+        self._worker_of = config.worker_of
         #: The slots the last recv returned, while some await their actions: ``send``'s default.
         self._returned: SlotSet | None = None
         self._slot_sets: dict[tuple[int, ...], SlotSet] = {}
@@ -79,15 +79,22 @@ class Batches:
         self._discard()
         self._issue(seq, CMD_RESET, list(range(len(self._slots))))
 
-    def send(self, actions: Any, env_ids: Any, seq: Callable[[], int]) -> None:
-        """Writes ``actions`` (one row per env id) and starts the step of the envs' workers."""
+    def send(self, actions: Any, env_ids: Any, seq: Callable[[], int]) -> int:
+        """Writes ``actions`` (one row per env id) and starts the step of the envs' workers; returns
+        how many envs it sent."""
         returned = self._returned
         if returned is not None and (env_ids is None or env_ids is returned.env_id):
             # The ids the last recv handed out (read-only, so unchanged): checked when they were made.
             workers, index, ids = returned.workers, returned.index, returned.rows
             self._check_returned(workers)
         else:
-            ids = self._check_env_ids(env_ids)
+            if env_ids is None:
+                raise RuntimeError(
+                    "send: no env ids given and no recv() returned any yet; call async_reset() and recv()"
+                )
+            ids = check_env_ids(env_ids, len(self._worker_of), "send", unique=True)
+            if not len(ids):
+                raise ValueError("send: no env ids")
             workers = tuple(np.unique(self._worker_of[ids]).tolist())
             self._check_returned(workers)
             if len(ids) != sum(self._slots[k][1] - self._slots[k][0] for k in workers):
@@ -104,6 +111,7 @@ class Batches:
         self._issue(seq(), CMD_STEP, workers)
         if returned is not None and all(self._state[k] != RETURNED for k in returned.workers):
             self._returned = None
+        return len(ids)
 
     def _check_returned(self, workers: Sequence[int]) -> None:
         for worker_id in workers:
@@ -128,23 +136,21 @@ class Batches:
                 )
             # Spinning takes a core: only when one is free of stepping workers (see TRAINER_SPIN).
             spin = TRAINER_SPIN if len(busy) < self._cores else 0
+            deadline = self._waiter.deadline()  # one for the whole recv, however many waits it takes
             while len(ready) < needed:
-                self._mark_ready(self._waiter.wait_some(busy, "recv", spin), busy)
+                self._mark_ready(self._waiter.wait_some(busy, "recv", deadline, spin), busy)
         self._waiter.raise_failures("recv")
         # The first to finish, in worker order within the batch: a batch of every env is in env order.
-        first = [ready.popleft() for _ in range(needed)]
-        try:
-            chosen = tuple(sorted(first))
-            slot_set = self._slot_sets.get(chosen)
-            if slot_set is None:
-                slot_set = self._slot_sets[chosen] = SlotSet(self._slots, chosen)
-            results = self._results.batch(slot_set, [self._was_reset[k] for k in chosen])
-        except BaseException:  # Ctrl-C, say: the batch was not handed out, so the next recv hands it out
-            ready.extendleft(reversed(first))
-            raise
-        for worker_id in chosen:
-            self._state[worker_id] = RETURNED
-        self._returned = slot_set
+        chosen = tuple(sorted(ready[k] for k in range(needed)))
+        slot_set = self._slot_sets.get(chosen)
+        if slot_set is None:
+            slot_set = self._slot_sets[chosen] = SlotSet(self._slots, chosen)
+        # Read before anything changes: Ctrl-C here leaves the batch queued for the next recv.
+        results = self._results.batch(slot_set, [self._was_reset[k] for k in chosen])
+        with interrupts_deferred():  # queue and states change together
+            for _ in range(needed):
+                self._state[ready.popleft()] = RETURNED
+            self._returned = slot_set
         return results
 
     def _mark_ready(self, finished: list[int], busy: dict[int, int]) -> None:
@@ -158,8 +164,9 @@ class Batches:
     def settle(self) -> None:
         """Waits until no worker is stepping (before a control call); their results stay for recv."""
         busy = {k: self._seq[k] for k, state in enumerate(self._state) if state == BUSY}
+        deadline = self._waiter.deadline()
         while busy:
-            self._mark_ready(self._waiter.wait_some(busy, "a batch in flight"), busy)
+            self._mark_ready(self._waiter.wait_some(busy, "a batch in flight", deadline), busy)
         self._waiter.raise_failures("a batch in flight")
 
     def _discard(self) -> None:
@@ -182,20 +189,6 @@ class Batches:
                 self._state[worker_id], self._seq[worker_id] = BUSY, seq
                 self._was_reset[worker_id] = command == CMD_RESET
             self.in_flight = True
-
-    def _check_env_ids(self, env_ids: Any) -> np.ndarray:
-        if env_ids is None:
-            raise RuntimeError("send: no env ids given and no recv() returned any yet; call async_reset() and recv()")
-        ids = np.asarray(env_ids)
-        if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
-            raise TypeError(f"send: env_ids must be a 1-d array of ints (infos['env_id'] of recv), got {env_ids!r:.80}")
-        if len(ids) and (ids.min() < 0 or ids.max() >= len(self._worker_of)):
-            raise IndexError(f"send: env ids {ids.tolist()!r:.80} are outside 0..{len(self._worker_of) - 1}")
-        if len(np.unique(ids)) != len(ids):
-            raise ValueError(f"send: env ids repeat: {ids.tolist()!r:.80}")
-        if not len(ids):
-            raise ValueError("send: no env ids")
-        return ids
 
 
 _STATE_NAMES = {IDLE: "not started", BUSY: "still stepping", READY: "not yet returned by recv", RETURNED: ""}

@@ -32,7 +32,8 @@ Failure = tuple[int, BaseException | None, str]
 
 
 def encode(message: Any, what: str) -> bytes:
-    """``message`` pickled; ``ValueError`` naming ``what`` if it does not pickle or is too large."""
+    """``message`` pickled; ``TypeError`` naming ``what`` if it does not pickle, ``ValueError`` if it
+    is too large."""
     try:
         data = dill.dumps(message, protocol=dill.HIGHEST_PROTOCOL)
     except Exception as exc:  # noqa: BLE001 - dill raises many types for objects it cannot pickle
@@ -60,7 +61,6 @@ def run_requests(envs: list[Any], first_env_id: int, seq: int, requests: list[Re
     call; its exception travels back (or its text, if it does not pickle).
     """
     results: list[Any] = []
-    failure: Failure | None = None
     env_id = first_env_id
     for env_id, function, args, kwargs in requests:
         env = envs[env_id - first_env_id]
@@ -71,12 +71,17 @@ def run_requests(envs: list[Any], first_env_id: int, seq: int, requests: list[Re
             else:
                 results.append(function(env, *args, **kwargs))
         except Exception as exc:  # noqa: BLE001 - reported to the trainer, which raises it there
-            failure = (env_id, exc, traceback.format_exc())
-            break
+            return failure_answer(seq, env_id, exc, traceback.format_exc())
     try:
-        return encode((seq, results if failure is None else None, failure), "the call's answer")
-    except (TypeError, ValueError) as exc:
-        if failure is not None:  # the env's exception itself does not pickle: send its text
-            return encode((seq, None, (failure[0], None, failure[2])), "the call's failure")
-        text = traceback.format_exc()
-        return encode((seq, None, (env_id, type(exc)(str(exc)), text)), "the call's failure")
+        return encode((seq, results, None), "the call's answer")
+    except (TypeError, ValueError) as exc:  # a result that does not pickle, or too large
+        return failure_answer(seq, env_id, type(exc)(str(exc)), traceback.format_exc())
+
+
+def failure_answer(seq: int, env_id: int, error: BaseException, text: str) -> bytes:
+    """The encoded answer of a call that failed at ``env_id`` (-1: before any env) with ``error``;
+    an error that does not pickle travels as its traceback ``text`` alone."""
+    try:
+        return encode((seq, None, (env_id, error, text)), "the call's failure")
+    except (TypeError, ValueError):
+        return encode((seq, None, (env_id, None, text)), "the call's failure")

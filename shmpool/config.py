@@ -76,6 +76,8 @@ class WorkerConfig:
     poll_interval: float = 0.2
     worker_init: Callable[[], Any] | None = None  # run before the envs are made
     same_observation_spaces: bool = True  # False: envs' observation spaces need equal shapes and dtypes only
+    engine: str = "python"  # "numba": the slot is stepped by a compiled kernel (shmpool.workers.kernels)
+    kernel: Any = None  # with engine="numba": the BatchKernel, or its "module:NAME" import string
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,8 @@ class PoolConfig:
     env_kwargs: Mapping[str, Any] | None = None
     """Keyword arguments for ``gymnasium.make`` (or for the callable)."""
     copy: bool = True
-    """Return copies of the shared arrays (True) or views that the next call overwrites."""
+    """Return copies of the shared arrays (True) or views that the next call overwrites (``step`` and
+    ``reset``; ``recv`` always returns copies: its rows are gathered from several slots)."""
     timeout: float | None = 60.0
     """Seconds a reset or step may take before ``PoolTimeoutError``; None waits forever (dead
     workers are still detected)."""
@@ -152,9 +155,16 @@ class PoolConfig:
     worker_init: Callable[[], Any] | None = None
     """Called once in each worker process before its envs are made (thread counts, logging,
     ``shmpool.mujoco.log_to_python``); it must be picklable for ``spawn`` and ``forkserver``."""
+    engine: str = "python"
+    """How a worker steps its slot: ``"python"``, env by env (any gymnasium env), or ``"numba"``, the
+    whole slot in one compiled call of a batch kernel (:mod:`shmpool.kernels`: CartPole-v1,
+    Pendulum-v1, MountainCar-v0, MountainCarContinuous-v0, Acrobot-v1 and registered ones; the same
+    results, parameters and hooks; needs ``pip install "shmpool[numba]"``)."""
 
     param_seed: int = field(init=False)
     """The seed of the parameter draws: ``seed``, or a random one."""
+    kernel: Any = field(init=False, default=None)
+    """With ``engine="numba"``: the env's registered kernel (a ``BatchKernel`` or its import string)."""
 
     def __post_init__(self) -> None:
         def settle(name: str, value: Any) -> None:  # frozen: normalized values are set once, here
@@ -245,6 +255,10 @@ class PoolConfig:
         if len(set(names)) != len(names):
             raise ValueError(f"hook names must be unique (events address hooks by name), got {names}")
         self.param_specs  # noqa: B018 - compiles (and so checks) the declarations now
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {list(ENGINES)}, got {self.engine!r}")
+        if self.engine == "numba":
+            settle("kernel", _compiled_kernel(self))
 
     @functools.cached_property
     def env_label(self) -> str:
@@ -268,8 +282,17 @@ class PoolConfig:
         """Whether finished envs reset within the step that ended them."""
         return self.autoreset_mode == AutoresetMode.SAME_STEP
 
+    @functools.cached_property
+    def worker_of(self) -> np.ndarray:
+        """The worker of each env id."""
+        return np.repeat(np.arange(len(self.slots)), [stop - start for start, stop in self.slots])
+
     def factory_of(self, env_id: int) -> EnvFactory:
-        """The factory that makes env ``env_id``."""
+        """The factory that makes env ``env_id`` (with the numba engine, its compiled env)."""
+        if self.engine == "numba":
+            from .kernels import KernelFactory
+
+            return KernelFactory(self.kernel)
         return factory_of(self.env, env_id)  # type: ignore[arg-type]  # a tuple once settled
 
     @functools.cached_property
@@ -297,9 +320,39 @@ class PoolConfig:
         changed = [
             f"{f.name}={getattr(self, f.name)!r}"
             for f in fields(self)
-            if f.init and f.name not in ("env", "num_envs") and getattr(self, f.name) not in (f.default, {}, ())
+            if f.init
+            and f.name not in ("env", "num_envs")
+            and getattr(self, f.name) not in (f.default, {}, ())
+            and not (f.name == "batch_size" and self.batch_size == self.num_envs)
         ]
         return f"PoolConfig({self.env_label!r}, {self.num_envs}{''.join(', ' + c for c in changed)})"
+
+
+#: The values of ``PoolConfig.engine``.
+ENGINES = ("python", "numba")
+
+
+def _compiled_kernel(config: PoolConfig) -> Any:
+    """The registered kernel of ``config.env`` for the numba engine, after checking that numba is
+    installed and that the parameters and ``env_kwargs`` are ones the kernel reads."""
+    from . import kernels
+
+    found = kernels.find(config.env)
+    kernels.require_numba()
+    kernels.check_options(kernels.load(found), str(config.env), config.param_specs, config.env_kwargs or {})
+    return found
+
+
+def check_env_ids(env_ids: Any, num_envs: int, where: str, *, unique: bool) -> np.ndarray:
+    """``env_ids`` as a 1-d int array, or an error naming ``where`` (the call) and the bad ids."""
+    ids = np.asarray(env_ids)
+    if ids.ndim != 1 or not (np.issubdtype(ids.dtype, np.integer) or ids.size == 0):
+        raise TypeError(f"{where}: env ids must be a 1-d sequence of ints, got {env_ids!r:.80}")
+    if ids.size and (ids.min() < 0 or ids.max() >= num_envs):
+        raise IndexError(f"{where}: env ids {ids.tolist()!r:.80} are outside 0..{num_envs - 1}")
+    if unique and len(np.unique(ids)) != len(ids):
+        raise ValueError(f"{where}: env ids repeat: {ids.tolist()!r:.80}")
+    return ids.astype(np.int64, copy=False)
 
 
 def _autoreset_mode(value: Any) -> AutoresetMode:

@@ -160,6 +160,12 @@ class Lifecycle:
         assert trainer_doorbell is not None
         all_doorbells = (trainer_doorbell.path, *(d.path for d in self.worker_doorbells))
         context = multiprocess.get_context(config.start_method)
+        if config.engine == "numba":
+            # Compiled here, once, before the workers start: forked ones inherit the machine code,
+            # the others load what this wrote to numba's cache.
+            from .kernels import load
+
+            load(config.kernel).warm_up()
         # Workers must ignore Ctrl-C (the trainer stops them); block SIGINT while they start so that
         # none arrives before the worker has installed its handler. The mask is inherited.
         previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
@@ -188,6 +194,8 @@ class Lifecycle:
                     poll_interval=WORKER_POLL_INTERVAL,
                     worker_init=config.worker_init,
                     same_observation_spaces=config.observation_mode == "same",
+                    engine=config.engine,
+                    kernel=config.kernel,
                 )
                 owner_end, worker_end = context.Pipe(duplex=True)
                 self.call_pipes.append(owner_end)

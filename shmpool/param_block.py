@@ -156,78 +156,95 @@ class ParamBlock:
         return arrays
 
     def _env_ids(self, env_ids: Any) -> np.ndarray:
-        n = len(self._block)
-        if env_ids is None:
-            return self._all
-        if isinstance(env_ids, slice):
-            return np.arange(n)[env_ids]
-        ids = np.atleast_1d(np.asarray(env_ids))
-        if ids.dtype.kind not in "iu" or ids.ndim != 1:
-            raise ValueError(f"env_ids must be ints, a slice or None, got {env_ids!r:.100}")
-        if ids.size and (ids.min() < -n or ids.max() >= n):
-            raise ValueError(f"env_ids {ids.tolist()} out of range for num_envs={n}")
-        return np.unique(ids % n)
+        return self._all if env_ids is None else env_rows(env_ids, len(self._block))
 
     def _stage(self, spec: ParamSpec, ids: np.ndarray, value: Any) -> list[tuple[np.ndarray, np.ndarray]]:
         """The validated ``(column view, values)`` pairs of one parameter; raises naming the bad value."""
-        if spec.dist:
-            if not isinstance(value, Mapping) or set(value) - set(spec.arguments):
-                raise ValueError(
-                    f"params[{spec.name!r}] is a {spec.dist} parameter: write a dict with keys {list(spec.arguments)}"
-                )
-            merged = {arg: value.get(arg, self._block[spec.name][arg][ids]) for arg in spec.arguments}
-            arrays = {arg: self._broadcast(spec, ids, merged[arg], f"[{arg!r}]") for arg in spec.arguments}
-            bad = bad_rows(spec, arrays)
-            if bad.any():
-                row = int(np.flatnonzero(bad)[0])
-                record = {arg: arrays[arg][row] for arg in spec.arguments}
-                raise ValueError(
-                    f"{self._label}: params[{spec.name!r}][{ids[row]}] = {show(record)} "
-                    f"rejected: {problem(spec, record)}"
-                )
-            return [(self._block[spec.name][arg], arrays[arg]) for arg in spec.arguments if arg in value]
-        array = self._broadcast(spec, ids, value, "")
-        bad = bad_rows(spec, array)
+        column = self._block[spec.name]
+        checked = validate(spec, ids, value, lambda arg: column[arg][ids], self._label)
+        if isinstance(checked, dict):
+            return [(column[arg], array) for arg, array in checked.items()]
+        return [(column, checked)]
+
+
+def env_rows(env_ids: Any, num_envs: int) -> np.ndarray:
+    """The sorted unique env ids that ``write`` takes ``env_ids`` (an id, ids, a slice; negative ids
+    count from the end) to mean: values are matched to envs in this order."""
+    if isinstance(env_ids, slice):
+        return np.arange(num_envs)[env_ids]
+    ids = np.atleast_1d(np.asarray(env_ids))
+    if ids.dtype.kind not in "iu" or ids.ndim != 1:
+        raise ValueError(f"env_ids must be ints, a slice or None, got {env_ids!r:.100}")
+    if ids.size and (ids.min() < -num_envs or ids.max() >= num_envs):
+        raise ValueError(f"env_ids {ids.tolist()} out of range for num_envs={num_envs}")
+    return np.unique(ids % num_envs)
+
+
+def validate(
+    spec: ParamSpec, ids: np.ndarray, value: Any, current: Callable[[str], np.ndarray], label: str
+) -> np.ndarray | dict[str, np.ndarray]:
+    """``value`` for the envs ``ids`` (one row each) as the block stores it, or a ``ValueError``
+    naming the parameter, the env and the value: the rule of :meth:`ParamBlock.write`, also used by
+    writers that check before sending (``shmpool.ray``). A distribution's value is a dict of some
+    of its arguments; ``current(arg)`` gives the others' values for ``ids``, since a record is
+    valid only as a whole. Returns the array, or the given arguments' arrays."""
+    if spec.dist:
+        if not isinstance(value, Mapping) or set(value) - set(spec.arguments):
+            raise ValueError(
+                f"params[{spec.name!r}] is a {spec.dist} parameter: write a dict with keys {list(spec.arguments)}"
+            )
+        merged = {arg: value[arg] if arg in value else current(arg) for arg in spec.arguments}
+        arrays = {arg: _broadcast(spec, ids, merged[arg], f"[{arg!r}]", label) for arg in spec.arguments}
+        bad = bad_rows(spec, arrays)
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
+            record = {arg: arrays[arg][row] for arg in spec.arguments}
             raise ValueError(
-                f"{self._label}: params[{spec.name!r}][{ids[row]}] = {show(array[row])} "
-                f"rejected: {problem(spec, array[row])}"
+                f"{label}: params[{spec.name!r}][{ids[row]}] = {show(record)} rejected: {problem(spec, record)}"
             )
-        return [(self._block[spec.name], array)]
+        return {arg: arrays[arg] for arg in spec.arguments if arg in value}
+    array = _broadcast(spec, ids, value, "", label)
+    bad = bad_rows(spec, array)
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise ValueError(
+            f"{label}: params[{spec.name!r}][{ids[row]}] = {show(array[row])} rejected: {problem(spec, array[row])}"
+        )
+    return array
 
-    def _broadcast(self, spec: ParamSpec, ids: np.ndarray, value: Any, where: str) -> np.ndarray:
-        """``value`` as rows of one env each, in the parameter's dtype; raises unless every number is
-        stored exactly as given (integers in range and whole, bools 0 or 1, floats that do not
-        overflow), so that what is validated is what the workers will read."""
-        try:
-            array = np.asarray(value)
-            if array.dtype.kind not in "biuf":
-                raise TypeError(f"dtype {array.dtype}")
-            shape = (len(ids), *spec.shape)
-            if array.shape != shape:
-                array = np.broadcast_to(array, shape)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(
-                f"{self._label}: params[{spec.name!r}]{where} = {value!r:.100} does not fit "
-                f"{len(ids)} env(s) of shape {spec.shape}: {exc}"
-            ) from exc
-        if spec.dtype.kind == "f":
-            if array.dtype == spec.dtype:  # the common case: float64 values for a float64 parameter
-                return array
-            with np.errstate(over="ignore"):  # an overflow becomes inf, refused as not finite
-                return array.astype(spec.dtype, copy=False)
-        low, high = (0, 1) if spec.dtype.kind == "b" else (np.iinfo(spec.dtype).min, np.iinfo(spec.dtype).max)
-        with np.errstate(invalid="ignore"):
-            if array.dtype.kind == "f":
-                unfit = ~np.isfinite(array) | (array != np.round(array)) | (array < low) | (array > high)
-            else:
-                unfit = (array < low) | (array > high)
-        if unfit.any():
-            row = int(np.flatnonzero(unfit.reshape(len(ids), -1).any(axis=1))[0])
-            kind = "0 or 1" if spec.dtype.kind == "b" else f"a whole number in [{low}, {high}]"
-            raise ValueError(
-                f"{self._label}: params[{spec.name!r}][{ids[row]}]{where} = {show(array[row])} rejected: "
-                f"{spec.name!r} has dtype {spec.dtype}, which holds {kind}"
-            )
-        return array.astype(spec.dtype, copy=False)
+
+def _broadcast(spec: ParamSpec, ids: np.ndarray, value: Any, where: str, label: str) -> np.ndarray:
+    """``value`` as rows of one env each, in the parameter's dtype; raises unless every number is
+    stored exactly as given (integers in range and whole, bools 0 or 1, floats that do not
+    overflow), so that what is validated is what the workers will read."""
+    try:
+        array = np.asarray(value)
+        if array.dtype.kind not in "biuf":
+            raise TypeError(f"dtype {array.dtype}")
+        shape = (len(ids), *spec.shape)
+        if array.shape != shape:
+            array = np.broadcast_to(array, shape)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"{label}: params[{spec.name!r}]{where} = {value!r:.100} does not fit "
+            f"{len(ids)} env(s) of shape {spec.shape}: {exc}"
+        ) from exc
+    if spec.dtype.kind == "f":
+        if array.dtype == spec.dtype:  # the common case: float64 values for a float64 parameter
+            return array
+        with np.errstate(over="ignore"):  # an overflow becomes inf, refused as not finite
+            return array.astype(spec.dtype, copy=False)
+    low, high = (0, 1) if spec.dtype.kind == "b" else (np.iinfo(spec.dtype).min, np.iinfo(spec.dtype).max)
+    with np.errstate(invalid="ignore"):
+        if array.dtype.kind == "f":
+            unfit = ~np.isfinite(array) | (array != np.round(array)) | (array < low) | (array > high)
+        else:
+            unfit = (array < low) | (array > high)
+    if unfit.any():
+        row = int(np.flatnonzero(unfit.reshape(len(ids), -1).any(axis=1))[0])
+        kind = "0 or 1" if spec.dtype.kind == "b" else f"a whole number in [{low}, {high}]"
+        raise ValueError(
+            f"{label}: params[{spec.name!r}][{ids[row]}]{where} = {show(array[row])} rejected: "
+            f"{spec.name!r} has dtype {spec.dtype}, which holds {kind}"
+        )
+    return array.astype(spec.dtype, copy=False)

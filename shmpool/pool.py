@@ -21,8 +21,8 @@ from gymnasium.vector.utils import batch_differing_spaces, batch_space
 
 from .batches import Batches
 from .bindings import initial_records
-from .calls import Request, encode, set_wrapper_attribute
-from .config import PoolConfig, launch_signature, make_env
+from .calls import Failure, Request, encode, set_wrapper_attribute
+from .config import PoolConfig, check_env_ids, launch_signature, make_env
 from .errors import (
     ForeignProcessError,
     PoolBrokenError,
@@ -106,11 +106,13 @@ class Pool(Channels, VectorEnv):
         #: once done). Set before the first control word is written, so Ctrl-C anywhere in a send
         #: leaves it set, and the next call completes that command before issuing another.
         self._pending: tuple[int, int, int] | None = None
-        self._reset_once = False
+        #: Envs no reset has reached yet: the launch seed seeds each one's first reset.
+        self._never_reset = np.ones(config.num_envs, dtype=np.bool_)
         #: With autoreset DISABLED: envs whose episode ended and that no reset has restarted yet
         #: (gymnasium's vector envs refuse to step them, and so does the pool).
         self._ended = np.zeros(config.num_envs, np.bool_) if config.autoreset_mode == AutoresetMode.DISABLED else None
         self._global_step = 0
+        self._env_steps = 0  # env steps taken: num_envs per step, the envs sent per send
         self._profile_since = 0
         self._rate_since = (monotonic(), 0)
 
@@ -185,7 +187,8 @@ class Pool(Channels, VectorEnv):
 
     @property
     def global_step(self) -> int:
-        """How many steps the pool has taken (``ctx.global_step`` of the next step)."""
+        """How many steps the pool has taken (``ctx.global_step`` of the next step); with async
+        batches, how many sends (there each worker's ``ctx.global_step`` counts its own steps)."""
         return self._global_step
 
     @property
@@ -256,7 +259,7 @@ class Pool(Channels, VectorEnv):
         self, seed: int | Sequence[int | None] | None, options: dict[str, Any] | None
     ) -> tuple[Any, dict[str, Any]]:
         self._enter()
-        self._batches.discard()
+        self._settle_batches(discard=True)
         self._prepare_reset(seed, options)
         self._run(CMD_RESET, "reset")
         observations, infos = self._results.reset()
@@ -269,8 +272,9 @@ class Pool(Channels, VectorEnv):
     def _prepare_reset(self, seed: int | Sequence[int | None] | None, options: dict[str, Any] | None) -> None:
         """Writes the reset's flags, seeds and options to the segment, for the workers to read."""
         n = self.num_envs
-        if seed is None and not self._reset_once and self.config.seed is not None:
-            seed = self.config.seed
+        if seed is None and self.config.seed is not None and self._never_reset.any():
+            # Masked resets too (SB3's ShmpoolVecEnv resets groups of envs with different options).
+            seed = [self.config.seed + i if first else None for i, first in enumerate(self._never_reset.tolist())]
         if seed is None:
             seeds: list[int | None] = [None] * n
         elif isinstance(seed, (int, np.integer)):
@@ -307,7 +311,7 @@ class Pool(Channels, VectorEnv):
                 flags[env_id] |= RESET_WITH_SEED
         views["reset_options"][: len(encoded)] = np.frombuffer(encoded, dtype=np.uint8)
         views["reset_options_length"][0] = len(encoded) if options is not None else 0
-        self._reset_once = True  # before the command: a reset that Ctrl-C interrupts is still done later
+        self._never_reset[mask] = False  # before the command: a reset that Ctrl-C interrupts is still done later
 
     def _check_reset_mask(self, mask: Any) -> np.ndarray:
         if not isinstance(mask, np.ndarray):
@@ -339,13 +343,8 @@ class Pool(Channels, VectorEnv):
             for view, part in zip(self._action_views, parts):
                 view[...] = part
             self._run(CMD_STEP, "step")
-            if self._global_step % 64 == 0:
-                self._publish_rate()
-                self._recover_writers()
-            results = self._results.step()
-            if self._ended is not None:
-                self._ended |= results[2] | results[3]
-            return results
+            self._after_step(self.num_envs)
+            return self._results.step()
 
     # -- async batches (EnvPool's API; see shmpool.batches) ----------------------------------------
 
@@ -372,7 +371,9 @@ class Pool(Channels, VectorEnv):
             self._enter()
             if options is not None and "reset_mask" in options:
                 raise ValueError("async_reset resets every env: reset_mask belongs to reset()")
-            self._batches.discard()
+            if self._ended is not None:
+                raise ValueError("async batches autoreset their envs: launch with NEXT_STEP or SAME_STEP, not DISABLED")
+            self._settle_batches(discard=True)
             self._prepare_reset(seed, options)
             self._batches.start_reset(self._lifecycle.next_seq())
 
@@ -382,15 +383,33 @@ class Pool(Channels, VectorEnv):
         with self._calls:
             self._enter()
             try:
-                self._batches.send(actions, env_ids, self._lifecycle.next_seq)
+                sent = self._batches.send(actions, env_ids, self._lifecycle.next_seq)
             except ShmpoolError as error:
                 self._broken = error
                 raise
             self._global_step += 1
             self._header[H_GLOBAL_STEP] = self._global_step  # type: ignore[index]
-            if self._global_step % 64 == 0:
-                self._publish_rate()
-                self._recover_writers()
+            self._after_step(sent)
+
+    def _after_step(self, env_steps: int) -> None:
+        """Counts ``env_steps`` for ``stats``; every 64 steps (or sends) publishes the rate and rolls
+        back what a dead writer left."""
+        self._env_steps += env_steps
+        if self._global_step % 64 == 0:
+            self._publish_rate()
+            self._recover_writers()
+
+    def _settle_batches(self, *, discard: bool = False) -> None:
+        """Waits for async batches in flight (before a control call, a checkpoint or a reset, which
+        also forgets their results with ``discard``); a failure they report breaks the pool."""
+        try:
+            if discard:
+                self._batches.discard()
+            else:
+                self._batches.settle()
+        except ShmpoolError as error:
+            self._broken = error
+            raise
 
     def recv(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Waits for the first ``batch_size`` envs to finish their step (or reset) and returns their
@@ -469,55 +488,63 @@ class Pool(Channels, VectorEnv):
     def _env_id_list(self, env_ids: Sequence[int] | None) -> list[int]:
         if env_ids is None:
             return list(range(self.num_envs))
-        ids = [int(i.__index__()) if hasattr(i, "__index__") else i for i in env_ids]
-        bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < self.num_envs]
-        if bad:
-            raise IndexError(f"env ids {bad!r:.80} are outside 0..{self.num_envs - 1} of pool {self._name!r}")
-        return ids
+        return check_env_ids(env_ids, self.num_envs, "env_apply", unique=False).tolist()
 
     def _apply(self, requests: list[Request], what: str) -> list[Any]:
         """Runs a control call's requests in the workers and returns the results in request order."""
         with self._calls:
             self._enter()
-            self._batches.settle()  # a worker mid-step would take the call for its next command
+            self._settle_batches()  # a worker mid-step would take the call for its next command
             by_worker: list[list[Request]] = [[] for _ in self.config.slots]
-            for request in requests:
-                by_worker[self._worker_of(request[0])].append(request)
+            places: list[list[int]] = [[] for _ in self.config.slots]  # where each answer goes
+            worker_of = self.config.worker_of
+            for place, request in enumerate(requests):
+                by_worker[worker_of[request[0]]].append(request)
+                places[worker_of[request[0]]].append(place)
             seq = self._lifecycle.next_seq()
             messages = [encode((seq, part), f"the arguments of {what}") for part in by_worker]
             with interrupts_deferred():  # a request half-written to a pipe could not be sent again
                 self._run(CMD_CALL, f"call {what}", seq)
                 for worker_id, message in enumerate(messages):
-                    self._lifecycle.send_call(worker_id, message)
+                    try:
+                        self._lifecycle.send_call(worker_id, message)
+                    except OSError:  # its end of the pipe is gone: the worker died while idle
+                        pass  # the wait below names it (WorkerDiedError)
             answers = self._finish(f"call {what}")
-        results: dict[int, Any] = {}
-        for worker_id, (part, (values, failure)) in enumerate(zip(by_worker, answers)):
+        results: list[Any] = [None] * len(requests)
+        for worker_id, (values, failure) in enumerate(answers):
             if failure is not None:
                 self._raise_call_failure(worker_id, failure, what)
-            results.update(zip((request[0] for request in part), values))
-        return [results[request[0]] for request in requests]
+            for place, value in zip(places[worker_id], values or ()):
+                results[place] = value
+        return results
 
-    def _worker_of(self, env_id: int) -> int:
-        for worker_id, (start, stop) in enumerate(self.config.slots):
-            if start <= env_id < stop:
-                return worker_id
-        raise IndexError(f"env id {env_id} is outside 0..{self.num_envs - 1}")
-
-    def _raise_call_failure(self, worker_id: int, failure: Any, what: str) -> None:
+    def _raise_call_failure(self, worker_id: int, failure: Failure, what: str) -> None:
         env_id, error, text = failure
         if error is None:  # it did not pickle: its text is all there is
             lines = text.strip().splitlines()
             error = RuntimeError(lines[-1] if lines else "unknown error")
-        note = f"raised by env {env_id} (worker {worker_id}, {self.config.env_label}) of pool {self._name!r} in {what}"
+        where = f"env {env_id} (worker {worker_id}" if env_id >= 0 else f"worker {worker_id} (before any env"
+        note = f"raised by {where}, {self.config.env_label}) of pool {self._name!r} in {what}"
         if hasattr(error, "add_note"):
             error.add_note(note)
         raise error from RemoteTraceback(text)
 
-    def load_state_dict(self, state: Any, *, same_draws: bool = True) -> None:
-        """As on an attached handle (see :meth:`shmpool.view.Channels.load_state_dict`), after any step
-        that Ctrl-C interrupted has finished, so that no env is resetting while the indices land."""
+    def state_dict(self) -> Any:
+        """As on an attached handle (see :meth:`shmpool.view.Channels.state_dict`), once no env is
+        stepping (an interrupted step finished, async batches in flight waited for)."""
         with self._calls:
             self._enter()
+            self._settle_batches()
+            return super().state_dict()
+
+    def load_state_dict(self, state: Any, *, same_draws: bool = True) -> None:
+        """As on an attached handle (see :meth:`shmpool.view.Channels.load_state_dict`), once no env is
+        stepping (an interrupted step finished, async batches in flight waited for), so that no env
+        is resetting while the episode indices land."""
+        with self._calls:
+            self._enter()
+            self._settle_batches()
             super().load_state_dict(state, same_draws=same_draws)
 
     def _recover_writers(self) -> None:
@@ -536,9 +563,9 @@ class Pool(Channels, VectorEnv):
         now = monotonic()
         elapsed = now - self._rate_since[0]
         if elapsed >= 1.0:
-            rate = (self._global_step - self._rate_since[1]) * self.num_envs / elapsed
+            rate = (self._env_steps - self._rate_since[1]) / elapsed
             self._header[H_STEPS_PER_SECOND] = int(rate)  # type: ignore[index]
-            self._rate_since = (now, self._global_step)
+            self._rate_since = (now, self._env_steps)
 
     # -- commands --------------------------------------------------------------------------------
 
@@ -564,6 +591,8 @@ class Pool(Channels, VectorEnv):
             if command == CMD_CALL:
                 answers = self._waiter.receive_calls(seq, phase)
             self._waiter.wait_done(seq, phase)
+            if command == CMD_STEP and self._ended is not None:  # here: an interrupted step counts too
+                self._ended |= self._views["terminations"] | self._views["truncations"]
             self._global_step = steps  # before clearing _pending: a repeat after Ctrl-C here is harmless
             self._header[H_GLOBAL_STEP] = steps  # type: ignore[index]
             self._pending = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import operator
 import signal
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,7 @@ from .layout import (
     WORKER_STARTING,
 )
 from .lifecycle import Lifecycle
+from .protocol import interrupts_deferred
 from .system import monotonic
 
 #: Polls while waiting for workers before sleeping; each poll yields the core (~1 us when idle).
@@ -91,12 +93,17 @@ class Waiter:
             on_idle=lambda: self._check_workers(deadline, limit, phase, lambda k: words[done[k]] == seq),
         )
 
-    def wait_some(self, pending: dict[int, int], phase: str, spin: int = TRAINER_SPIN) -> list[int]:
+    def deadline(self) -> float | None:
+        """When a wait that starts now passes the pool's ``timeout`` (None: never)."""
+        return None if self._config.timeout is None else monotonic() + self._config.timeout
+
+    def wait_some(
+        self, pending: dict[int, int], phase: str, deadline: float | None, spin: int = TRAINER_SPIN
+    ) -> list[int]:
         """Waits until at least one worker in ``pending`` (worker id: the sequence number of its
         command) has finished; returns those that have, first finished first. Raises like
         :meth:`wait_done`."""
         words, done, limit = self.words, self._done, self._config.timeout
-        deadline = None if limit is None else monotonic() + limit
         items = [(done[k], seq) for k, seq in pending.items()]
         self._sleep_until(
             lambda: any(words[word] == seq for word, seq in items),
@@ -132,11 +139,16 @@ class Waiter:
                 self._check_workers(deadline, self._config.timeout, phase, others_finished)
                 continue
             try:
-                answer_seq, results, failure = decode(pipe.recv_bytes())
+                with interrupts_deferred():  # a message half read would leave the pipe out of step
+                    data = pipe.recv_bytes()
             except EOFError:  # the worker died while answering: say so with its exit status
                 self._lifecycle.processes[worker_id].join(1.0)
                 self._check_workers(None, None, phase, others_finished)
                 raise
+            try:
+                answer_seq, results, failure = decode(data)
+            except Exception as exc:  # noqa: BLE001 - e.g. a result whose class this process cannot import
+                return None, (-1, exc, traceback.format_exc())
             if answer_seq == seq:
                 return results, failure
 

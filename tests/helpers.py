@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import pytest
 from gymnasium import spaces
+
+#: ``launch(engine=...)`` values for tests that run on both engines (numba's skipped without numba).
+ENGINES = [
+    "python",
+    pytest.param(
+        "numba",
+        marks=pytest.mark.skipif(
+            importlib.util.find_spec("numba") is None, reason='needs numba: pip install ".[numba]"'
+        ),
+    ),
+]
 
 
 class CountingEnv(gym.Env):

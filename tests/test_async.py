@@ -133,6 +133,9 @@ def test_params_hooks_and_episode_records_work_in_batches(pool_name: str) -> Non
 
 
 def test_misuse_is_a_clear_error(pool_name: str) -> None:
+    with shmpool.launch("CartPole-v1", 2, num_workers=2, autoreset_mode="Disabled", name=pool_name) as pool:
+        with pytest.raises(ValueError, match="not DISABLED"):
+            pool.async_reset()
     with pytest.raises(ValueError, match="batch_size=3 must be a multiple of the slot size"):
         shmpool.launch("CartPole-v1", 4, num_workers=2, batch_size=3, name=pool_name)
     with pytest.raises(ValueError, match="batch_size must be between 1 and 4"):

@@ -171,9 +171,10 @@ def test_stale_pool_is_reported_as_stale(pool_name: str) -> None:
         assert pool_name in run("-m", "shmpool", "gc").stdout
 
 
-def test_cli_show_set_watch_against_a_live_pool(pool_name: str) -> None:
+@pytest.mark.parametrize("engine", helpers.ENGINES)
+def test_cli_show_set_watch_against_a_live_pool(engine: str, pool_name: str) -> None:
     params = {"length": Param(low=0.1, high=2.0), "masscart": Param(dist="uniform", low=0.5, high=2.0, when="reset")}
-    with shmpool.launch("CartPole-v1", 4, num_workers=2, name=pool_name, params=params, seed=0) as pool:
+    with shmpool.launch("CartPole-v1", 4, num_workers=2, name=pool_name, params=params, seed=0, engine=engine) as pool:
         pool.reset()
         for _ in range(100):
             pool.step(pool.action_space.sample())

@@ -47,13 +47,20 @@ def assert_same(ours, theirs, where: str) -> None:
 @pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
 @pytest.mark.parametrize("env_id", list(ENVS))
 def test_matches_sync_vector_env(env_id: str, mode: AutoresetMode, num_workers: int, pool_name: str) -> None:
-    kwargs = ENVS[env_id]
+    check_matches_sync_vector_env(env_id, ENVS[env_id], mode, num_workers, pool_name)
+
+
+def check_matches_sync_vector_env(
+    env_id: str, kwargs: dict, mode: AutoresetMode, num_workers: int, pool_name: str, **options: object
+) -> None:
+    """Steps a pool (launched with ``options``) and a SyncVectorEnv with the same seeds and actions,
+    and checks that every result is the same."""
     steps = 150 if env_id == "CartPole-v1" else 100
     reference = RecordEpisodeStatistics(
         SyncVectorEnv([lambda: gym.make(env_id, **kwargs) for _ in range(NUM_ENVS)], autoreset_mode=mode)
     )
     with shmpool.launch(
-        env_id, NUM_ENVS, num_workers=num_workers, autoreset_mode=mode, env_kwargs=kwargs, name=pool_name
+        env_id, NUM_ENVS, num_workers=num_workers, autoreset_mode=mode, env_kwargs=kwargs, name=pool_name, **options
     ) as pool:
         assert pool.metadata["autoreset_mode"] == mode
         assert pool.observation_space == reference.observation_space
@@ -196,3 +203,14 @@ def test_reset_options_over_their_size_limit_are_refused_before_sending(pool_nam
         with pytest.raises(ValueError, match=rf"at most {limit}"):
             pool.reset(options={**fitting, "pad": fitting["pad"] + "y"})  # one byte more
     reference.close()
+
+
+def test_the_launch_seed_seeds_each_envs_first_reset_masked_or_not(pool_name: str) -> None:
+    reference = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 4)
+    expected, _ = reference.reset(seed=10)
+    reference.close()
+    with shmpool.launch("CartPole-v1", 4, num_workers=2, seed=10, name=pool_name) as pool:
+        first, _ = pool.reset(options={"reset_mask": np.array([True, False, True, False])})
+        second, _ = pool.reset(options={"reset_mask": np.array([False, True, False, True])})
+        assert pool.np_random_seed == (10, 11, 12, 13)
+        np.testing.assert_array_equal(np.where([[True], [False], [True], [False]], first, second), expected)

@@ -56,12 +56,15 @@ def configured(env_id: str, name: str, value: float) -> gym.Env:
     return env
 
 
+@pytest.mark.parametrize("engine", helpers.ENGINES)
 @pytest.mark.parametrize("env_id, name, value", CLASSIC_PARAMS)
 def test_classic_control_parameter_changes_dynamics_exactly(
-    env_id: str, name: str, value: float, pool_name: str
+    env_id: str, name: str, value: float, engine: str, pool_name: str
 ) -> None:
     references = [gym.make(env_id), configured(env_id, name, value)]
-    with shmpool.launch(env_id, 2, num_workers=2, name=pool_name, params={name: Param(low=0, high=100)}) as pool:
+    with shmpool.launch(
+        env_id, 2, num_workers=2, name=pool_name, params={name: Param(low=0, high=100)}, engine=engine
+    ) as pool:
         nominal = float(pool.params[name][0])
         assert nominal == getattr(references[0].unwrapped, name)
         pool.params[name][1] = value
@@ -101,9 +104,10 @@ def test_step_and_reset_params_take_effect_when_declared(num_workers: int, pool_
         assert pool.applied["b"].tolist() == [0, -1, 0, -3, 0]
 
 
-def test_reset_params_apply_at_autoreset(pool_name: str) -> None:
+@pytest.mark.parametrize("engine", helpers.ENGINES)
+def test_reset_params_apply_at_autoreset(engine: str, pool_name: str) -> None:
     params = {"length": Param(low=0.1, high=2.0, when="reset")}
-    with shmpool.launch("CartPole-v1", 4, num_workers=2, name=pool_name, params=params) as pool:
+    with shmpool.launch("CartPole-v1", 4, num_workers=2, name=pool_name, params=params, engine=engine) as pool:
         pool.reset(seed=0)
         pool.params["length"][:] = 1.5
         done_once = np.zeros(4, bool)
@@ -127,9 +131,13 @@ DIST_PARAMS = {
 }
 
 
-def run_schedule(num_workers: int, name: str, seed: int = 42) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def run_schedule(
+    num_workers: int, name: str, seed: int = 42, engine: str = "python"
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
     trajectory, applied = [], []
-    with shmpool.launch("CartPole-v1", 6, num_workers=num_workers, seed=seed, name=name, params=DIST_PARAMS) as pool:
+    with shmpool.launch(
+        "CartPole-v1", 6, num_workers=num_workers, seed=seed, name=name, params=DIST_PARAMS, engine=engine
+    ) as pool:
         observations, _ = pool.reset()
         trajectory.append(observations)
         rng = np.random.default_rng(0)
@@ -161,9 +169,10 @@ def test_same_seed_and_writes_give_the_same_run_for_any_worker_count(pool_name: 
     assert other_seed[-1]["masscart"].tobytes() != runs[0][1][-1]["masscart"].tobytes()
 
 
-def test_refused_raw_writes_keep_the_last_good_value(pool_name: str) -> None:
+@pytest.mark.parametrize("engine", helpers.ENGINES)
+def test_refused_raw_writes_keep_the_last_good_value(engine: str, pool_name: str) -> None:
     params = {"length": Param(low=0.1, high=2.0), "gravity": Param(low=0.0, high=50.0)}
-    with shmpool.launch("CartPole-v1", 4, num_workers=2, name=pool_name, params=params) as pool:
+    with shmpool.launch("CartPole-v1", 4, num_workers=2, name=pool_name, params=params, engine=engine) as pool:
         pool.reset(seed=0)
         pool.params["length"][1] = 0.8
         pool.step(np.zeros(4, int))
@@ -230,9 +239,12 @@ def test_bind_paths_and_callables(pool_name: str) -> None:
         assert pool.applied["pole"].tolist() == [0.5, 0.7] and pool.applied["second"].tolist() == [2.4, 3.0]
 
 
-def test_rebuild_params_remake_the_env(pool_name: str) -> None:
+@pytest.mark.parametrize("engine", helpers.ENGINES)
+def test_rebuild_params_remake_the_env(engine: str, pool_name: str) -> None:
     params = {"g": Param(10.0, when="rebuild", low=0, high=20)}
-    with shmpool.launch("Pendulum-v1", 2, num_workers=2, name=pool_name, params=params, info_params=True) as pool:
+    with shmpool.launch(
+        "Pendulum-v1", 2, num_workers=2, name=pool_name, params=params, info_params=True, engine=engine
+    ) as pool:
         pool.params["g"][1] = 3.0
         observations, infos = pool.reset(seed=5)
         assert infos["params"]["g"].tolist() == [10.0, 3.0]
@@ -285,9 +297,10 @@ def test_writes_from_an_attached_process_are_atomic_per_env(pool_name: str) -> N
         assert len(distinct) > 10, "the writer's values should reach the envs"
 
 
-def test_attach_sees_params_and_applied(pool_name: str) -> None:
+@pytest.mark.parametrize("engine", helpers.ENGINES)
+def test_attach_sees_params_and_applied(engine: str, pool_name: str) -> None:
     with shmpool.launch(
-        "CartPole-v1", 4, num_workers=2, name=pool_name, params={"length": Param(low=0.1, high=2)}
+        "CartPole-v1", 4, num_workers=2, name=pool_name, params={"length": Param(low=0.1, high=2)}, engine=engine
     ) as pool:
         pool.reset(seed=0)
         with shmpool.attach(pool.name) as handle:

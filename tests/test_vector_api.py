@@ -192,3 +192,45 @@ def test_step_with_a_scalar_is_a_type_error_as_in_gymnasium(pool_name: str) -> N
         reference.reset(seed=1)
         assert pool.np_random_seed == reference.np_random_seed == (1, 2)
         reference.close()
+
+
+class ArrivesBroken:
+    """Pickles in the trainer, but fails to unpickle in the worker (as an object of a module only
+    the trainer can import would)."""
+
+    def __reduce__(self):
+        return (_refuse, ())
+
+
+def _refuse():
+    raise ImportError("this object cannot be rebuilt here")
+
+
+def test_a_call_whose_arguments_the_worker_cannot_unpickle_fails_alone(pool_name: str) -> None:
+    with shmpool.launch(counting(5), 4, num_workers=2, name=pool_name) as pool:
+        pool.reset(seed=0)
+        with pytest.raises(ImportError, match="cannot be rebuilt") as caught:
+            pool.env_apply(lambda env, thing: 0, args=(ArrivesBroken(),))
+        assert any("worker 0 (before any env" in note for note in caught.value.__notes__)
+        assert pool.get_attr("length") == (5, 5, 5, 5)  # still usable
+
+
+def test_a_call_to_a_worker_that_died_idle_names_it(pool_name: str) -> None:
+    pool = shmpool.launch(counting(5), 4, num_workers=2, name=pool_name)
+    try:
+        pool.reset(seed=0)
+        os.kill(pool.worker_pids[0], signal.SIGKILL)
+        time.sleep(0.2)
+        with pytest.raises(WorkerDiedError, match="worker 0"):
+            pool.get_attr("length")
+    finally:
+        started = time.monotonic()
+        pool.close()
+    assert time.monotonic() - started < 1.5  # worker 1 left its wait for the request at the close command
+
+
+def test_env_apply_runs_repeated_env_ids_once_each_in_order(pool_name: str) -> None:
+    with shmpool.launch(counting(9), 2, num_workers=2, name=pool_name) as pool:
+        pool.reset(seed=0)
+        steps = pool.env_apply(lambda env: env.step(1)[0][0], [0, 0, 1, 0])
+        assert steps == [1.0, 2.0, 1.0, 3.0]

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from shmpool.calls import decode, run_requests
+from shmpool.calls import decode, failure_answer, run_requests
 from shmpool.config import WorkerConfig
 from shmpool.infos import InfoWriter
 from shmpool.layout import (
@@ -62,6 +62,7 @@ from shmpool.system import (
 )
 from shmpool.workers.envs import EnvSlice
 from shmpool.workers.hooks import HookFailed, HookRunner
+from shmpool.workers.kernels import KernelParams, KernelSlice
 from shmpool.workers.params import ParamApplier
 
 
@@ -247,7 +248,7 @@ class Worker:
         self._trainer_doorbell = trainer_doorbell
         self._owner = owner
         self._failed = False
-        self.envs: EnvSlice | None = None
+        self.envs: EnvSlice | KernelSlice | None = None
         start, stop = config.env_ids
         self._info = InfoWriter(
             views["info_keys"][config.worker_id],
@@ -264,8 +265,9 @@ class Worker:
             if config.worker_init is not None:
                 config.worker_init()
                 ignore_interrupts()  # again: the user's setup must not make Ctrl-C kill workers
+            kernel = config.engine == "numba"
             params = (
-                ParamApplier(
+                (KernelParams if kernel else ParamApplier)(
                     list(config.params),
                     self._views,
                     config.env_ids,
@@ -277,7 +279,7 @@ class Worker:
                 if config.params
                 else None
             )
-            self.envs = envs = EnvSlice(config, self._views, self._info, params)
+            self.envs = envs = (KernelSlice if kernel else EnvSlice)(config, self._views, self._info, params)
             envs.build()
             if config.hooks:
                 envs.hooks = HookRunner(
@@ -339,15 +341,22 @@ class Worker:
     def _serve_call(self, seq: int) -> None:
         """Runs control call ``seq``: reads its request from the pipe, answers there, then marks it done
         (the answer goes first: the trainer reads it while it waits, so a large one cannot stall)."""
-        pipe, envs = self._call_pipe, self.envs
+        pipe, envs, words = self._call_pipe, self.envs, self._words
         assert envs is not None
         while True:
             while not pipe.poll(self._config.poll_interval):
                 self._check_owner()
-            request_seq, requests = decode(pipe.recv_bytes())
-            if request_seq == seq:
+                if words[CTL_COMMAND] >> 8 != seq:  # the trainer gave up on this call (close, say)
+                    return
+            try:
+                request_seq, requests = decode(pipe.recv_bytes())
+            except Exception as exc:  # noqa: BLE001 - an argument this process cannot unpickle: the call fails, not the pool
+                answer = failure_answer(seq, -1, exc, traceback.format_exc())
                 break
-        pipe.send_bytes(run_requests(envs.envs, envs.start, seq, requests))
+            if request_seq == seq:
+                answer = run_requests(envs.envs, envs.start, seq, requests)
+                break
+        pipe.send_bytes(answer)
         self._words[CTL_DONE] = seq
         self._trainer_doorbell.ring()
 

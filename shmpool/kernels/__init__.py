@@ -1,0 +1,419 @@
+"""Compiled batch envs: ``launch(env_id, num_envs, engine="numba")`` steps each worker's whole slot in
+one numba-jitted call instead of env by env in Python.
+
+A :class:`BatchKernel` describes one such env: its spaces, the float64 state it keeps per env, the
+parameters it reads (by their gymnasium attribute names, with nominal values), a jitted ``step`` over
+the slot and a Python ``reset`` for one env. A worker keeps the slot's state as an ``(envs, state_size)``
+array and the parameters as an ``(envs, len(params))`` matrix; parameters are read, validated, drawn
+and published exactly as with the Python engine (:mod:`shmpool.workers.params`), but an accepted value
+lands in its matrix column instead of an env attribute, and the kernel reads the matrix each step
+(values an env derives from its parameters, such as CartPole's ``total_mass``, are derived in the
+kernel). Resets are rare: they run in Python, from each env's own ``np_random`` seeded as gymnasium
+seeds it, so the same seeds give the same initial states.
+
+Built-in kernels (:mod:`shmpool.kernels.classic_control`) reproduce gymnasium's ``CartPole-v1``,
+``Pendulum-v1``, ``MountainCar-v0``, ``MountainCarContinuous-v0`` and ``Acrobot-v1`` bit for bit
+(``gymnasium.make`` of them, ``TimeLimit`` included). Register one of your own with :func:`register`::
+
+    import math
+
+    import numba
+    import numpy as np
+    from gymnasium import spaces
+
+    import shmpool
+    from shmpool.kernels import BatchKernel
+
+
+    @numba.njit(cache=True)
+    def drift_step(state, params, actions, stepping, observations, rewards, terminations):
+        for i in range(state.shape[0]):
+            if stepping[i]:  # rows that reset this step are not stepped
+                state[i, 0] += params[i, 0] * (actions[i] - 0.5)  # params[:, 0] is "speed"
+                observations[i, 0] = state[i, 0]
+                rewards[i] = -abs(state[i, 0])
+                terminations[i] = abs(state[i, 0]) > 1.0
+
+
+    def drift_reset(rng, params, options, state, observation):
+        state[0] = rng.uniform(-0.5, 0.5)
+        observation[0] = state[0]
+
+
+    DRIFT = BatchKernel(
+        observation_space=spaces.Box(-math.inf, math.inf, (1,), np.float32),
+        action_space=spaces.Discrete(2),
+        state_size=1,
+        params={"speed": 0.1},
+        step=drift_step,
+        reset=drift_reset,
+        max_episode_steps=100,
+        velocities=(),
+    )
+    shmpool.kernels.register("Drift-v0", DRIFT)
+    pool = shmpool.launch("Drift-v0", 64, engine="numba", params={"speed": shmpool.Param(low=0, high=1)})
+
+This module imports neither numba nor any kernel: the registry holds import strings (or your
+objects) and :func:`load` imports a kernel only when a pool uses it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+
+from ..adapters import EnvAdapter
+
+#: The extra that installs numba.
+NUMBA_EXTRA = 'pip install "shmpool[numba]"'
+
+#: The built-in kernels, by gymnasium id: import strings, imported on first use.
+BUILTIN: dict[str, str] = {
+    "CartPole-v1": "shmpool.kernels.classic_control:CARTPOLE",
+    "Pendulum-v1": "shmpool.kernels.classic_control:PENDULUM",
+    "MountainCar-v0": "shmpool.kernels.classic_control:MOUNTAIN_CAR",
+    "MountainCarContinuous-v0": "shmpool.kernels.classic_control:MOUNTAIN_CAR_CONTINUOUS",
+    "Acrobot-v1": "shmpool.kernels.classic_control:ACROBOT",
+}
+_registered: dict[str, BatchKernel | str] = {}
+
+Step = Callable[..., None]
+Reset = Callable[[np.random.Generator, np.ndarray, "dict[str, Any] | None", np.ndarray, np.ndarray], None]
+Kick = Callable[[np.ndarray, np.ndarray], None]
+
+
+@dataclass(frozen=True)
+class BatchKernel:
+    """A batch env compiled with numba: everything a worker needs to run a whole slot in one call.
+
+    Attributes:
+        observation_space: one env's observations: a 1-D float Box (the kernel writes rows of
+            ``observations`` in its dtype).
+        action_space: one env's actions: ``Discrete`` (``actions`` is an int64 array of shape
+            ``(envs,)``) or a 1-D Box (``(envs, size)`` of its dtype).
+        state_size: float64 numbers of state per env: the columns of the slot's state array.
+        params: the parameters the kernel reads, in column order of the parameter matrix, with their
+            nominal values. ``launch(params=...)`` may declare any of them by name (or ``bind`` to
+            one); the others keep their nominal values. Names follow the gymnasium env's attributes.
+        step: a numba-jitted ``step(state, params, actions, stepping, observations, rewards,
+            terminations)`` over the slot: for every row ``i`` with ``stepping[i]`` it advances
+            ``state[i]`` with the parameters ``params[i]`` and action ``actions[i]`` and writes
+            ``observations[i]``, ``rewards[i]`` and ``terminations[i]``; other rows stay untouched.
+            ``state`` and ``params`` are C-contiguous float64 ``(envs, state_size)`` and ``(envs,
+            len(params))`` arrays. Decorate it with ``numba.njit(cache=True)``: workers compile it
+            once, at launch, and later launches load it from numba's cache. The time limit
+            (``max_episode_steps``) is applied around it.
+        reset: a Python function ``reset(rng, params, options, state, observation)`` for one env:
+            draws its initial state from ``rng`` (the env's ``np_random``, seeded as gymnasium seeds
+            it), writes ``state`` (its row of the state array) and ``observation``. ``params`` is
+            the env's row of the parameter matrix, ``options`` the reset options (None without).
+        max_episode_steps: the episode length at which ``truncations`` is set (``TimeLimit``); None:
+            no limit. ``launch(env_kwargs={"max_episode_steps": n})`` overrides it.
+        velocities: the state columns that ``hooks.Perturb``'s default kick adds to.
+        constructor: parameters that are also constructor keywords of the env: ``env_kwargs`` and
+            ``Param(when="rebuild")`` may give them.
+        kick: instead of adding to ``velocities``, a Python ``kick(state, amounts)`` for one env's
+            state row (for state the kick must change in other ways).
+        metadata: the env's ``metadata``.
+    """
+
+    observation_space: spaces.Box
+    action_space: spaces.Discrete | spaces.Box
+    state_size: int
+    params: Mapping[str, float]
+    step: Step
+    reset: Reset
+    max_episode_steps: int | None = None
+    velocities: Sequence[int] = ()
+    constructor: Sequence[str] = ()
+    kick: Kick | None = None
+    metadata: Mapping[str, Any] = field(default_factory=lambda: {"render_modes": []})
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.observation_space, spaces.Box) or len(self.observation_space.shape) != 1:
+            raise TypeError(f"BatchKernel.observation_space must be a 1-D Box, got {self.observation_space}")
+        if not isinstance(self.action_space, spaces.Discrete) and not (
+            isinstance(self.action_space, spaces.Box) and len(self.action_space.shape) == 1
+        ):
+            raise TypeError(f"BatchKernel.action_space must be Discrete or a 1-D Box, got {self.action_space}")
+        unknown = set(self.constructor) - set(self.params)
+        if unknown:
+            raise ValueError(f"BatchKernel.constructor names {sorted(unknown)}, which are not among its params")
+
+    @property
+    def columns(self) -> dict[str, int]:
+        """Each parameter's column in the parameter matrix."""
+        return {name: column for column, name in enumerate(self.params)}
+
+    def nominal(self, count: int, overrides: Mapping[str, Any] | None = None) -> np.ndarray:
+        """A C-contiguous ``(count, len(params))`` parameter matrix of nominal values, ``overrides``
+        (constructor keywords) applied."""
+        values = dict(self.params)
+        values.update(overrides or {})
+        return np.ascontiguousarray(np.tile(np.array(list(values.values()), dtype=np.float64), (count, 1)))
+
+    def arrays(self, count: int) -> dict[str, np.ndarray]:
+        """Empty arrays of the types a worker passes to ``step`` for ``count`` envs (the warm-up
+        compiles exactly the signature the workers call)."""
+        if isinstance(self.action_space, spaces.Discrete):
+            actions = np.zeros(count, dtype=np.int64)
+        else:
+            actions = np.zeros((count, *self.action_space.shape), dtype=self.action_space.dtype)
+        return {
+            "state": np.zeros((count, self.state_size), dtype=np.float64),
+            "params": self.nominal(count),
+            "actions": actions,
+            "stepping": np.zeros(count, dtype=np.bool_),
+            "observations": np.zeros((count, *self.observation_space.shape), dtype=self.observation_space.dtype),
+            "rewards": np.zeros(count, dtype=np.float64),
+            "terminations": np.zeros(count, dtype=np.bool_),
+        }
+
+    def warm_up(self) -> None:
+        """Compiles ``step`` and the workers' bookkeeping around it for the workers' argument types
+        (or loads them from numba's cache) by calling them over envs that do not step."""
+        from . import slot
+
+        arrays = self.arrays(1)
+        self.step(*arrays.values())
+        flags, numbers, counts = np.zeros(1, np.bool_), np.zeros(1), np.zeros(1, np.int64)
+        slot.time_limit(counts, flags, -1, flags, flags)
+        slot.add_step(flags, numbers, flags, flags, numbers, counts, flags)
+        values = np.zeros((1, 1))
+        slot.accept_scalars(values, values, values, counts, numbers, numbers, flags, counts, counts, values, values)
+
+
+# -- the registry ---------------------------------------------------------------------------------
+
+
+def register(env_id: str, kernel: BatchKernel | str) -> None:
+    """Makes ``launch(env_id, ..., engine="numba")`` run ``kernel``.
+
+    ``kernel`` is a :class:`BatchKernel`, or the import string ``"module:NAME"`` of one, which the
+    workers import themselves (the form that works with every start method; an object is inherited by
+    forked workers and pickled for the others). Registration is per process: register in the process
+    that launches the pool. A built-in id registered again runs your kernel instead.
+    """
+    if not isinstance(env_id, str) or not env_id:
+        raise TypeError(f"register: env_id must be a non-empty str, got {env_id!r}")
+    if isinstance(kernel, str):
+        if ":" not in kernel:
+            raise ValueError(f"register: a kernel import string is 'module:NAME', got {kernel!r}")
+    elif not isinstance(kernel, BatchKernel):
+        raise TypeError(f"register: kernel must be a BatchKernel or a 'module:NAME' string, got {kernel!r:.80}")
+    _registered[env_id] = kernel
+
+
+def compiled_ids() -> list[str]:
+    """The env ids that ``engine="numba"`` runs: the built-in ones and those registered here."""
+    return sorted({*BUILTIN, *_registered})
+
+
+def find(env_id: Any) -> BatchKernel | str:
+    """The registered kernel (or its import string) of ``env_id``; ``ValueError`` listing the compiled ids."""
+    if not isinstance(env_id, str) or env_id not in _registered and env_id not in BUILTIN:
+        what = repr(env_id) if isinstance(env_id, str) else f"a {type(env_id).__name__} (not a registered id)"
+        raise ValueError(
+            f"engine='numba' has no compiled kernel for {what}; compiled ids: {', '.join(compiled_ids())} "
+            f"(register your own with shmpool.kernels.register, or use engine='python')"
+        )
+    return _registered.get(env_id) or BUILTIN[env_id]
+
+
+def require_numba() -> None:
+    """Raises ``ImportError`` naming the extra when numba is not installed."""
+    try:
+        import numba  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(f"engine='numba' needs numba, which is not installed: {NUMBA_EXTRA}") from exc
+
+
+def load(kernel: BatchKernel | str) -> BatchKernel:
+    """The kernel itself: ``kernel``, or the object its import string names (imported now)."""
+    if isinstance(kernel, BatchKernel):
+        return kernel
+    require_numba()
+    module_name, _, attribute = kernel.partition(":")
+    found = getattr(importlib.import_module(module_name), attribute, None)
+    if not isinstance(found, BatchKernel):
+        raise TypeError(f"{kernel!r} is not a shmpool.kernels.BatchKernel (got {type(found).__name__})")
+    return found
+
+
+def check_options(kernel: BatchKernel, env_id: str, specs: Sequence[Any], env_kwargs: Mapping[str, Any]) -> None:
+    """Checks at launch that the declared parameters and ``env_kwargs`` are ones the kernel reads.
+
+    A parameter must bind (by its name or a ``bind`` path) to one of the kernel's parameters, as a
+    scalar; or be ``bind=False`` (values only hooks read). ``env_kwargs`` may hold
+    ``max_episode_steps`` and the kernel's constructor parameters.
+    """
+    known = ", ".join(kernel.params)
+    for spec in specs:
+        if spec.bind is False:
+            continue
+        target = spec.name if spec.bind is None else spec.bind
+        if not isinstance(target, str) or target not in kernel.params:
+            shown = f"binds {target!r}" if isinstance(target, str) else "binds through a function or object"
+            raise ValueError(
+                f"engine='numba': params[{spec.name!r}] {shown}, which the {env_id} kernel does not read; its "
+                f"parameters are {known} (bind=False declares a value only hooks read)"
+            )
+        if spec.shape:
+            raise ValueError(f"engine='numba': params[{spec.name!r}] must be a scalar, got shape {spec.shape}")
+        if spec.when == "rebuild" and target not in kernel.constructor:
+            raise ValueError(
+                f"engine='numba': params[{spec.name!r}] is when='rebuild', but {target!r} is not a constructor "
+                f"keyword of {env_id} ({', '.join(kernel.constructor) or 'none'})"
+            )
+    allowed = {"max_episode_steps", "render_mode", *kernel.constructor}
+    for key, value in env_kwargs.items():
+        if key not in allowed:
+            raise ValueError(
+                f"engine='numba': env_kwargs[{key!r}] is not something the {env_id} kernel takes; it takes "
+                f"{', '.join(sorted(allowed))}"
+            )
+        if key == "render_mode" and value is not None:
+            raise ValueError("engine='numba': compiled envs do not render; render_mode must be None")
+
+
+# -- one env of a slot, as a gymnasium env --------------------------------------------------------
+
+
+class KernelEnv(gymnasium.Env[np.ndarray, Any]):
+    """One env of a compiled kernel, as a gymnasium env: row ``row`` of a slot's arrays.
+
+    Workers make one per env of their slot: hooks see them as ``ctx.envs``, control calls
+    (``get_attr``, ``env_apply``, ...) run on them, and ``reset`` runs the kernel's Python reset from
+    the env's own ``np_random``. Each parameter the kernel reads is an attribute (read and written in
+    the parameter matrix), and ``state`` is the env's state row. Made without ``arrays`` it is a
+    standalone env with arrays of its own (the trainer's probe at launch).
+    """
+
+    def __init__(
+        self,
+        kernel: BatchKernel,
+        arrays: Mapping[str, np.ndarray] | None = None,
+        row: int = 0,
+        *,
+        max_episode_steps: int | None = None,
+        render_mode: str | None = None,
+        **constructor: Any,
+    ) -> None:
+        if render_mode is not None:
+            raise ValueError("compiled envs do not render; render_mode must be None")
+        unknown = set(constructor) - set(kernel.constructor)
+        if unknown:
+            raise TypeError(f"unexpected keywords {sorted(unknown)}; the kernel takes {list(kernel.constructor)}")
+        if arrays is None:
+            arrays = {**kernel.arrays(1), "elapsed": np.zeros(1, dtype=np.int64)}
+            arrays["params"][:] = kernel.nominal(1, constructor)
+        object.__setattr__(self, "_columns", kernel.columns)
+        self._kernel = kernel
+        self._arrays = arrays
+        self._row = row
+        self._max_episode_steps = kernel.max_episode_steps if max_episode_steps is None else max_episode_steps
+        self.observation_space = kernel.observation_space
+        self.action_space = kernel.action_space
+        self.metadata = dict(kernel.metadata)
+
+    def __getattr__(self, name: str) -> Any:
+        columns = self.__dict__.get("_columns", {})
+        if name in columns:
+            return float(self.__dict__["_arrays"]["params"][self.__dict__["_row"], columns[name]])
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        columns = self.__dict__.get("_columns", {})
+        if name in columns:
+            self._arrays["params"][self._row, columns[name]] = value
+        else:
+            object.__setattr__(self, name, value)
+
+    @property
+    def state(self) -> np.ndarray:
+        """The env's row of the slot's state array (a view: writing it changes the env)."""
+        return self._arrays["state"][self._row]
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self._arrays["state"][self._row] = value
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        """Seeds ``np_random`` as gymnasium does, runs the kernel's reset and restarts the time limit."""
+        super().reset(seed=seed)
+        row, arrays = self._row, self._arrays
+        observation = arrays["observations"][row]
+        self._kernel.reset(self.np_random, arrays["params"][row], options, arrays["state"][row], observation)
+        arrays["elapsed"][row] = 0
+        return observation.copy(), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        """Steps this env alone, time limit included (workers step whole slots with the kernel instead)."""
+        arrays, row = self._arrays, self._row
+        work = self._kernel.arrays(len(arrays["state"]))  # only this row steps
+        work["actions"][row] = action
+        work["stepping"][row] = True
+        self._kernel.step(
+            arrays["state"],
+            arrays["params"],
+            work["actions"],
+            work["stepping"],
+            arrays["observations"],
+            work["rewards"],
+            work["terminations"],
+        )
+        arrays["elapsed"][row] += 1
+        limit = self._max_episode_steps
+        truncated = limit is not None and int(arrays["elapsed"][row]) >= limit
+        observation = arrays["observations"][row].copy()
+        return observation, float(work["rewards"][row]), bool(work["terminations"][row]), truncated, {}
+
+    def kick(self, amounts: np.ndarray) -> None:
+        """``hooks.Perturb``'s default kick: adds ``amounts`` to the env's velocities."""
+        state = self._arrays["state"][self._row]
+        if self._kernel.kick is not None:
+            self._kernel.kick(state, np.asarray(amounts, dtype=np.float64))
+            return
+        velocities = list(self._kernel.velocities)
+        state[velocities] += np.asarray(amounts, dtype=np.float64)[: len(velocities)]
+
+    def render(self) -> Any:
+        """Compiled envs do not render."""
+        raise NotImplementedError("compiled envs (engine='numba') do not render; use engine='python' to render")
+
+
+class KernelAdapter(EnvAdapter):
+    """What shmpool's generic code needs to know about :class:`KernelEnv` (``hooks.Perturb``'s kick)."""
+
+    name = "compiled kernel"
+    classes = ("shmpool.kernels:KernelEnv",)
+
+    def kicker(self, env: Any) -> Callable[[np.ndarray], None] | None:
+        """Adds ``amounts`` to the velocities the env's kernel declares."""
+        unwrapped = env.unwrapped
+        if not unwrapped._kernel.velocities and unwrapped._kernel.kick is None:
+            raise TypeError(
+                "Perturb has no default kick for this compiled kernel: it declares no velocities and no kick"
+            )
+        return unwrapped.kick  # type: ignore[no-any-return]
+
+
+#: Found by :func:`shmpool.adapters.adapter_for` (this module is one of its families).
+ADAPTERS = [KernelAdapter()]
+
+
+class KernelFactory:
+    """Makes the standalone :class:`KernelEnv` of a registered kernel (the trainer's probe at launch);
+    picklable, as env factories are."""
+
+    def __init__(self, kernel: BatchKernel | str) -> None:
+        self.kernel = kernel
+
+    def __call__(self, **kwargs: Any) -> KernelEnv:
+        return KernelEnv(load(self.kernel), **kwargs)

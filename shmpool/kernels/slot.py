@@ -1,0 +1,71 @@
+"""The numba engine's per-step bookkeeping around a kernel, compiled: the time limit, the episode
+sums, and accepting rewritten scalar parameters. Each replaces a handful of numpy calls whose fixed
+cost (about a microsecond each) would otherwise outweigh the kernel itself. Imported by the workers of
+the numba engine only (it imports numba)."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+
+@numba.njit(cache=True)
+def time_limit(elapsed, stepping, max_steps, truncations, stepped):  # type: ignore[no-untyped-def]
+    """gymnasium's ``TimeLimit`` over the slot: counts the steps of the rows that stepped and sets
+    their truncations at ``max_steps`` (< 0: no limit); records which rows stepped."""
+    for i in range(elapsed.shape[0]):
+        stepped[i] = stepping[i]
+        if stepping[i]:
+            elapsed[i] += 1
+            truncations[i] = max_steps >= 0 and elapsed[i] >= max_steps
+        else:
+            truncations[i] = False
+
+
+@numba.njit(cache=True)
+def add_step(stepped, rewards, terminations, truncations, returns, lengths, ended):  # type: ignore[no-untyped-def]
+    """Adds the step to each stepped env's episode (return and length) and marks in ``ended`` the
+    episodes that ended; returns how many ended."""
+    count = 0
+    for i in range(stepped.shape[0]):
+        ended[i] = False
+        if stepped[i]:
+            returns[i] += rewards[i]
+            lengths[i] += 1
+            if terminations[i] or truncations[i]:
+                ended[i] = True
+                count += 1
+    return count
+
+
+@numba.njit(cache=True)
+def accept_scalars(new, seen, good, words, low, high, step, targets, applied_words, matrix, applied):  # type: ignore[no-untyped-def]
+    """The Python engine's rule for plain float64 parameters, over records seen as ``(envs, words)``
+    float64 matrices (every field 8 bytes): a value that changed (bitwise) since ``seen`` and is
+    finite and within ``[low, high]`` becomes the env's ``good`` value and, for a ``step`` parameter,
+    is applied: to its column ``targets[p]`` of the kernel's ``matrix`` (-1: none, a value only hooks
+    read) and to its word ``applied_words[p]`` of ``applied``. ``words[w]`` is the parameter ``p`` at
+    record word ``w``, -1 for words of other parameters. Returns False, having changed nothing, if a
+    value is refused or another parameter changed (the caller's general path handles those)."""
+    new_bits, seen_bits = new.view(np.int64), seen.view(np.int64)
+    rows, width = new.shape
+    for i in range(rows):
+        for w in range(width):
+            if new_bits[i, w] != seen_bits[i, w]:
+                p = words[w]
+                if p < 0:
+                    return False
+                value = new[i, w]
+                if not (np.isfinite(value) and low[p] <= value <= high[p]):
+                    return False
+    for i in range(rows):
+        for w in range(width):
+            if new_bits[i, w] != seen_bits[i, w]:
+                p = words[w]
+                value = new[i, w]
+                good[i, w] = value
+                if step[p]:
+                    if targets[p] >= 0:
+                        matrix[i, targets[p]] = value
+                    applied[i, applied_words[p]] = value
+    return True

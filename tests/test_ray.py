@@ -1,0 +1,323 @@
+"""shmpool.ray on a simulated Ray cluster: ``ray.cluster_utils.Cluster`` with two nodes on this
+machine (each its own raylet and object store), talking over the loopback address only.
+
+One cluster serves the whole module (it takes seconds to start); each test launches its own
+cluster pool on it. The leak check is conftest's, less the processes Ray keeps for itself (see
+``no_leftovers`` below); the module's teardown checks that Ray left nothing behind either.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import descendants, shm_entries
+from helpers import CountingEnv, PairEnv, wait_gone
+
+import shmpool
+import shmpool.ray  # cheap: Ray itself is imported on first use
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason='needs Ray: pip install -e ".[ray]"')
+
+ROOT = Path(__file__).resolve().parents[1]
+NODES = 2
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as file:
+            return file.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            data = file.read()
+    except OSError:
+        return 0
+    return int(data[data.rindex(b")") + 2 :].split()[1])
+
+
+def _rays_own(pid: int) -> bool:
+    """A worker process that a raylet started and keeps for Ray (an idle worker, or the process of an
+    actor that is being torn down): a child of a raylet. The pools' workers are children of a host
+    actor's process, never of a raylet, so they are still checked."""
+    return "/raylet/raylet" in _cmdline(_parent(pid))
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """A two-node Ray cluster on 127.0.0.1, with this process connected as its driver."""
+    before = descendants(os.getpid())
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray puts Unix sockets in it
+    with pytest.MonkeyPatch.context() as patch:
+        # Loopback only: without it a local Cluster binds the machine's network address.
+        patch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        patch.setenv("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves the machine
+        # Sessions, sockets and the "current cluster" file in a folder of our own, not /tmp/ray,
+        # where another user's ray.init() would find this cluster.
+        patch.setenv("RAY_TMPDIR", temp)
+        # The workers Ray starts import the tests' env classes (helpers) by name.
+        patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")])))
+        import ray
+        from ray._private import ray_constants
+        from ray.cluster_utils import Cluster
+
+        patch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)  # read at import: Ray may be imported already
+        node_args = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "object_store_memory": 80 << 20}
+        simulated = Cluster(initialize_head=True, head_node_args={**node_args, "include_dashboard": False})
+        try:
+            for _ in range(NODES - 1):
+                simulated.add_node(**node_args)
+            assert simulated.address.startswith("127.0.0.1:"), simulated.address
+            ray.init(address=simulated.address, log_to_driver=False)
+            alive = [node for node in ray.nodes() if node["Alive"]]
+            assert len(alive) == NODES and {node["NodeManagerAddress"] for node in alive} == {"127.0.0.1"}
+            yield simulated
+        finally:
+            ray.shutdown()
+            simulated.shutdown()
+            shutil.rmtree(temp, ignore_errors=True)
+    alive = sorted(wait_for(lambda: descendants(os.getpid()) - before, 10.0))
+    assert not alive, f"Ray left processes behind: {[(pid, _cmdline(pid)[:80]) for pid in alive]}"
+
+
+def wait_for(check: Any, seconds: float) -> Any:
+    """Polls ``check`` until it returns something empty, or ``seconds`` pass; returns its last value."""
+    deadline = time.monotonic() + seconds
+    while True:
+        value = check()
+        if not value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.05)
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers(request: pytest.FixtureRequest, cluster: Any) -> Iterator[None]:
+    """conftest's check (no segment and no child process left behind), less the worker processes
+    that Ray starts and keeps for itself (children of a raylet); replaces conftest's for this module."""
+    short = re.sub(r"[^A-Za-z0-9]+", "_", request.node.name)[-40:]
+    marker = f"t{uuid.uuid4().hex[:6]}-{short}"
+    request.node.leak_marker = marker
+    before = descendants(os.getpid())
+    yield
+    deadline = time.monotonic() + 10.0  # a host actor's pool closes within its close(); Ray's exit lags
+    while True:
+        processes = sorted(pid for pid in descendants(os.getpid()) - before if not _rays_own(pid))
+        segments = shm_entries(marker)
+        if not processes and not segments:
+            return
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    pytest.fail(f"test left behind processes {[(p, _cmdline(p)[:80]) for p in processes]} and shared memory {segments}")
+
+
+def assert_same(ours: Any, theirs: Any, path: str = "") -> None:
+    """Equal values, types and dtypes, recursively; an episode's wall-clock time ``t`` is not compared."""
+    if isinstance(theirs, dict):
+        assert isinstance(ours, dict) and set(ours) == set(theirs), f"{path}: keys {sorted(ours)} != {sorted(theirs)}"
+        for key in theirs:
+            if not (path.endswith("['episode']") and key == "t"):
+                assert_same(ours[key], theirs[key], f"{path}[{key!r}]")
+    elif isinstance(theirs, tuple):
+        assert isinstance(ours, tuple) and len(ours) == len(theirs), path
+        for index, (a, b) in enumerate(zip(ours, theirs)):
+            assert_same(a, b, f"{path}[{index}]")
+    else:
+        ours, theirs = np.asarray(ours), np.asarray(theirs)
+        assert ours.dtype == theirs.dtype, f"{path}: dtype {ours.dtype} != {theirs.dtype}"
+        if ours.dtype == object:  # final_obs, final_info: None or one env's value per row
+            assert len(ours) == len(theirs), path
+            for index, (a, b) in enumerate(zip(ours, theirs)):
+                assert (a is None) == (b is None), f"{path}[{index}]"
+                if a is not None:
+                    assert_same(a, b, f"{path}[{index}]")
+        else:
+            np.testing.assert_array_equal(ours, theirs, err_msg=path)
+
+
+def test_step_equals_a_local_pool_of_the_same_size(pool_name: str) -> None:
+    rng = np.random.default_rng(0)
+    with (
+        shmpool.ray.launch("CartPole-v1", 3, name=pool_name, num_workers=1, seed=5) as fleet,
+        shmpool.launch("CartPole-v1", 6, name=f"{pool_name}-local", num_workers=2, seed=5) as local,
+    ):
+        assert [node.env_ids for node in fleet.nodes] == [range(0, 3), range(3, 6)]
+        assert len({node.node_id for node in fleet.nodes}) == NODES  # one pool per node
+        assert fleet.observation_space == local.observation_space and fleet.action_space == local.action_space
+        assert_same(fleet.reset(), local.reset())  # the launch seed: global env i starts from 5 + i
+        for step in range(40):  # random actions: episodes end at different steps on different nodes
+            actions = rng.integers(0, 2, 6)
+            assert_same(fleet.step(actions), local.step(actions), f"step {step}")
+        assert_same(fleet.reset(seed=11), local.reset(seed=11))
+        for step in range(10):
+            actions = rng.integers(0, 2, 6)
+            assert_same(fleet.step(actions), local.step(actions), f"step {step} after reset(seed=11)")
+        mask = np.array([False, False, False, False, True, False])  # node 0 is not even called
+        assert_same(
+            fleet.reset(seed=2, options={"reset_mask": mask}), local.reset(seed=2, options={"reset_mask": mask})
+        )
+        actions = rng.integers(0, 2, 6)
+        assert_same(fleet.step(actions), local.step(actions), "step after a masked reset")
+
+        # send/recv, one node at a time: each env's trajectory is the same as in a synchronous step.
+        expected: tuple[Any, ...] = (local.reset(seed=3)[0], np.zeros(6), np.zeros(6, bool))
+        fleet.async_reset(seed=3)
+        for round_ in range(6):
+            received = [fleet.recv() for _ in range(NODES)]
+            env_ids = np.concatenate([infos["env_id"] for *_, infos in received])
+            assert sorted(env_ids) == list(range(6))
+            for infos in (part[4] for part in received):
+                np.testing.assert_array_equal(infos["node"], infos["env_id"] // 3)
+            order = np.argsort(env_ids)
+            for field in range(3):
+                got = np.concatenate([part[field] for part in received])[order]
+                np.testing.assert_array_equal(got, expected[field], err_msg=f"round {round_}, field {field}")
+            if round_ == 5:
+                break
+            actions = rng.integers(0, 2, 6)
+            expected = local.step(actions)[:3]
+            for node in fleet.nodes:
+                fleet.send(actions[node.env_ids.start : node.env_ids.stop], node=node.index)
+
+
+def test_a_write_reaches_exactly_those_envs_on_their_nodes(pool_name: str) -> None:
+    params = {"a": shmpool.Param(0.0, low=-10.0, high=10.0), "b": shmpool.Param(0.0, low=-10.0, high=10.0)}
+    with shmpool.ray.launch(PairEnv, 3, name=pool_name, num_workers=1, params=params, seed=0) as fleet:
+        fleet.reset()
+        version = fleet.params.write([1, 4], a=5.0)  # env 1 on node 0, env 4 on node 1
+        observations = fleet.step(np.zeros(6, np.int64))[0]
+        np.testing.assert_array_equal(observations[:, 0], [0, 5, 0, 0, 5, 0])
+        assert fleet.applied_version() == [version, version]
+        np.testing.assert_array_equal(fleet.applied["a"], [0, 5, 0, 0, 5, 0])
+
+        later = fleet.params.write(np.array([4]), b=2.0)  # node 1 only
+        assert later > version and fleet.applied_version() == [version, version]  # not stepped yet
+        observations = fleet.step(np.zeros(6, np.int64))[0]
+        np.testing.assert_array_equal(observations, [[0, 0], [5, 0], [0, 0], [0, 0], [5, 2], [0, 0]])
+        assert fleet.applied_version() == [version, later]
+
+        # Validated once, before any node is written: env 0's good value does not land either.
+        with pytest.raises(ValueError, match=r"params\['a'\]\[5\] = 99.0 rejected: outside \[-10.0, 10.0\]"):
+            fleet.params.write([0, 5], a=[1.0, 99.0])
+        with pytest.raises(KeyError, match="no parameter 'c'"):
+            fleet.params.write(None, c=1.0)
+        with pytest.raises(TypeError, match="write them with params.write"):
+            fleet.params["a"] = 1.0
+        fleet.step(np.zeros(6, np.int64))
+        np.testing.assert_array_equal(fleet.params["a"], [0, 5, 0, 0, 5, 0])
+
+        # Another process's writes take versions from the same counter.
+        with shmpool.ray.attach(pool_name) as handle:
+            assert handle.num_envs == 6 and handle.alive
+            third = handle.params.write(slice(2, 4), a=-1.0)  # env 2 on node 0, env 3 on node 1
+            assert third > later
+        observations = fleet.step(np.zeros(6, np.int64))[0]
+        np.testing.assert_array_equal(observations[:, 0], [0, 5, -1, -1, 5, 0])
+        assert fleet.applied_version() == [third, third]
+
+
+def test_episode_records_come_from_every_node(pool_name: str) -> None:
+    with shmpool.ray.launch(CountingEnv, 2, name=pool_name, num_workers=1, env_kwargs={"length": 3}) as fleet:
+        fleet.reset(seed=0)
+        for _ in range(7):  # episodes end at steps 3 and 7 (next-step autoreset in between)
+            fleet.step(np.ones(4, np.int64))
+        records = fleet.episodes.read()
+        assert len(records) == 8 and fleet.episodes.lost == 0
+        assert sorted(records["env_id"].tolist()) == [0, 0, 1, 1, 2, 2, 3, 3]  # global env ids
+        np.testing.assert_array_equal(records["node"], records["env_id"] // 2)
+        assert (records["length"] == 3).all() and (records["return"] == 3.0).all()
+        assert len(fleet.episodes.read()) == 0  # this reader's cursor moved on
+        stats = fleet.stats
+        assert stats.episodes == 8 and [node.episodes for node in stats.nodes] == [4, 4]
+
+
+def test_an_attached_curriculum_process_widens_a_parameter_on_every_node(pool_name: str, cluster: Any) -> None:
+    length = shmpool.Param({"low": 0.5, "high": 0.5}, dist="uniform", low=0.1, high=2.0)
+    command = [
+        sys.executable,
+        str(ROOT / "scripts" / "curriculum.py"),
+        *("--ray", pool_name, "--ray-address", cluster.address, "--algo", "adr", "--param", "length"),
+        *("--buffer", "1", "--p-boundary", "1", "--low-threshold", "-1", "--high-threshold", "0", "--delta", "0.1"),
+        *("--poll", "0.02", "--attach-timeout", "60"),
+    ]
+    with shmpool.ray.launch("CartPole-v1", 2, name=pool_name, num_workers=1, params={"length": length}) as fleet:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            fleet.reset(seed=0)
+            rng = np.random.default_rng(0)
+            deadline = time.monotonic() + 90
+            widened = [False] * NODES
+            while not all(widened) and time.monotonic() < deadline:
+                for _ in range(10):
+                    fleet.step(rng.integers(0, 2, 4))
+                block = fleet.params["length"]
+                widened = [
+                    bool((block["high"][node.env_ids.start : node.env_ids.stop] > 0.5 + 1e-9).any())
+                    for node in fleet.nodes
+                ]
+            assert all(widened), f"ADR did not widen 'length' on every node: {widened}"
+            applied = fleet.applied["length"]
+            assert (applied >= 0.1).all() and (applied <= 2.0).all()
+        finally:
+            fleet.close()
+            try:
+                output, _ = process.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                output, _ = process.communicate()
+    assert process.returncode == 0, output
+    assert "attached to ClusterHandle" in output and "length: [0.5, 0.5] -> [" in output, output
+
+
+def test_a_killed_host_actor_raises_an_error_naming_its_node(pool_name: str) -> None:
+    import ray
+
+    params = {"a": shmpool.Param(0.0, low=-10.0, high=10.0)}
+    with shmpool.ray.launch(PairEnv, 2, name=pool_name, num_workers=1, params=params, timeout=20.0) as fleet:
+        fleet.reset()
+        fleet.step(np.zeros(4, np.int64))
+        workers = fleet.worker_pids[1]
+        ray.kill(ray.get_actor(f"shmpool/{pool_name}/1", namespace="shmpool"))
+
+        started = time.monotonic()
+        with pytest.raises(shmpool.ray.ClusterNodeError, match=r"node 1 \(.*\) of cluster pool") as raised:
+            fleet.params.write([3], a=1.0)  # env 3 lives on node 1
+        assert raised.value.node == 1 and raised.value.node_id == fleet.nodes[1].node_id
+        with pytest.raises(shmpool.ray.ClusterNodeError, match="node 1 .* failed earlier"):
+            fleet.step(np.zeros(4, np.int64))
+        assert time.monotonic() - started < 15.0  # an error, not a hang
+        assert not fleet.alive
+
+        # Node 0's pool stays valid until close(): its envs take writes, and it can be attached.
+        fleet.params.write([0], a=3.0)
+        with shmpool.attach(f"{pool_name}-0") as node_pool:
+            assert node_pool.alive and node_pool.params["a"][0] == 3.0
+        assert not wait_gone(workers, 10.0), "node 1's pool workers outlived their host"
+    assert not shm_entries(pool_name)
+
+
+def test_launch_refuses_a_name_in_use_and_unknown_nodes(pool_name: str) -> None:
+    with shmpool.ray.launch(CountingEnv, 1, name=pool_name, nodes=1, num_workers=1) as fleet:
+        assert fleet.num_envs == 1 and len(fleet.nodes) == 1
+        with pytest.raises(shmpool.PoolExistsError, match=pool_name):
+            shmpool.ray.launch(CountingEnv, 1, name=pool_name, nodes=1, num_workers=1)
+        with pytest.raises(ValueError, match="alive nodes"):
+            shmpool.ray.launch(CountingEnv, 1, name=f"{pool_name}x", nodes=["ff" * 28], num_workers=1)
+    with pytest.raises(shmpool.PoolNotFoundError, match=pool_name):
+        shmpool.ray.attach(pool_name)

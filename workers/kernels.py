@@ -1,0 +1,369 @@
+"""A worker's slot run by a compiled batch kernel (``engine="numba"``, :mod:`shmpool.kernels`).
+
+:class:`KernelSlice` is the kernel engine's :class:`shmpool.workers.envs.EnvSlice`: the same
+commands, autoreset, episode accounting, hooks and results, but the slot's envs are rows of a state
+array, stepped by one call of the kernel, with the time limit and the episode accounting done over
+the slot's arrays at once. Resets (rare) run the kernel's Python reset per env, from each env's own
+``np_random``. :class:`KernelParams` is :class:`shmpool.workers.params.ParamApplier` (the same reads,
+validation, refusals, draws and ``applied``), writing accepted values into the kernel's parameter
+matrix instead of env attributes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from shmpool.config import WorkerConfig
+from shmpool.episodes import EpisodeWriter
+from shmpool.infos import InfoWriter
+from shmpool.kernels import BatchKernel, KernelEnv, load
+from shmpool.layout import RESET_THIS_ENV, RESET_WITH_SEED, seed_of
+from shmpool.params import ParamSpec
+from shmpool.spaces import leaves
+from shmpool.workers.hooks import HookRunner
+from shmpool.workers.params import ParamApplier
+
+
+class KernelParams(ParamApplier):
+    """The slot's parameters for a kernel: an accepted value goes to its column of the parameter
+    matrix (parameters only hooks read, ``bind=False``, only to ``applied``); derived values are the
+    kernel's to compute, so there is nothing to refresh."""
+
+    _matrix: np.ndarray
+    _columns: dict[int, int]
+    _seen: np.ndarray
+    _seen_bytes: bytes
+    #: With only plain float64 parameters: what the compiled sync needs (``slot.accept_scalars`` and
+    #: its fixed arguments), else None (the general path).
+    _fast: tuple[Any, ...] | None = None
+
+    def use_matrix(self, matrix: np.ndarray, columns: dict[str, int]) -> None:
+        """Where values go: ``matrix[:, columns[target]]`` for each parameter bound to ``target``."""
+        self._matrix = matrix
+        self._columns = {
+            spec.index: columns[spec.name if spec.bind is None else str(spec.bind)]
+            for spec in self._specs
+            if spec.bind is not False
+        }
+        self._fast = self._compiled_sync()
+
+    def _compiled_sync(self) -> tuple[Any, ...] | None:
+        """The arguments of ``slot.accept_scalars`` for this block (after the two matrices), or None
+        when its records are not made of 8-byte fields or hold no plain float64 parameter."""
+        record, applied = self._block.dtype, self._applied.dtype
+        if record.itemsize % 8 or applied.itemsize % 8:
+            return None
+        offsets = [record.fields[s.name][1] for s in self._specs]  # type: ignore[index]
+        if any(offset % 8 for offset in offsets) or any(
+            leaf.itemsize % 8
+            for leaf, *_ in record.fields.values()  # type: ignore[union-attr]
+        ):
+            return None
+        plain = [s for s in self._specs if not s.dist and not s.shape and s.dtype == np.float64]
+        if not plain or any(applied.fields[s.name][1] % 8 for s in plain):  # type: ignore[index]
+            return None
+        from shmpool.kernels.slot import accept_scalars
+
+        words = np.full(record.itemsize // 8, -1, dtype=np.int64)
+        for p, spec in enumerate(plain):
+            words[record.fields[spec.name][1] // 8] = p  # type: ignore[index]
+        count = len(self._block)
+        fast = (
+            accept_scalars,
+            self._good.view(np.float64).reshape(count, -1),
+            words,
+            np.array([s.low.item() for s in plain]),
+            np.array([s.high.item() for s in plain]),
+            np.array([s.when == "step" for s in plain]),
+            np.array([self._columns.get(s.index, -1) for s in plain], dtype=np.int64),
+            np.array([applied.fields[s.name][1] // 8 for s in plain], dtype=np.int64),  # type: ignore[index]
+            self._matrix,
+            self._applied.view(np.float64).reshape(count, -1),
+        )
+        seen = self._seen.view(np.float64).reshape(count, -1)
+        accept_scalars(seen, seen, *fast[1:])  # compiles (or loads) it now: nothing changed
+        return fast
+
+    def sync(self) -> None:
+        """:meth:`ParamApplier.sync`, compiled for plain float64 parameters (the case of a curriculum
+        rewriting values every step) unless a value is refused (the general path reports it)."""
+        fast = self._fast
+        if fast is None:
+            super().sync()
+            return
+        if self._block.tobytes() == self._seen_bytes:  # nothing written since (the common case)
+            return
+        snapshot = self._read()
+        snapshot_bytes = snapshot.tobytes()
+        if snapshot_bytes == self._seen_bytes:
+            return
+        count = len(snapshot)
+        new, seen = snapshot.view(np.float64).reshape(count, -1), self._seen.view(np.float64).reshape(count, -1)
+        if fast[0](new, seen, *fast[1:]):
+            self._seen, self._seen_bytes = snapshot, snapshot_bytes
+        else:
+            super().sync()
+
+    def apply_constructor(self, local: int) -> None:
+        """Puts the ``rebuild`` values of env ``local`` in the matrix, as its constructor would take
+        them (noted as built with, so that a later change rebuilds it)."""
+        values = self.constructor_kwargs(local)
+        for spec in self._rebuild:
+            self._matrix[local, self._columns[spec.index]] = values[spec.name]
+
+    def attach_env(self, local: int, env: Any) -> None:
+        """Applies the current step values (and publishes the rebuild ones) of a (re)built env."""
+        rows = np.array([local])
+        for spec in self._step_values:
+            self._apply(spec, rows, self._good[spec.name][rows])
+        for spec in self._rebuild:
+            self._applied[spec.name][local] = self._good[spec.name][local]
+
+    def _apply(self, spec: ParamSpec, rows: np.ndarray, values: np.ndarray) -> None:
+        column = self._columns.get(spec.index)
+        if column is not None:
+            self._matrix[rows, column] = values
+        self._applied[spec.name][rows] = values
+
+    def _apply_all(self, spec: ParamSpec, values: np.ndarray) -> None:
+        column = self._columns.get(spec.index)
+        if column is not None:
+            self._matrix[:, column] = values
+        self._applied[spec.name][:] = values
+
+    def _refresh(self, rows: Any = None) -> None:
+        """Nothing to recompute: kernels derive values from the matrix on every step."""
+
+
+class KernelSlice:
+    """The envs of one slot as rows of a compiled kernel's arrays, with the interface the worker
+    uses (``build``, ``step``, ``reset``, ``close``, ``envs``, ``hooks``, ``current_env``)."""
+
+    def __init__(
+        self, config: WorkerConfig, views: dict[str, np.ndarray], info: InfoWriter, params: ParamApplier | None
+    ) -> None:
+        if params is not None and not isinstance(params, KernelParams):
+            raise TypeError("the numba engine needs KernelParams")
+        self.start, self.stop = config.env_ids
+        self.same_step = config.autoreset_mode == AutoresetMode.SAME_STEP
+        self.autoreset = config.autoreset_mode != AutoresetMode.DISABLED
+        self.current_env: int | None = None
+        self.kernel: BatchKernel = load(config.kernel)
+        self._config = config
+        self._info = info
+        self._params = params
+        self._episodes = EpisodeWriter(views, config.worker_id, config.episode_metrics)
+        rows = slice(self.start, self.stop)
+        (obs_leaf,) = leaves(config.observation_space)
+        (act_leaf,) = leaves(config.action_space)
+        self._obs = views[obs_leaf.field_name("observations")][rows]
+        self._final_obs = views[obs_leaf.field_name("final_observations")][rows] if self.same_step else None
+        self._actions = views[act_leaf.field_name("actions")][rows]
+        self._rewards = views["rewards"][rows]
+        self._terminations = views["terminations"][rows]
+        self._truncations = views["truncations"][rows]
+        self._episode_return = views["episode_return"][rows]
+        self._episode_length = views["episode_length"][rows]
+        self._episode_time = views["episode_time"][rows]
+        self._episode_index = views["episode_index"][rows]
+        self._reset_seed = views["reset_seed"][rows]
+        self._reset_flags = views["reset_flags"][rows]
+        self._reset_options = views["reset_options"]
+        self._reset_options_length = views["reset_options_length"]
+
+        count = self.stop - self.start
+        kwargs = dict(config.env_kwargs)
+        limit = kwargs.pop("max_episode_steps", None)
+        kwargs.pop("render_mode", None)
+        self._max_steps = self.kernel.max_episode_steps if limit is None else int(limit)
+        self._limit = -1 if self._max_steps is None else self._max_steps
+        from shmpool.kernels import slot  # imports numba: only in the workers of this engine
+
+        self._slot = slot
+        self._constructor = kwargs
+        self._columns = self.kernel.columns
+        # What the kernel reads and writes; the KernelEnv of each row is a view of these.
+        self.arrays: dict[str, np.ndarray] = {
+            "state": np.zeros((count, self.kernel.state_size), dtype=np.float64),
+            "params": self.kernel.nominal(count, kwargs),
+            "observations": self._obs,
+            "elapsed": np.zeros(count, dtype=np.int64),
+        }
+        self._state, self._matrix, self._elapsed = self.arrays["state"], self.arrays["params"], self.arrays["elapsed"]
+        self._needs_reset = np.zeros(count, dtype=np.bool_)
+        self._stepped = np.zeros(count, dtype=np.bool_)
+        self._stepping = np.zeros(count, dtype=np.bool_)
+        self._ended = np.zeros(count, dtype=np.bool_)
+        self._returns = np.zeros(count, dtype=np.float64)
+        self._lengths = np.zeros(count, dtype=np.int64)
+        self._starts = np.full(count, time.perf_counter())
+        self.global_step = 0
+        self.hooks: HookRunner | None = None
+        self.envs: list[KernelEnv] = []
+
+    def build(self) -> None:
+        """Makes the slot's env views, applies the parameters, and compiles the kernel (or loads it
+        from numba's cache) by calling it over envs that do not step, so no step pays for it."""
+        self._episode_index[:] = -1  # no episode until the first reset
+        if self._params is not None:
+            self._params.use_matrix(self._matrix, self._columns)
+        for local in range(self.stop - self.start):
+            self.current_env = self.start + local
+            self.envs.append(self._make(local))
+        self.current_env = None
+        idle = self._stepping  # all False: nothing steps, nothing is counted
+        self.kernel.step(
+            self._state, self._matrix, self._actions.copy(), idle, self._obs, self._rewards, self._terminations
+        )
+        self._slot.time_limit(self._elapsed, idle, self._limit, self._truncations, self._stepped)
+        self._slot.add_step(
+            self._stepped,
+            self._rewards,
+            self._terminations,
+            self._truncations,
+            self._returns,
+            self._lengths,
+            self._ended,
+        )
+
+    def _make(self, local: int) -> KernelEnv:
+        """A fresh env at row ``local``: a new ``np_random``, its constructor values in the matrix."""
+        params = self._params
+        if params is not None:
+            params.apply_constructor(local)
+        env = KernelEnv(self.kernel, self.arrays, local, max_episode_steps=self._max_steps)
+        if params is not None:
+            params.attach_env(local, env)
+        return env
+
+    def close(self) -> None:
+        """Nothing to release: the arrays go with the process."""
+        self.envs = []
+
+    # -- commands --------------------------------------------------------------------------------
+
+    def resample(self, names: list[str], rows: np.ndarray) -> None:
+        """Draws new values of the named ``dist`` parameters for the envs at ``rows`` (hooks ask)."""
+        if self._params is None:
+            raise KeyError(f"the pool has no parameters to resample ({names})")
+        self._params.resample(names, rows, self._lengths)  # type: ignore[arg-type]
+
+    def request_reset(self, rows: np.ndarray) -> None:
+        """Makes the envs at ``rows`` reset instead of stepping this step (hooks ask for it)."""
+        self._needs_reset[np.atleast_1d(rows)] = True
+
+    def step(self) -> int:
+        """Steps the slot (resetting the envs due for it); returns how many episodes ended."""
+        info, params, hooks = self._info, self._params, self.hooks
+        info.begin()
+        needs_reset, lengths = self._needs_reset, self._lengths
+        if params is not None:
+            params.sync()
+        batch = self._actions.copy()
+        if hooks is not None:
+            hooks.begin_step(self.global_step)
+            hooks.before_step(batch, needs_reset, lengths)  # type: ignore[arg-type]
+        if params is not None:
+            params.before_step(needs_reset, lengths)  # type: ignore[arg-type]
+        self._run_envs(batch)
+        changed = hooks is not None and hooks.after_step(self._stepped, lengths)  # type: ignore[arg-type]
+        episodes_ended = self._account(changed)
+        self.global_step += 1
+        return episodes_ended
+
+    def _run_envs(self, actions: np.ndarray) -> None:
+        """Resets the envs due for it, in Python, then steps all the others in one kernel call."""
+        needs_reset, stepping = self._needs_reset, self._stepping
+        np.logical_not(needs_reset, out=stepping)
+        if not stepping.all():
+            for index in np.flatnonzero(needs_reset).tolist():
+                self.current_env = self.start + index
+                env, seed = self._begin_episode(index)
+                env.reset(seed=seed)
+                self._rewards[index], self._terminations[index], self._truncations[index] = 0.0, False, False
+            needs_reset[:] = False
+            self.current_env = None
+        self.kernel.step(self._state, self._matrix, actions, stepping, self._obs, self._rewards, self._terminations)
+        self._slot.time_limit(self._elapsed, stepping, self._limit, self._truncations, self._stepped)
+
+    def _begin_episode(self, index: int) -> tuple[KernelEnv, int | None]:
+        """Starts env ``index``'s next episode before its reset (as ``EnvSlice._begin_episode``)."""
+        self._returns[index] = 0.0
+        self._lengths[index] = 0
+        self._starts[index] = time.perf_counter()
+        self._episode_index[index] += 1
+        env, seed = self.envs[index], None
+        params = self._params
+        if params is not None:
+            if params.needs_rebuild(index):
+                env = self.envs[index] = self._make(index)
+                seed = params.rebuilt_seed(index)
+            params.begin_episode(index)
+        return env, seed
+
+    def _account(self, changed: bool) -> int:
+        """Adds the step to each env's episode, ends the finished ones (resetting them now under
+        same-step autoreset) and runs ``on_reset`` hooks; returns how many episodes ended."""
+        returns, lengths, ended = self._returns, self._lengths, self._ended
+        count = self._slot.add_step(
+            self._stepped, self._rewards, self._terminations, self._truncations, returns, lengths, ended
+        )
+        if not count:
+            return 0
+        same_step_resets = []
+        rows = np.flatnonzero(ended).tolist()
+        for index in rows:
+            self.current_env = self.start + index
+            terminated, truncated = bool(self._terminations[index]), bool(self._truncations[index])
+            self._episode_return[index] = returns[index]
+            self._episode_length[index] = lengths[index]
+            self._episode_time[index] = round(time.perf_counter() - self._starts[index], 6)
+            self._episodes.append(
+                self.start + index,
+                int(self._episode_index[index]),
+                self.global_step,
+                float(returns[index]),
+                int(lengths[index]),
+                terminated,
+                truncated,
+                None,
+            )
+            if self.same_step:
+                assert self._final_obs is not None
+                self._final_obs[index] = self._obs[index]
+                env, seed = self._begin_episode(index)
+                env.reset(seed=seed)
+                same_step_resets.append(index)
+            elif self.autoreset:
+                self._needs_reset[index] = True
+        self.current_env = None
+        if self.hooks is not None:
+            self.hooks.on_reset(same_step_resets, lengths)  # type: ignore[arg-type]
+        return len(rows)
+
+    def reset(self) -> None:
+        """Resets the envs that the trainer flagged, with their seeds and the shared options."""
+        self._info.begin()
+        length = int(self._reset_options_length[0])
+        options = json.loads(bytes(self._reset_options[:length]).decode()) if length else None
+        if self._params is not None:
+            self._params.sync()
+        reset_rows = []
+        for index in range(len(self.envs)):
+            flags = int(self._reset_flags[index])
+            if not flags & RESET_THIS_ENV:
+                continue
+            self.current_env = self.start + index
+            env, rebuilt_seed = self._begin_episode(index)
+            seed = seed_of(self._reset_seed[index]) if flags & RESET_WITH_SEED else rebuilt_seed
+            env.reset(seed=seed, options=options)
+            self._needs_reset[index] = False
+            reset_rows.append(index)
+        self.current_env = None
+        if self.hooks is not None:
+            self.hooks.on_reset(reset_rows, self._lengths)  # type: ignore[arg-type]
