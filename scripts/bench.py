@@ -436,6 +436,19 @@ def loop_cases(env_id: str, num_envs: int, workers: int, hidden: int) -> list[tu
                 lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, batch_size=half), hidden
             ),
         ),
+        (
+            "shmpool sync (trainer slot)",
+            lambda: sync_loop(
+                lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, trainer_slot=True), hidden
+            ),
+        ),
+        (
+            f"shmpool async (B={half}, trainer slot)",
+            lambda: async_loop(
+                lambda: shmpool.launch(env_id, num_envs, num_workers=2, seed=0, batch_size=half, trainer_slot=True),
+                hidden,
+            ),
+        ),
     ]
 
 

@@ -25,6 +25,8 @@ EnvSpec = EnvFactory | Sequence[Callable[..., gymnasium.Env]]
 
 #: The dotted name of the function every worker process runs; shmpool never imports it itself.
 WORKER_ENTRY_POINT = "shmpool.workers.main:run"
+#: The class that steps the trainer's own slot (``trainer_slot=True``) in the trainer's process.
+LOCAL_SLOT_ENTRY_POINT = "shmpool.workers.local:LocalSlot"
 
 
 def make_env(factory: EnvFactory, env_kwargs: dict[str, Any]) -> gymnasium.Env:
@@ -144,6 +146,11 @@ class PoolConfig:
     batch_size: int | None = None
     """Envs per ``recv()`` of the async API (``async_reset``/``send``/``recv``, EnvPool's); None:
     ``num_envs``. A multiple of the slot size, with equal slots (see :mod:`shmpool.batches`)."""
+    trainer_slot: bool = False
+    """Step the last slot in the trainer's process instead of a worker process's, while the workers
+    step theirs: one process fewer, for machines with fewer cores than workers plus the trainer
+    (see :mod:`shmpool.workers.local` for what it costs: an env that hangs or crashes there stops
+    the trainer)."""
     episode_statistics: bool = True
     """Add ``infos["episode"]`` (return ``r``, length ``l``, time ``t``) and ``infos["_episode"]`` at
     each episode's end. False leaves the key to a gymnasium ``RecordEpisodeStatistics`` wrapper
@@ -209,7 +216,7 @@ class PoolConfig:
         methods = multiprocess.get_all_start_methods()
         if self.start_method is not None and self.start_method not in methods:
             raise ValueError(f"start_method must be None or one of {methods}, got {self.start_method!r}")
-        for option in ("copy", "info_params", "episode_statistics", "profile"):
+        for option in ("copy", "info_params", "episode_statistics", "profile", "trainer_slot"):
             if not isinstance(getattr(self, option), (bool, np.bool_)):
                 raise TypeError(f"{option} must be True or False, got {getattr(self, option)!r}")
         if isinstance(self.hooks, (str, bytes)) or not isinstance(self.hooks, Iterable):

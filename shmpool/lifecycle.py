@@ -17,7 +17,7 @@ from typing import Any
 import multiprocess
 import numpy as np
 
-from .config import WORKER_ENTRY_POINT, PoolConfig, WorkerConfig
+from .config import LOCAL_SLOT_ENTRY_POINT, WORKER_ENTRY_POINT, PoolConfig, WorkerConfig
 from .episodes import episode_dtype
 from .events import event_dtype, mask_bytes
 from .infos import INFO_KEY_DTYPE
@@ -136,6 +136,9 @@ class Lifecycle:
         self.trainer_doorbell: Doorbell | None = None
         self.worker_doorbells: list[Doorbell] = []
         self.processes: list[Any] = []
+        #: With ``trainer_slot``: the last slot, stepped in this process (shmpool.workers.local).
+        self.local: Any = None
+        self.local_id = len(config.slots) - 1 if config.trainer_slot else None
         #: The owner's end of each worker's private pipe, for control calls (see shmpool.calls).
         self.call_pipes: list[Any] = []
         self.seq = 0
@@ -169,6 +172,7 @@ class Lifecycle:
         # Workers must ignore Ctrl-C (the trainer stops them); block SIGINT while they start so that
         # none arrives before the worker has installed its handler. The mask is inherited.
         previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        local_config = None
         try:
             for worker_id, slot in enumerate(config.slots):
                 worker_config = WorkerConfig(
@@ -197,6 +201,9 @@ class Lifecycle:
                     engine=config.engine,
                     kernel=config.kernel,
                 )
+                if worker_id == self.local_id:
+                    local_config = worker_config
+                    continue
                 owner_end, worker_end = context.Pipe(duplex=True)
                 self.call_pipes.append(owner_end)
                 process = context.Process(
@@ -212,6 +219,9 @@ class Lifecycle:
                 self.processes.append(process)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+        if local_config is not None:  # built while the workers build theirs
+            module_name, class_name = LOCAL_SLOT_ENTRY_POINT.split(":")
+            self.local = getattr(importlib.import_module(module_name), class_name)(local_config, self.views)
 
     def mark_running(self) -> None:
         """Tells attached processes that the pool is up."""
@@ -236,7 +246,10 @@ class Lifecycle:
         for worker_id in targets:
             control[worker_id, CTL_COMMAND] = word
         for worker_id in targets:
-            self.worker_doorbells[worker_id].ring()
+            if worker_id != self.local_id:
+                self.worker_doorbells[worker_id].ring()
+        if self.local is not None and self.local_id in targets:
+            self.local.run(seq, command)  # after the workers started theirs: the steps overlap
 
     def send_call(self, worker_id: int, message: bytes) -> None:
         """Sends an encoded call request (:mod:`shmpool.calls`) on worker ``worker_id``'s pipe."""
@@ -260,6 +273,9 @@ class Lifecycle:
             self._release()
 
     def _stop_workers(self) -> None:
+        if self.local is not None:
+            local, self.local = self.local, None
+            local.close()
         if self.header is not None and "control" in self.views:
             self.header[H_STATE] = STATE_CLOSING
             alive = [k for k, process in enumerate(self.processes) if process.is_alive()]

@@ -502,15 +502,21 @@ class Pool(Channels, VectorEnv):
                 by_worker[worker_of[request[0]]].append(request)
                 places[worker_of[request[0]]].append(place)
             seq = self._lifecycle.next_seq()
-            messages = [encode((seq, part), f"the arguments of {what}") for part in by_worker]
+            messages = [encode((seq, part), f"the arguments of {what}") for part in by_worker]  # pickled once
+            local, local_id = self._lifecycle.local, self._lifecycle.local_id
             with interrupts_deferred():  # a request half-written to a pipe could not be sent again
                 self._run(CMD_CALL, f"call {what}", seq)
                 for worker_id, message in enumerate(messages):
+                    if worker_id == local_id:
+                        continue
                     try:
                         self._lifecycle.send_call(worker_id, message)
                     except OSError:  # its end of the pipe is gone: the worker died while idle
                         pass  # the wait below names it (WorkerDiedError)
+            local_answer = local.call(seq, by_worker[-1]) if local is not None else None  # the last slot
             answers = self._finish(f"call {what}")
+            if local is not None:
+                answers.append(local_answer)
         results: list[Any] = [None] * len(requests)
         for worker_id, (values, failure) in enumerate(answers):
             if failure is not None:

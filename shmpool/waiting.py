@@ -123,7 +123,11 @@ class Waiter:
         :meth:`wait_done` if a worker dies or the pool's ``timeout`` passes."""
         limit = self._config.timeout
         deadline = None if limit is None else monotonic() + limit
-        return [self._receive_answer(worker_id, seq, phase, deadline) for worker_id in range(len(self._slots))]
+        # Worker processes only: the trainer's own slot (trainer_slot) answers in-process.
+        return [
+            self._receive_answer(worker_id, seq, phase, deadline)
+            for worker_id in range(len(self._lifecycle.call_pipes))
+        ]
 
     def _receive_answer(
         self, worker_id: int, seq: int, phase: str, deadline: float | None

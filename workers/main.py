@@ -260,9 +260,35 @@ class Worker:
     def serve(self) -> None:
         """Builds the envs, reports ready (or the failure), then runs commands until close."""
         words = self._words
+        self.build(in_own_process=True)
+        self._trainer_doorbell.ring()
+
+        def command_after(seq: int) -> Callable[[], bool]:
+            return lambda: words[CTL_COMMAND] >> 8 != seq
+
+        last_seq = 0
+        while True:
+            self._doorbell.wait_until(
+                command_after(last_seq),
+                spin=self._config.spin,
+                poll_interval=self._config.poll_interval,
+                on_idle=self._check_owner,
+            )
+            seq, command = split_command_word(words[CTL_COMMAND])
+            last_seq = seq
+            if command == CMD_CLOSE:
+                words[CTL_STATUS] = WORKER_CLOSED
+                words[CTL_DONE] = seq
+                self._trainer_doorbell.ring()
+                return
+            self.run_command(seq, command)
+
+    def build(self, *, in_own_process: bool) -> None:
+        """Makes the slot's envs, parameters and hooks, then marks the worker ready (or failed, with
+        the traceback). ``in_own_process``: run ``worker_init`` first (not in the trainer's slot)."""
         config = self._config
         try:
-            if config.worker_init is not None:
+            if in_own_process and config.worker_init is not None:
                 config.worker_init()
                 ignore_interrupts()  # again: the user's setup must not make Ctrl-C kill workers
             kernel = config.engine == "numba"
@@ -300,43 +326,31 @@ class Worker:
         except Exception:  # noqa: BLE001 - any failure is reported to the trainer, not lost
             self._fail(None if self.envs is None else self.envs.current_env)
         else:
-            words[CTL_STATUS] = WORKER_READY
+            self._words[CTL_STATUS] = WORKER_READY
+
+    def run_command(self, seq: int, command: int) -> None:
+        """Runs step, reset or call ``seq`` and publishes it done (a failure is reported, not raised)."""
+        words = self._words
+        if not self._failed and self.envs is not None:
+            try:
+                if command == CMD_STEP:
+                    words[CTL_NUM_DONE] = self.envs.step()
+                elif command == CMD_RESET:
+                    self.envs.reset()
+                    words[CTL_NUM_DONE] = 0
+                elif command == CMD_CALL:
+                    self._serve_call(seq)
+                    return  # the call changes no results: the step's infos stay as they were
+                words[CTL_NUM_INFO] = self._info.dirty
+            except Exception:  # noqa: BLE001
+                self._fail(self.envs.current_env)
+        self.publish_done(seq)
+
+    def publish_done(self, seq: int) -> None:
+        """Marks command ``seq`` done (last: the trainer reads results after seeing it) and rings."""
+        self._words[CTL_FINISHED_AT] = time.monotonic_ns()
+        self._words[CTL_DONE] = seq
         self._trainer_doorbell.ring()
-
-        def command_after(seq: int) -> Callable[[], bool]:
-            return lambda: words[CTL_COMMAND] >> 8 != seq
-
-        last_seq = 0
-        while True:
-            self._doorbell.wait_until(
-                command_after(last_seq),
-                spin=self._config.spin,
-                poll_interval=self._config.poll_interval,
-                on_idle=self._check_owner,
-            )
-            seq, command = split_command_word(words[CTL_COMMAND])
-            last_seq = seq
-            if command == CMD_CLOSE:
-                words[CTL_STATUS] = WORKER_CLOSED
-                words[CTL_DONE] = seq
-                self._trainer_doorbell.ring()
-                return
-            if not self._failed and self.envs is not None:
-                try:
-                    if command == CMD_STEP:
-                        words[CTL_NUM_DONE] = self.envs.step()
-                    elif command == CMD_RESET:
-                        self.envs.reset()
-                        words[CTL_NUM_DONE] = 0
-                    elif command == CMD_CALL:
-                        self._serve_call(seq)
-                        continue  # the call changes no results: the step's infos stay as they were
-                    words[CTL_NUM_INFO] = self._info.dirty
-                except Exception:  # noqa: BLE001
-                    self._fail(self.envs.current_env)
-            words[CTL_FINISHED_AT] = time.monotonic_ns()
-            words[CTL_DONE] = seq  # published last: the trainer reads results after seeing it
-            self._trainer_doorbell.ring()
 
     def _serve_call(self, seq: int) -> None:
         """Runs control call ``seq``: reads its request from the pipe, answers there, then marks it done
@@ -357,8 +371,7 @@ class Worker:
                 answer = run_requests(envs.envs, envs.start, seq, requests)
                 break
         pipe.send_bytes(answer)
-        self._words[CTL_DONE] = seq
-        self._trainer_doorbell.ring()
+        self.publish_done(seq)
 
     def _instrument(self, clock: PhaseClock) -> None:
         """Times each phase of a step (``launch(profile=True)`` only)."""

@@ -1,0 +1,100 @@
+"""``launch(trainer_slot=True)``: the last slot stepped in the trainer's process. Everything a
+worker process's slot does (results, parameters, hooks, infos, episodes, calls, async batches,
+failures) must come out the same."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from helpers import CountingEnv, InfoEnv
+
+import shmpool
+import shmpool.hooks
+from shmpool.errors import PoolBrokenError, WorkerError
+
+
+def run(pool: shmpool.Pool, steps: int, seed: int) -> list:
+    """Observations, rewards, flags and infos of ``steps`` steps with fixed actions (a parameter
+    written halfway), episode durations (wall-clock time) left out."""
+    out = [pool.reset(seed=seed)]
+    rng = np.random.default_rng(seed)
+    for step in range(steps):
+        if step == steps // 2 and pool.config.params:
+            pool.params.write(None, length=np.linspace(0.3, 0.9, pool.num_envs))
+        *results, infos = pool.step(rng.integers(0, 2, pool.num_envs))
+        infos.get("episode", {}).pop("t", None)
+        out.append((*results, infos))
+    return out
+
+
+@pytest.mark.parametrize("mode", ["NextStep", "SameStep"])
+def test_the_trainer_slot_returns_what_worker_processes_return(mode: str, pool_name: str) -> None:
+    options = dict(
+        num_workers=2,
+        autoreset_mode=mode,
+        params={"length": shmpool.Param(low=0.1, high=2.0)},
+        hooks=[shmpool.hooks.RewardScale(0.5), shmpool.hooks.ObservationNoise(0.01)],
+        info_params=True,
+        seed=3,
+    )
+    results = []
+    for trainer_slot in (False, True):
+        with shmpool.launch("CartPole-v1", 6, name=pool_name, trainer_slot=trainer_slot, **options) as pool:
+            assert len(pool.worker_pids) == (1 if trainer_slot else 2)
+            results.append((run(pool, 60, seed=3), pool.episodes.read(), pool.applied["length"].copy()))
+    (steps, episodes, applied), (local_steps, local_episodes, local_applied) = results
+    assert repr(steps) == repr(local_steps)  # observations, rewards, flags, infos, final_obs: all of it
+    untimed = [name for name in episodes.dtype.names if name != "time"]
+    assert len(episodes) > 3 and episodes[untimed].tobytes() == local_episodes[untimed].tobytes()
+    np.testing.assert_array_equal(applied, local_applied)
+
+
+def test_calls_infos_and_async_batches_reach_the_trainer_slot(pool_name: str) -> None:
+    with shmpool.launch(InfoEnv, 4, num_workers=2, batch_size=2, trainer_slot=True, name=pool_name) as pool:
+        assert pool.env_apply(lambda env: os.getpid()) == [pool.worker_pids[0]] * 2 + [os.getpid()] * 2
+        pool.set_attr("t", [0, 0, 5, 5])
+        assert pool.get_attr("t") == (0, 0, 5, 5)
+        _, infos = pool.reset(seed=1)
+        assert infos["_start"].all()
+        pool.async_reset(seed=1)
+        seen = set()
+        for _ in range(8):
+            observations, _, _, _, infos = pool.recv()
+            seen.add(tuple(infos["env_id"].tolist()))
+            pool.send(np.ones(2, dtype=np.int64), infos["env_id"])
+        assert seen == {(0, 1), (2, 3)}
+
+
+def test_an_env_failing_in_the_trainer_slot_is_a_worker_error(pool_name: str) -> None:
+    def fragile() -> gym.Env:
+        return CountingEnv(raise_at=2, raise_seed=3)  # env 3 (the trainer's slot) raises at its 2nd step
+
+    with shmpool.launch(fragile, 4, num_workers=2, trainer_slot=True, name=pool_name) as pool:
+        pool.reset(seed=0)
+        pool.step(np.ones(4, dtype=np.int64))
+        with pytest.raises(WorkerError, match="env 3") as caught:
+            pool.step(np.ones(4, dtype=np.int64))
+        assert caught.value.worker_id == 1 and "boom at step 2" in caught.value.traceback_text
+        with pytest.raises(PoolBrokenError):
+            pool.step(np.ones(4, dtype=np.int64))
+
+
+def test_ctrl_c_waits_for_the_trainer_slot_and_keeps_lockstep(pool_name: str) -> None:
+    slow = [lambda: CountingEnv(length=50, sleep=0.1)] * 4
+    with shmpool.launch(slow, num_workers=2, trainer_slot=True, name=pool_name) as pool:
+        pool.reset(seed=0)
+        timer = threading.Timer(0.05, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
+        timer.start()
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            pool.step(np.ones(4, dtype=np.int64))
+        timer.join()
+        assert time.monotonic() - started >= 0.15  # the slot's two steps ran to their end first
+        observations, *_ = pool.step(np.ones(4, dtype=np.int64))
+        assert observations[:, 0].tolist() == [2.0] * 4 and pool.global_step == 2
