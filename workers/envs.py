@@ -20,11 +20,21 @@ from shmpool.workers.hooks import HookRunner
 from shmpool.workers.params import ParamApplier
 
 
-class EnvSlice:
-    """The envs of one slot and numpy views of the slot's rows in the segment.
+class Slot:
+    """What every kind of slot shares: its rows of the segment, the episode bookkeeping around a
+    reset, the trainer's reset command and the episode records. The kinds differ in how their envs
+    are made, stepped and reset (:class:`EnvSlice`: gymnasium envs one by one;
+    ``shmpool.workers.kernels.KernelSlice``: a compiled kernel over the slot).
 
     ``current_env`` is the env id being worked on, so a failure can name it.
     """
+
+    #: Per env of the slot, set by each kind: the episode's return, length and start time so far.
+    _returns: Any
+    _lengths: Any
+    _starts: Any
+    #: The slot's envs (gymnasium envs, or a kernel's per-row views), by row.
+    envs: list[Any]
 
     def __init__(
         self, config: WorkerConfig, views: dict[str, np.ndarray], info: InfoWriter, params: ParamApplier | None
@@ -38,17 +48,6 @@ class EnvSlice:
         self._params = params
         self._episodes = EpisodeWriter(views, config.worker_id, config.episode_metrics)
         rows = slice(self.start, self.stop)
-        self._obs_space = config.observation_space
-        self._act_space = config.action_space
-        self._obs_leaves = leaves(self._obs_space)
-        self._act_leaves = leaves(self._act_space)
-        self._obs = [views[leaf.field_name("observations")][rows] for leaf in self._obs_leaves]
-        self._final_obs = (
-            [views[leaf.field_name("final_observations")][rows] for leaf in self._obs_leaves] if self.same_step else []
-        )
-        self._actions = [views[leaf.field_name("actions")][rows] for leaf in self._act_leaves]
-        self._act_is_leaf = is_leaf(self._act_space)
-        self._obs_writer = ObservationWriter(self._obs_space, self._obs)
         self._rewards = views["rewards"][rows]
         self._terminations = views["terminations"][rows]
         self._truncations = views["truncations"][rows]
@@ -60,6 +59,100 @@ class EnvSlice:
         self._reset_flags = views["reset_flags"][rows]
         self._reset_options = views["reset_options"]
         self._reset_options_length = views["reset_options_length"]
+        self._needs_reset: Any = None  # per env, set by each kind
+        self.global_step = 0
+        self.hooks: HookRunner | None = None
+        self.envs = []
+
+    def _remake(self, index: int) -> Any:
+        """A new env at row ``index`` (a rebuild parameter changed), the old one released."""
+        raise NotImplementedError
+
+    def _reset_env(self, index: int, env: Any, seed: int | None, options: dict[str, Any] | None) -> None:
+        """Resets env ``index`` and writes its first observation (and infos) to the slot's rows."""
+        raise NotImplementedError
+
+    def _begin_episode(self, index: int) -> tuple[Any, int | None]:
+        """Starts env ``index``'s next episode before its reset: advances its episode index, re-makes
+        it if a rebuild parameter changed, applies per-episode parameters. Returns the env and, for a
+        re-made env, the seed its reset needs."""
+        self._returns[index] = 0.0
+        self._lengths[index] = 0
+        self._starts[index] = time.perf_counter()
+        self._episode_index[index] += 1
+        env, seed = self.envs[index], None
+        params = self._params
+        if params is not None:
+            if params.needs_rebuild(index):
+                env = self.envs[index] = self._remake(index)
+                seed = params.rebuilt_seed(index)
+            params.begin_episode(index)
+        return env, seed
+
+    def _end_episode(self, index: int, terminated: bool, truncated: bool, info: dict[str, Any] | None) -> None:
+        """Publishes the statistics of env ``index``'s finished episode and appends its record."""
+        self._episode_return[index] = self._returns[index]
+        self._episode_length[index] = self._lengths[index]
+        self._episode_time[index] = round(time.perf_counter() - self._starts[index], 6)
+        self._episodes.append(
+            self.start + index,
+            int(self._episode_index[index]),
+            self.global_step,
+            float(self._returns[index]),
+            int(self._lengths[index]),
+            bool(terminated),
+            bool(truncated),
+            info,
+        )
+
+    def resample(self, names: list[str], rows: np.ndarray) -> None:
+        """Draws new values of the named ``dist`` parameters for the envs at ``rows`` (hooks ask)."""
+        if self._params is None:
+            raise KeyError(f"the pool has no parameters to resample ({names})")
+        self._params.resample(names, rows, self._lengths)
+
+    def reset(self) -> None:
+        """Resets the envs that the trainer flagged, with their seeds and the shared options."""
+        self._info.begin()
+        length = int(self._reset_options_length[0])
+        options = json.loads(bytes(self._reset_options[:length]).decode()) if length else None
+        if self._params is not None:
+            self._params.sync()
+        reset_rows = []
+        for index in range(len(self.envs)):
+            flags = int(self._reset_flags[index])
+            if not flags & RESET_THIS_ENV:
+                continue
+            self.current_env = self.start + index
+            env, rebuilt_seed = self._begin_episode(index)
+            seed = seed_of(self._reset_seed[index]) if flags & RESET_WITH_SEED else rebuilt_seed
+            self._reset_env(index, env, seed, options)
+            self._needs_reset[index] = False
+            reset_rows.append(index)
+        self.current_env = None
+        if self.hooks is not None:
+            self.hooks.on_reset(reset_rows, self._lengths)
+
+
+class EnvSlice(Slot):
+    """A slot of gymnasium envs, stepped one by one, with numpy views of the slot's rows."""
+
+    def __init__(
+        self, config: WorkerConfig, views: dict[str, np.ndarray], info: InfoWriter, params: ParamApplier | None
+    ) -> None:
+        super().__init__(config, views, info, params)
+        rows = slice(self.start, self.stop)
+        self._obs_space = config.observation_space
+        self._act_space = config.action_space
+        self._obs_leaves = leaves(self._obs_space)
+        self._act_leaves = leaves(self._act_space)
+        self._obs = [views[leaf.field_name("observations")][rows] for leaf in self._obs_leaves]
+        self._final_obs = (
+            [views[leaf.field_name("final_observations")][rows] for leaf in self._obs_leaves] if self.same_step else []
+        )
+        self._actions = [views[leaf.field_name("actions")][rows] for leaf in self._act_leaves]
+        self._act_is_leaf = is_leaf(self._act_space)
+        self._obs_writer = ObservationWriter(self._obs_space, self._obs)
 
         count = self.stop - self.start
         self._needs_reset = [False] * count
@@ -71,9 +164,6 @@ class EnvSlice:
         self._truncation_row = [False] * count
         self._stepped = [False] * count
         self._step_infos: list[dict[str, Any] | None] = [None] * count
-        self.global_step = 0
-        self.hooks: HookRunner | None = None
-        self.envs: list[gymnasium.Env] = []
 
     def build(self) -> None:
         """Makes the slot's envs and checks their spaces against the pool's."""
@@ -132,46 +222,17 @@ class EnvSlice:
         parts = flatten(self._act_space, batch)
         return [assemble(self._act_space, iter([part[i] for part in parts])) for i in range(len(self.envs))]
 
-    def _begin_episode(self, index: int) -> tuple[gymnasium.Env, int | None]:
-        """Starts env ``index``'s next episode before its reset: advances its episode index, re-makes
-        it if a rebuild parameter changed, applies per-episode parameters. Returns the env and, for a
-        re-made env, the seed its reset needs."""
-        self._returns[index] = 0.0
-        self._lengths[index] = 0
-        self._starts[index] = time.perf_counter()
-        self._episode_index[index] += 1
-        env, seed = self.envs[index], None
-        params = self._params
-        if params is not None:
-            if params.needs_rebuild(index):
-                env.close()
-                env = self.envs[index] = self._make(self.start + index)
-                seed = params.rebuilt_seed(index)
-            params.begin_episode(index)
-        return env, seed
+    def _remake(self, index: int) -> gymnasium.Env:
+        self.envs[index].close()
+        return self._make(self.start + index)
 
-    def _end_episode(self, index: int, terminated: bool, truncated: bool, info: dict[str, Any] | None) -> None:
-        self._episode_return[index] = self._returns[index]
-        self._episode_length[index] = self._lengths[index]
-        self._episode_time[index] = round(time.perf_counter() - self._starts[index], 6)
-        self._episodes.append(
-            self.start + index,
-            int(self._episode_index[index]),
-            self.global_step,
-            self._returns[index],
-            self._lengths[index],
-            bool(terminated),
-            bool(truncated),
-            info,
-        )
+    def _reset_env(self, index: int, env: Any, seed: int | None, options: dict[str, Any] | None) -> None:
+        observation, env_info = env.reset(seed=seed, options=options)
+        self._obs_writer.write(index, observation)
+        if env_info:
+            self._info.add(index, env_info)
 
     # -- commands --------------------------------------------------------------------------------
-
-    def resample(self, names: list[str], rows: np.ndarray) -> None:
-        """Draws new values of the named ``dist`` parameters for the envs at ``rows`` (hooks ask)."""
-        if self._params is None:
-            raise KeyError(f"the pool has no parameters to resample ({names})")
-        self._params.resample(names, rows, self._lengths)
 
     def request_reset(self, rows: np.ndarray) -> None:
         """Makes the envs at ``rows`` reset instead of stepping this step (hooks ask for it)."""
@@ -284,29 +345,3 @@ class EnvSlice:
         if self.hooks is not None:
             self.hooks.on_reset(same_step_resets, lengths)
         return episodes_ended
-
-    def reset(self) -> None:
-        """Resets the envs that the trainer flagged, with their seeds and the shared options."""
-        info = self._info
-        info.begin()
-        length = int(self._reset_options_length[0])
-        options = json.loads(bytes(self._reset_options[:length]).decode()) if length else None
-        if self._params is not None:
-            self._params.sync()
-        reset_rows = []
-        for index in range(len(self.envs)):
-            flags = int(self._reset_flags[index])
-            if not flags & RESET_THIS_ENV:
-                continue
-            self.current_env = self.start + index
-            env, rebuilt_seed = self._begin_episode(index)
-            seed = seed_of(self._reset_seed[index]) if flags & RESET_WITH_SEED else rebuilt_seed
-            observation, env_info = env.reset(seed=seed, options=options)
-            self._needs_reset[index] = False
-            self._obs_writer.write(index, observation)
-            reset_rows.append(index)
-            if env_info:
-                info.add(index, env_info)
-        self.current_env = None
-        if self.hooks is not None:
-            self.hooks.on_reset(reset_rows, self._lengths)

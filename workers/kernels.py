@@ -11,21 +11,17 @@ matrix instead of env attributes.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 import numpy as np
-from gymnasium.vector import AutoresetMode
 
 from shmpool.config import WorkerConfig
-from shmpool.episodes import EpisodeWriter
 from shmpool.infos import InfoWriter
 from shmpool.kernels import BatchKernel, KernelEnv, load
-from shmpool.layout import RESET_THIS_ENV, RESET_WITH_SEED, seed_of
 from shmpool.params import ParamSpec
 from shmpool.spaces import leaves
-from shmpool.workers.hooks import HookRunner
+from shmpool.workers.envs import Slot
 from shmpool.workers.params import ParamApplier
 
 
@@ -140,7 +136,7 @@ class KernelParams(ParamApplier):
         """Nothing to recompute: kernels derive values from the matrix on every step."""
 
 
-class KernelSlice:
+class KernelSlice(Slot):
     """The envs of one slot as rows of a compiled kernel's arrays, with the interface the worker
     uses (``build``, ``step``, ``reset``, ``close``, ``envs``, ``hooks``, ``current_env``)."""
 
@@ -149,32 +145,14 @@ class KernelSlice:
     ) -> None:
         if params is not None and not isinstance(params, KernelParams):
             raise TypeError("the numba engine needs KernelParams")
-        self.start, self.stop = config.env_ids
-        self.same_step = config.autoreset_mode == AutoresetMode.SAME_STEP
-        self.autoreset = config.autoreset_mode != AutoresetMode.DISABLED
-        self.current_env: int | None = None
+        super().__init__(config, views, info, params)
         self.kernel: BatchKernel = load(config.kernel)
-        self._config = config
-        self._info = info
-        self._params = params
-        self._episodes = EpisodeWriter(views, config.worker_id, config.episode_metrics)
         rows = slice(self.start, self.stop)
         (obs_leaf,) = leaves(config.observation_space)
         (act_leaf,) = leaves(config.action_space)
         self._obs = views[obs_leaf.field_name("observations")][rows]
         self._final_obs = views[obs_leaf.field_name("final_observations")][rows] if self.same_step else None
         self._actions = views[act_leaf.field_name("actions")][rows]
-        self._rewards = views["rewards"][rows]
-        self._terminations = views["terminations"][rows]
-        self._truncations = views["truncations"][rows]
-        self._episode_return = views["episode_return"][rows]
-        self._episode_length = views["episode_length"][rows]
-        self._episode_time = views["episode_time"][rows]
-        self._episode_index = views["episode_index"][rows]
-        self._reset_seed = views["reset_seed"][rows]
-        self._reset_flags = views["reset_flags"][rows]
-        self._reset_options = views["reset_options"]
-        self._reset_options_length = views["reset_options_length"]
 
         count = self.stop - self.start
         kwargs = dict(config.env_kwargs)
@@ -202,9 +180,6 @@ class KernelSlice:
         self._returns = np.zeros(count, dtype=np.float64)
         self._lengths = np.zeros(count, dtype=np.int64)
         self._starts = np.full(count, time.perf_counter())
-        self.global_step = 0
-        self.hooks: HookRunner | None = None
-        self.envs: list[KernelEnv] = []
 
     def build(self) -> None:
         """Makes the slot's env views, applies the parameters, and compiles the kernel (or loads it
@@ -243,15 +218,9 @@ class KernelSlice:
 
     def close(self) -> None:
         """Nothing to release: the arrays go with the process."""
-        self.envs = []
+        self.envs.clear()
 
     # -- commands --------------------------------------------------------------------------------
-
-    def resample(self, names: list[str], rows: np.ndarray) -> None:
-        """Draws new values of the named ``dist`` parameters for the envs at ``rows`` (hooks ask)."""
-        if self._params is None:
-            raise KeyError(f"the pool has no parameters to resample ({names})")
-        self._params.resample(names, rows, self._lengths)  # type: ignore[arg-type]
 
     def request_reset(self, rows: np.ndarray) -> None:
         """Makes the envs at ``rows`` reset instead of stepping this step (hooks ask for it)."""
@@ -291,20 +260,11 @@ class KernelSlice:
         self.kernel.step(self._state, self._matrix, actions, stepping, self._obs, self._rewards, self._terminations)
         self._slot.time_limit(self._elapsed, stepping, self._limit, self._truncations, self._stepped)
 
-    def _begin_episode(self, index: int) -> tuple[KernelEnv, int | None]:
-        """Starts env ``index``'s next episode before its reset (as ``EnvSlice._begin_episode``)."""
-        self._returns[index] = 0.0
-        self._lengths[index] = 0
-        self._starts[index] = time.perf_counter()
-        self._episode_index[index] += 1
-        env, seed = self.envs[index], None
-        params = self._params
-        if params is not None:
-            if params.needs_rebuild(index):
-                env = self.envs[index] = self._make(index)
-                seed = params.rebuilt_seed(index)
-            params.begin_episode(index)
-        return env, seed
+    def _remake(self, index: int) -> KernelEnv:
+        return self._make(index)
+
+    def _reset_env(self, index: int, env: Any, seed: int | None, options: dict[str, Any] | None) -> None:
+        env.reset(seed=seed, options=options)  # writes the row's state and observation itself
 
     def _account(self, changed: bool) -> int:
         """Adds the step to each env's episode, ends the finished ones (resetting them now under
@@ -319,20 +279,7 @@ class KernelSlice:
         rows = np.flatnonzero(ended).tolist()
         for index in rows:
             self.current_env = self.start + index
-            terminated, truncated = bool(self._terminations[index]), bool(self._truncations[index])
-            self._episode_return[index] = returns[index]
-            self._episode_length[index] = lengths[index]
-            self._episode_time[index] = round(time.perf_counter() - self._starts[index], 6)
-            self._episodes.append(
-                self.start + index,
-                int(self._episode_index[index]),
-                self.global_step,
-                float(returns[index]),
-                int(lengths[index]),
-                terminated,
-                truncated,
-                None,
-            )
+            self._end_episode(index, self._terminations[index], self._truncations[index], None)
             if self.same_step:
                 assert self._final_obs is not None
                 self._final_obs[index] = self._obs[index]
@@ -345,25 +292,3 @@ class KernelSlice:
         if self.hooks is not None:
             self.hooks.on_reset(same_step_resets, lengths)  # type: ignore[arg-type]
         return len(rows)
-
-    def reset(self) -> None:
-        """Resets the envs that the trainer flagged, with their seeds and the shared options."""
-        self._info.begin()
-        length = int(self._reset_options_length[0])
-        options = json.loads(bytes(self._reset_options[:length]).decode()) if length else None
-        if self._params is not None:
-            self._params.sync()
-        reset_rows = []
-        for index in range(len(self.envs)):
-            flags = int(self._reset_flags[index])
-            if not flags & RESET_THIS_ENV:
-                continue
-            self.current_env = self.start + index
-            env, rebuilt_seed = self._begin_episode(index)
-            seed = seed_of(self._reset_seed[index]) if flags & RESET_WITH_SEED else rebuilt_seed
-            env.reset(seed=seed, options=options)
-            self._needs_reset[index] = False
-            reset_rows.append(index)
-        self.current_env = None
-        if self.hooks is not None:
-            self.hooks.on_reset(reset_rows, self._lengths)  # type: ignore[arg-type]
