@@ -13,7 +13,7 @@ two fields written that way may be seen half-done.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -116,12 +116,7 @@ class ParamBlock:
         """
         self._check_open()
         ids = self._env_ids(env_ids)
-        specs = []
-        for name in values:
-            spec = self.specs.get(name)
-            if spec is None:
-                raise KeyError(f"no parameter {name!r}; the pool has {self.names}")
-            specs.append(spec)
+        specs = named_specs(self.specs, values)
         rows = slice(None) if env_ids is None else ids  # every env: plain views are cheaper than indexing
         plain = self._plain_values(specs, values, len(ids))
         with self._lock.hold(WRITE_LOCK_TIMEOUT, self._check_open):
@@ -165,6 +160,17 @@ class ParamBlock:
         if isinstance(checked, dict):
             return [(column[arg], array) for arg, array in checked.items()]
         return [(column, checked)]
+
+
+def named_specs(specs: Mapping[str, ParamSpec], names: Iterable[str]) -> list[ParamSpec]:
+    """The specs of the parameters ``names``, or a ``KeyError`` naming the unknown one and the known."""
+    found = []
+    for name in names:
+        spec = specs.get(name)
+        if spec is None:
+            raise KeyError(f"no parameter {name!r}; the pool has {list(specs)}")
+        found.append(spec)
+    return found
 
 
 def env_rows(env_ids: Any, num_envs: int) -> np.ndarray:

@@ -50,7 +50,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from shmpool.errors import PoolClosedError, PoolExistsError, PoolNotFoundError, ShmpoolError
-from shmpool.param_block import env_rows, validate
+from shmpool.param_block import env_rows, named_specs, validate
 from shmpool.params import ParamSpec
 from shmpool.view import PoolStats
 
@@ -489,12 +489,7 @@ class ClusterParams:
         self._check()
         fleet = self._fleet
         ids = self._env_ids(env_ids)
-        specs = []
-        for name in values:
-            spec = self.specs.get(name)
-            if spec is None:
-                raise KeyError(f"no parameter {name!r}; the pool has {self.names}")
-            specs.append(spec)
+        specs = named_specs(self.specs, values)
         by_node = fleet.split(ids)
         fleet.check_nodes(list(by_node), "params.write")
         # A dict that leaves some of a distribution's arguments out keeps the block's values for them:

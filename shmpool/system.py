@@ -358,14 +358,9 @@ def descendants(root: int) -> set[int]:
     children: dict[int, list[int]] = {}
     live: set[int] = set()
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        fields = stat_fields(int(entry)) if entry.isdigit() else None
+        if fields is None:
             continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as file:
-                data = file.read()
-        except OSError:
-            continue
-        fields = data[data.rindex(b")") + 2 :].split()
         children.setdefault(int(fields[1]), []).append(int(entry))
         if fields[0] not in (b"Z", b"X"):
             live.add(int(entry))
@@ -379,7 +374,7 @@ def descendants(root: int) -> set[int]:
     return found
 
 
-def _stat_fields(pid: int) -> list[bytes] | None:
+def stat_fields(pid: int) -> list[bytes] | None:
     """The fields of ``/proc/PID/stat`` after the command name (state first), or None if unreadable."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as file:
@@ -392,7 +387,7 @@ def _stat_fields(pid: int) -> list[bytes] | None:
 
 def process_state(pid: int) -> str:
     """The one-letter state of a process (``T`` stopped, ``R`` running, ...), or ``?``."""
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     return fields[0].decode() if fields else "?"
 
 
@@ -401,7 +396,7 @@ def process_start_ticks(pid: int) -> int | None:
 
     Together with the pid it names a process uniquely, even after the pid is reused.
     """
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     if fields is None or fields[0] in (b"Z", b"X"):
         return None
     return int(fields[19])

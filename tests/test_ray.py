@@ -28,6 +28,7 @@ from helpers import CountingEnv, PairEnv, wait_gone
 
 import shmpool
 import shmpool.ray  # cheap: Ray itself is imported on first use
+from shmpool.system import stat_fields
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason='needs Ray: pip install -e ".[ray]"')
 
@@ -44,12 +45,8 @@ def _cmdline(pid: int) -> str:
 
 
 def _parent(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as file:
-            data = file.read()
-    except OSError:
-        return 0
-    return int(data[data.rindex(b")") + 2 :].split()[1])
+    fields = stat_fields(pid)
+    return 0 if fields is None else int(fields[1])
 
 
 def _rays_own(pid: int) -> bool:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from shmpool.system import SEGMENT_PREFIX
+from shmpool.system import SEGMENT_PREFIX, stat_fields
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -43,15 +43,8 @@ def session_processes(session: int) -> set[int]:
     is gone (they are re-parented, so a walk down from the test process would miss them)."""
     found = set()
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as file:
-                data = file.read()
-        except OSError:
-            continue
-        fields = data[data.rindex(b")") + 2 :].split()  # the command name may hold spaces and ')'
-        if int(fields[3]) == session and fields[0] not in (b"Z", b"X"):
+        fields = stat_fields(int(entry)) if entry.isdigit() else None
+        if fields is not None and int(fields[3]) == session and fields[0] not in (b"Z", b"X"):
             found.add(int(entry))
     return found
 

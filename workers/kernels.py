@@ -92,12 +92,10 @@ class KernelParams(ParamApplier):
         if fast is None:
             super().sync()
             return
-        if self._block.tobytes() == self._seen_bytes:  # nothing written since (the common case)
+        changed = self.changed_block()
+        if changed is None:
             return
-        snapshot = self._read()
-        snapshot_bytes = snapshot.tobytes()
-        if snapshot_bytes == self._seen_bytes:
-            return
+        snapshot, snapshot_bytes = changed
         count = len(snapshot)
         new, seen = snapshot.view(np.float64).reshape(count, -1), self._seen.view(np.float64).reshape(count, -1)
         if fast[0](new, seen, *fast[1:]):

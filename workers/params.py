@@ -162,14 +162,21 @@ class ParamApplier:
 
     # -- per command -----------------------------------------------------------------------------
 
-    def sync(self) -> None:
-        """Reads the block; validates what changed; applies changed ``step`` values now."""
-        if self._block.tobytes() == self._seen_bytes:  # nothing written since (the common case)
-            return
+    def changed_block(self) -> tuple[np.ndarray, bytes] | None:
+        """A torn-free copy of the slot's block and its bytes if it changed since the last sync, else
+        None (one bytes compare in the common case: nothing written)."""
+        if self._block.tobytes() == self._seen_bytes:
+            return None
         snapshot = self._read()
         snapshot_bytes = snapshot.tobytes()
-        if snapshot_bytes == self._seen_bytes:
+        return None if snapshot_bytes == self._seen_bytes else (snapshot, snapshot_bytes)
+
+    def sync(self) -> None:
+        """Reads the block; validates what changed; applies changed ``step`` values now."""
+        changed = self.changed_block()
+        if changed is None:
             return
+        snapshot, snapshot_bytes = changed
         touched = np.zeros(len(self._env_ids), dtype=np.bool_)
         general = self._specs
         if self._scalars is not None:
