@@ -12,10 +12,15 @@ Each worker is in one of four states, and moves through them in order::
 
     IDLE ──send/async_reset──▶ BUSY ──DONE seen──▶ READY ──recv──▶ RETURNED ──send──▶ BUSY ...
 
-``recv`` waits until ``batch_size / slot size`` workers are READY, takes the first to have finished
-(whatever their ids) and returns their rows, in worker order, with ``infos["env_id"]``; ``send`` takes actions for
-whole RETURNED slots. Each worker's command has its own sequence number, so one worker can start
-a step while another is still on its previous one.
+``recv`` waits until ``batch_size / slot size`` workers are READY, takes the first to have
+finished (whatever their ids) and returns their rows, in worker order, with ``infos["env_id"]``;
+``send`` takes actions for whole RETURNED slots. Each worker's command has its own sequence number,
+so one worker can start a step while another is still on its previous one.
+
+On 2 cores this does not beat synchronous steps (see the README and ``bench.py --loop``): the
+trainer is a third runnable process beside two workers, and a wake-up costs about 17 us here, so
+the overlap it buys is lost to contention. ``trainer_slot=True`` with ``step`` is the faster choice
+there; batches pay where a core is free for the trainer.
 """
 
 from __future__ import annotations

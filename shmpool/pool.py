@@ -502,7 +502,7 @@ class Pool(Channels, VectorEnv):
                 by_worker[worker_of[request[0]]].append(request)
                 places[worker_of[request[0]]].append(place)
             seq = self._lifecycle.next_seq()
-            messages = [encode((seq, part), f"the arguments of {what}") for part in by_worker]  # pickled once
+            messages = [encode((seq, part), f"the arguments of {what}") for part in by_worker]
             local, local_id = self._lifecycle.local, self._lifecycle.local_id
             with interrupts_deferred():  # a request half-written to a pipe could not be sent again
                 self._run(CMD_CALL, f"call {what}", seq)
