@@ -581,8 +581,14 @@ pool.close()
 
 def test_ctrl_c_inside_the_writer_lock_never_leaves_it_held(pool_name: str, tmp_path: Path) -> None:
     result = run_script(INTERRUPTED_WRITER, pool_name, str(tmp_path), timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
-    interrupts, other, quick, values = result.stdout.strip().split(" ", 3)
+    # What is tested is printed before the script closes the pool and exits. Once, on a loaded CI
+    # machine, the script was ended by a SIGINT during interpreter shutdown, after that line (the
+    # storm's last signals late, as the shutdown restores the default handler): not this test's
+    # subject, so that exit is tolerated, and only with the whole line printed.
+    printed = result.stdout.strip().split(" ", 3)
+    late_sigint = result.returncode == -signal.SIGINT and len(printed) == 4 and printed[3].startswith("[")
+    assert result.returncode == 0 or late_sigint, result.stderr[-2000:]
+    interrupts, other, quick, values = printed
     assert int(interrupts) > 100
     assert (other, quick, values) == ("0", "True", "[3.0, 3.0, 3.0, 3.0]")
 
