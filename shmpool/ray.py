@@ -21,8 +21,9 @@ snapshot of the rows it changes, and episode records travel back as copies::
 Global env ids run in node order: node k holds ``nodes[k].env_ids``. Given the same seeds and
 actions, :meth:`ClusterPool.step` returns exactly what a local pool of the same total size returns
 (``reset(seed=s)`` seeds global env ``i`` with ``s + i``, and ``launch(seed=s)`` does the same for
-the first reset). Draws of ``dist`` parameters are each node's own (node ``k``'s pool is seeded
-with ``seed + nodes[k].env_ids.start``), so they differ from a single pool's.
+the first reset). Draws of ``dist`` parameters and hooks' random streams are each node's own
+(node ``k``'s pool is seeded with ``seed + nodes[k].env_ids.start``), so they differ from a single
+pool's.
 
 Example (``ray.init()`` starts a one-node Ray on this machine; on a cluster, ``address="auto"``):
 
@@ -72,6 +73,8 @@ NAMESPACE = "shmpool"
 TRANSPORT_MARGIN = 30.0
 #: Seconds a host may take to answer a bookkeeping call (``alive``, ``stats``, a version).
 QUICK_CALL = 10.0
+#: How long close() waits for all the hosts to close their pools when the pool's timeout is None.
+CLOSE_WAIT = 60.0
 
 
 class ClusterNodeError(ShmpoolError, RuntimeError):
@@ -137,6 +140,9 @@ class _Host:
 
         import shmpool
 
+        # Not fork by default: this process runs Ray's gRPC threads, which a forked child inherits
+        # in whatever state they were (forkserver forks from a clean server process instead).
+        options = {"start_method": "forkserver", **options}
         self._pool = pool = shmpool.launch(env, num_envs, name=pool_name, **options)
         params = pool.param_specs
         return {
@@ -312,22 +318,25 @@ class _Fleet:
         """The results of ``refs`` (node -> Ray object ref); raises the first failure, naming its node."""
         results: dict[int, Any] = {}
         first: Exception | None = None
+        deadline = None if self.wait is None else time.monotonic() + self.wait  # one for all the nodes
         for index, ref in refs.items():
             try:
-                results[index] = self.result(index, ref, what)
+                results[index] = self.result(index, ref, what, deadline)
             except Exception as error:  # re-raised below, once every node has answered
                 first = first or error
         if first is not None:
             raise first
         return results
 
-    def result(self, index: int, ref: Any, what: str) -> Any:
+    def result(self, index: int, ref: Any, what: str, deadline: float | None = None) -> Any:
         """The result of one host call; raises its error with a note naming the node, or a
-        :class:`ClusterNodeError` if the host is gone or did not answer in time."""
+        :class:`ClusterNodeError` if the host is gone or did not answer in time (by ``deadline``,
+        or within the pool's wait)."""
         ray = _ray()
         node = self.nodes[index]
+        timeout = self.wait if deadline is None else max(0.0, deadline - time.monotonic())
         try:
-            return ray.get(ref, timeout=self.wait)
+            return ray.get(ref, timeout=timeout)
         except ray.exceptions.RayTaskError as error:
             cause = error.cause
             if isinstance(cause, Exception) and not isinstance(cause, ray.exceptions.RayError):
@@ -766,7 +775,8 @@ def launch(
         registry.publish.remote(description)
         return ClusterPool(_Fleet(name, registry, hosts, description, owner=True), description, actors)
     except BaseException:
-        _stop(ray, actors, hosts=actors[1:], wait=QUICK_CALL)
+        _stop(ray, actors, dict(enumerate(actors[1:])), wait=QUICK_CALL)
+        _sweep(ray, list(chosen))  # every node: a host killed mid-launch leaves its pool behind
         raise
 
 
@@ -854,24 +864,44 @@ def _sweep(ray: Any, node_ids: list[str]) -> None:
             continue
 
 
-def _stop(ray: Any, actors: list[Any], hosts: list[Any], wait: float | None) -> None:
-    """Closes the hosts' pools (waiting up to ``wait`` for each) and ends every actor."""
-    refs = []
-    for host in hosts:
+def _stop(ray: Any, actors: list[Any], hosts: Mapping[int, Any], wait: float | None) -> list[int]:
+    """Closes the hosts' pools (all of them within ``wait`` seconds together; None: within
+    ``CLOSE_WAIT``) and ends every actor. Returns the nodes whose host did not confirm its close:
+    their pools may have been left by a kill, and are swept once the kill has landed."""
+    deadline = time.monotonic() + (CLOSE_WAIT if wait is None else wait)
+    refs = {}
+    unconfirmed = []
+    for index, host in hosts.items():
         try:
-            refs.append(host.close.remote())
-        except Exception:  # noqa: S112 - a host that cannot take the call is killed below all the same
-            continue
-    for ref in refs:
+            refs[index] = host.close.remote()
+        except Exception:  # noqa: BLE001 - a host that cannot take the call is killed below all the same
+            unconfirmed.append(index)
+    for index, ref in refs.items():
         try:
-            ray.get(ref, timeout=wait)
-        except Exception:  # noqa: S112 - a dead host's workers remove its segment themselves
-            continue
+            ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+        except Exception:  # noqa: BLE001 - stuck or dead: killed below, its node swept after
+            unconfirmed.append(index)
     for actor in actors:
         try:
             ray.kill(actor, no_restart=True)
         except Exception:  # noqa: S112
             continue
+    for index in unconfirmed:  # a kill is asynchronous: sweep only once the host's process is gone
+        _wait_dead(ray, hosts[index], QUICK_CALL)
+    return sorted(unconfirmed)
+
+
+def _wait_dead(ray: Any, actor: Any, timeout: float) -> None:
+    """Returns once ``actor`` is dead (its calls fail as such), or after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=max(0.1, deadline - time.monotonic()))
+        except ray.exceptions.RayActorError:
+            return
+        except Exception:  # noqa: BLE001, S110 - not dead yet (a timeout): look again
+            pass
+        time.sleep(0.05)
 
 
 class ClusterPool(_ClusterChannels, VectorEnv):
@@ -1139,9 +1169,12 @@ class ClusterPool(_ClusterChannels, VectorEnv):
             ray.get(fleet.registry.close.remote(), timeout=QUICK_CALL)
         except Exception:  # noqa: S110 - the registry only tells attached processes; it is killed below
             pass
-        live = [host for index, host in enumerate(fleet.hosts) if index not in fleet.failed]
-        _stop(ray, self._actors, live, fleet.wait)
-        _sweep(ray, [fleet.nodes[index].node_id for index in sorted(fleet.died)])
+        live = {index: host for index, host in enumerate(fleet.hosts) if index not in fleet.failed}
+        unconfirmed = _stop(ray, self._actors, live, fleet.wait)
+        for index in fleet.failed:  # failed earlier (died, stuck, cut off): killed by _stop above
+            _wait_dead(ray, fleet.hosts[index], QUICK_CALL)
+        swept = sorted(set(unconfirmed) | set(fleet.failed) | fleet.died)
+        _sweep(ray, [fleet.nodes[index].node_id for index in swept])
 
 
 def _concat(parts: list[Any]) -> Any:
