@@ -42,6 +42,7 @@ import secrets
 import socket
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -325,6 +326,7 @@ class _Fleet:
             except Exception as error:  # re-raised below, once every node has answered
                 first = first or error
         if first is not None:
+            first.partial_results = results  # type: ignore[attr-defined]  # what the other nodes answered
             raise first
         return results
 
@@ -565,13 +567,20 @@ class ClusterEpisodes:
     def read(self) -> np.ndarray:
         """The new records of every node, ordered by the step they ended at, then global env id.
 
-        Raises:
-            ClusterNodeError: naming a node that failed (the other nodes' records stay unread then).
+        A node that fails during the read is left out with a ``RuntimeWarning`` naming it, and one
+        that failed earlier silently (``step`` and ``write`` raised for it): the records the other
+        nodes handed over are returned, never dropped, so a curriculum keeps seeing the healthy part
+        of the fleet.
         """
         self._check()
         fleet = self._fleet
-        parts = fleet.call("read_episodes", {k: (self._reader,) for k in range(len(fleet.nodes))}, "episodes.read")
-        merged = []
+        healthy = {k: (self._reader,) for k in range(len(fleet.nodes)) if k not in fleet.failed}
+        try:
+            parts = fleet.call("read_episodes", healthy, "episodes.read")
+        except ClusterNodeError as error:
+            parts = getattr(error, "partial_results", {})
+            warnings.warn(f"{error} (its records are left out)", RuntimeWarning, stacklevel=2)
+        merged = [np.zeros(0, self.dtype)]
         for index in sorted(parts):
             records, self._lost[index] = parts[index]
             chunk = np.zeros(len(records), self.dtype)

@@ -301,8 +301,11 @@ def test_a_killed_host_actor_raises_an_error_naming_its_node(pool_name: str) -> 
         assert time.monotonic() - started < 15.0  # an error, not a hang
         assert not fleet.alive
 
-        # Node 0's pool stays valid until close(): its envs take writes, and it can be attached.
+        # Node 0's pool stays valid until close(): its envs take writes, its records are read, and
+        # it can be attached.
         fleet.params.write([0], a=3.0)
+        records = fleet.episodes.read()  # node 1 failed earlier: left out, no error
+        assert set(records["node"].tolist()) <= {0}
         with shmpool.attach(f"{pool_name}-0") as node_pool:
             assert node_pool.alive and node_pool.params["a"][0] == 3.0
         assert not wait_gone(workers, 10.0), "node 1's pool workers outlived their host"
