@@ -80,8 +80,8 @@ class Batches:
 
     def start_reset(self, seq: int) -> None:
         """Sends the reset the pool has just prepared in the segment (flags, seeds, options) to every
-        worker; ``recv`` returns its observations batch by batch."""
-        self._discard()
+        worker, once :meth:`discard` has ended what was in flight; ``recv`` returns its observations
+        batch by batch."""
         self._issue(seq, CMD_RESET, list(range(len(self._slots))))
 
     def send(self, actions: Any, env_ids: Any, seq: Callable[[], int]) -> int:
@@ -174,18 +174,16 @@ class Batches:
             self._mark_ready(self._waiter.wait_some(busy, "a batch in flight", deadline), busy)
         self._waiter.raise_failures("a batch in flight")
 
-    def _discard(self) -> None:
-        """Waits for the workers in flight and forgets every result not yet returned (a reset follows)."""
+    def discard(self) -> None:
+        """Ends async mode before a reset: waits for the workers in flight and forgets every result
+        not yet returned."""
+        if not self.in_flight:
+            return
         self.settle()
         self._ready.clear()
         self._state = [IDLE] * len(self._slots)
         self._returned = None
         self.in_flight = False
-
-    def discard(self) -> None:
-        """Ends async mode before a synchronous reset."""
-        if self.in_flight:
-            self._discard()
 
     def _issue(self, seq: int, command: int, workers: Sequence[int]) -> None:
         with interrupts_deferred():  # the states must say exactly which workers got the command

@@ -193,19 +193,13 @@ class TypedInfoEnv(gym.Env):
         return observation, np.float32(0.5 * self.t), self.t >= self.length, False, info
 
 
-class DictObsEnv(gym.Env):
-    """A Dict observation drawn from the env's seed each step; a Box action; episodes of 4 steps."""
+class DictObsEnv(EchoEnv):
+    """A Dict observation drawn from the env's seed each step (reset as EchoEnv's); a Box action;
+    episodes of 4 steps."""
 
     def __init__(self) -> None:
-        self.observation_space = spaces.Dict({"a": spaces.Box(0.0, 1.0, (2,)), "b": spaces.Discrete(5)})
+        super().__init__(spaces.Dict({"a": spaces.Box(0.0, 1.0, (2,)), "b": spaces.Discrete(5)}), length=4)
         self.action_space = spaces.Box(-1.0, 1.0, (1,))
-        self.t = 0
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        self.observation_space.seed(int(self.np_random.integers(1 << 31)))
-        return self.observation_space.sample(), {}
 
     def step(self, action):
         self.t += 1
