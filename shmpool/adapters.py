@@ -36,11 +36,19 @@ class EnvAdapter:
 
     name: str = "generic"
     classes: tuple[str, ...] = ()
+    #: The attributes of the unwrapped env that :meth:`refresher` derives values from: a parameter
+    #: bound to another plain attribute changes nothing it must recompute. None: any parameter.
+    refresh_inputs: frozenset[str] | None = None
 
     def refresher(self, env: Any) -> Callable[[], None] | None:
         """A function that recomputes what ``env`` caches from its parameters (values its
         ``__init__`` derives once), run after parameters were applied to it; None if it caches
         nothing. Called once per env, when it is attached."""
+        return None
+
+    def refresher_of_many(self, envs: list[Any]) -> Callable[[], None] | None:
+        """One function doing what :meth:`refresher` does for each of ``envs`` (all of this family),
+        for a slot whose every env changed; None: the envs' own refreshers are called one by one."""
         return None
 
     def kicker(self, env: Any) -> Callable[[Any], None] | None:

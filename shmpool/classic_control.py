@@ -43,13 +43,21 @@ class CartPole(ClassicControl):
     """CartPole, which derives ``total_mass`` and ``polemass_length`` from ``masscart``,
     ``masspole`` and ``length`` once, in ``__init__``."""
 
+    refresh_inputs = frozenset({"masscart", "masspole", "length"})
+
     def refresher(self, env: Any) -> Callable[[], None]:
-        """Recomputes ``total_mass`` and ``polemass_length`` as ``__init__`` does."""
-        unwrapped = env.unwrapped
+        """Recomputes ``total_mass`` and ``polemass_length`` as ``__init__`` does (run after one of
+        ``refresh_inputs`` changed)."""
+        return self.refresher_of_many([env])
+
+    def refresher_of_many(self, envs: list[Any]) -> Callable[[], None]:
+        """:meth:`refresher` of every env in ``envs``, in one loop."""
+        unwrapped = [env.unwrapped for env in envs]
 
         def refresh() -> None:
-            unwrapped.total_mass = unwrapped.masspole + unwrapped.masscart
-            unwrapped.polemass_length = unwrapped.masspole * unwrapped.length
+            for env in unwrapped:
+                env.total_mass = env.masspole + env.masscart
+                env.polemass_length = env.masspole * env.length
 
         return refresh
 

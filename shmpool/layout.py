@@ -80,8 +80,9 @@ from .system import pid_namespace
 
 MAGIC = b"SHMPOOL\x00"
 #: 3: the owner's pid namespace word, no owner-uid or worker-pid words, the writers' words and undo
-#: journals, event tickets. 4: 256-bit reset seeds (gymnasium takes any non-negative int).
-LAYOUT_VERSION = 4
+#: journals, event tickets. 4: 256-bit reset seeds (gymnasium takes any non-negative int). 5: the params
+#: generation word (readers copy the block without the per-row counters unless a write is in flight).
+LAYOUT_VERSION = 5
 HEADER_WORDS = 16
 HEADER_BYTES = HEADER_WORDS * 8
 ALIGNMENT = 64

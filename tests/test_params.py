@@ -170,6 +170,69 @@ def test_same_seed_and_writes_give_the_same_run_for_any_worker_count(pool_name: 
 
 
 @pytest.mark.parametrize("engine", helpers.ENGINES)
+def test_every_value_rewritten_every_step_matches_gymnasium(engine: str, pool_name: str) -> None:
+    """A curriculum's write of every parameter of every env before every step (the workers' whole-slot
+    path) steps exactly like gymnasium envs configured by hand, derived values included; a change of
+    ``force_mag`` alone, which CartPole derives nothing from, is applied too; a raw write that breaks a
+    bound in every env is refused as a whole and the envs keep their values."""
+    params = {
+        "length": Param(low=0.1, high=2.0),
+        "masspole": Param(low=0.01, high=1.0),
+        "force_mag": Param(low=1.0, high=30.0),
+        "masscart": Param(low=0.5, high=2.0, when="reset"),  # a scalar column that is not applied at steps
+    }
+    num_envs, rng = 4, np.random.default_rng(1)
+    references = [gym.make("CartPole-v1") for _ in range(num_envs)]
+    with shmpool.launch("CartPole-v1", num_envs, num_workers=2, name=pool_name, params=params, engine=engine) as pool:
+        observations, _ = pool.reset(seed=3)
+        for i, reference in enumerate(references):
+            np.testing.assert_array_equal(observations[i], reference.reset(seed=3 + i)[0])
+        pool.action_space.seed(0)
+        for t in range(60):
+            values = {
+                "length": rng.uniform(0.3, 1.5, num_envs),
+                "masspole": rng.uniform(0.05, 0.5, num_envs),
+                "force_mag": rng.uniform(5.0, 20.0, num_envs),
+                "masscart": rng.uniform(0.5, 2.0, num_envs),
+            }
+            if t % 3 == 2:  # force_mag alone
+                values = {"force_mag": values["force_mag"]}
+            if t % 2:
+                pool.params.write(None, **values)
+            else:  # raw numpy writes, field by field
+                for name, column in values.items():
+                    pool.params[name][:] = column
+            for i, reference in enumerate(references):
+                env = reference.unwrapped
+                for name in ("length", "masspole", "force_mag"):
+                    if name in values:
+                        setattr(env, name, float(values[name][i]))
+                env.total_mass = env.masspole + env.masscart
+                env.polemass_length = env.masspole * env.length
+            actions = pool.action_space.sample()
+            observations, rewards, terminations, truncations, _ = pool.step(actions)
+            for i, reference in enumerate(references):
+                expected, reward, terminated, truncated, _ = reference.step(actions[i])
+                np.testing.assert_array_equal(observations[i], expected, err_msg=f"step {t} env {i}")
+                assert rewards[i] == reward and terminations[i] == terminated
+            for name in ("length", "masspole", "force_mag"):
+                if name in values:
+                    assert pool.applied[name].tobytes() == values[name].tobytes(), f"step {t} {name}"
+            if terminations.any() or truncations.any():
+                break  # compared up to the first episode's end
+        assert t > 5
+        if engine == "python":
+            lengths = pool.get_attr("length")
+            assert all(type(length) is float for length in lengths), "envs get Python floats, as from gymnasium"
+        before = pool.applied.copy()
+        pool.params["length"][:] = 5.0  # above the bound in every env
+        with pytest.warns(RuntimeWarning, match=r"params\['length'\].*rejected: outside"):
+            pool.step(np.zeros(num_envs, int))
+        assert pool.applied["length"].tobytes() == before["length"].tobytes()
+        assert pool.params.refusals["length"] == num_envs
+
+
+@pytest.mark.parametrize("engine", helpers.ENGINES)
 def test_refused_raw_writes_keep_the_last_good_value(engine: str, pool_name: str) -> None:
     params = {"length": Param(low=0.1, high=2.0), "gravity": Param(low=0.0, high=50.0)}
     with shmpool.launch("CartPole-v1", 4, num_workers=2, name=pool_name, params=params, engine=engine) as pool:

@@ -37,6 +37,7 @@ from shmpool.protocol import (
     W_EVENTS_JOURNAL,
     W_EVENTS_PUBLISHED,
     W_HOLDER,
+    W_PARAMS_GENERATION,
     W_PARAMS_JOURNAL,
     WRITERS_WORDS,
     EventRings,
@@ -349,7 +350,7 @@ class SeqlockWorld:
     def read(self, old: np.ndarray, new: np.ndarray, written: np.ndarray, changing: bool) -> None:
         """A reader's ``seqlock_read``: never a torn pair; rows outside ``written`` exactly ``old``; rows
         in it ``old``, ``new`` or the reader's previous value (that one alone when ``changing``)."""
-        got = seqlock_read(self.block, self.seq, self.previous)
+        got = seqlock_read(self.block, self.seq, self.previous, self.words)
         assert (got["a"] == -got["b"]).all(), f"torn rows: {got}"
         assert (got[~written] == old[~written]).all(), f"rows not written changed: {got} vs {old}"
         previous = self.previous
@@ -374,6 +375,7 @@ class SeqlockWorld:
         assert (np.array(self.block) == self.model).all(), f"block {np.array(self.block)} != model {self.model}"
         assert (self.seq % 2 == 0).all(), f"odd counters {self.seq}"
         assert self.words[W_PARAMS_JOURNAL] == 0
+        assert self.words[W_PARAMS_GENERATION] % 2 == 0, "a write left the generation odd"
 
     def write(
         self,

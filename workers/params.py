@@ -3,6 +3,8 @@ each parameter when its ``when`` says, draw randomized ones, and publish what ea
 
 from __future__ import annotations
 
+import keyword
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -13,7 +15,7 @@ from shmpool.bindings import Binding, plain_values
 from shmpool.draws import derive_seed, draw
 from shmpool.layout import CTL_PARAM_REFUSALS
 from shmpool.params import ParamSpec, bad_rows, problem, show
-from shmpool.protocol import seqlock_read
+from shmpool.protocol import W_PARAMS_GENERATION, seqlock_read
 
 
 class ParamApplier:
@@ -39,6 +41,7 @@ class ParamApplier:
         self._all_rows = np.arange(count)
         self._block = views["params"][start:stop]
         self._seq = views["params_seq"][start:stop]
+        self._writers = views["writers"]
         self._applied = views["applied"][start:stop]
         self._episodes = views["episode_index"][start:stop]
         self._refusals = views["param_refusals"][worker_id]
@@ -56,12 +59,22 @@ class ParamApplier:
         self._bindings: dict[int, list[Binding | None]] = {
             s.index: [None] * count for s in specs if s.when != "rebuild"
         }
-        self._scalars = _ScalarColumns.find(specs, self._block.dtype)
+        self._scalars = _ScalarColumns.find(specs, self._block.dtype, self._good, self._applied)
         self._attributes: dict[int, list[tuple[Any, str] | None]] = {index: [None] * count for index in self._bindings}
         self._refreshers: list[Callable[[], None] | None] = [None] * count
+        self._adapters: list[tuple[Any, Any] | None] = [None] * count  # (adapter, env) of each env
+        #: Refreshes every env of the slot at once (an adapter's ``refresher_of_many``), or None when
+        #: their own refreshers are called one by one; False: not looked for since an env was attached.
+        self._refresh_every: Callable[[], None] | None | bool = False
+        #: The indices of the parameters whose change some env must refresh after (its adapter derives
+        #: values from them); grows as envs are attached.
+        self._refreshed_by: set[int] = set()
         #: Per parameter index: every env's (object, attribute) when all are plain attributes, else
         #: an empty list; filled on first use, emptied when an env is (re)built.
         self._plain: dict[int, list[Any]] = {}
+        #: Sets the scalar ``step`` parameters of every env in one loop, or None when one is not a
+        #: plain attribute of its env (:func:`_attribute_setter`); made on first use, like ``_plain``.
+        self._every_row_setter: tuple[Callable[[list[Any], np.ndarray], None], list[Any]] | None = None
         self._built_with: list[bytes] = [b""] * count
 
     @property
@@ -76,7 +89,7 @@ class ParamApplier:
 
     def _read(self) -> np.ndarray:
         """A copy of the slot's records in which no record is half-written (seqlock reader)."""
-        return seqlock_read(self._block, self._seq, self._seen)
+        return seqlock_read(self._block, self._seq, self._seen, self._writers)
 
     # -- env lifecycle ---------------------------------------------------------------------------
 
@@ -95,13 +108,31 @@ class ParamApplier:
                 binding = self._bindings[spec.index][local] = Binding(env, spec, self._label)
                 self._attributes[spec.index][local] = binding.attribute
         self._plain.clear()  # the env's bindings changed: recompute which parameters are plain
-        self._refreshers[local] = adapter_for(env).refresher(env)  # what the env caches from its parameters
+        self._every_row_setter = None
+        adapter = adapter_for(env)
+        refresher = self._refreshers[local] = adapter.refresher(env)  # what the env caches from its parameters
+        self._adapters[local], self._refresh_every = (adapter, env), False
+        if refresher is not None:
+            self._refreshed_by.update(self._inputs_of(adapter, env, local))
         rows = np.array([local])
         for spec in self._step_values:
             self._apply(spec, rows, self._good[spec.name][rows])
         for spec in self._rebuild:
             self._applied[spec.name][local] = self._good[spec.name][local]
         self._refresh(rows)
+
+    def _inputs_of(self, adapter: Any, env: Any, local: int) -> list[int]:
+        """The parameters whose change the refresher of env ``local`` must follow: those bound to one
+        of its adapter's ``refresh_inputs``, or to anything it cannot see (a path, a setter)."""
+        inputs, unwrapped = adapter.refresh_inputs, env.unwrapped
+        found = []
+        for spec in self._specs:
+            if spec.when == "rebuild" or spec.bind is False:
+                continue
+            attribute = self._attributes[spec.index][local]
+            if inputs is None or attribute is None or attribute[0] is not unwrapped or attribute[1] in inputs:
+                found.append(spec.index)
+        return found
 
     def needs_rebuild(self, local: int) -> bool:
         """Whether a ``rebuild`` parameter of env ``local`` changed since it was built."""
@@ -142,10 +173,7 @@ class ParamApplier:
     def _apply_all(self, spec: ParamSpec, values: np.ndarray) -> None:
         """:meth:`_apply` for every env of the slot: a parameter rewritten for all of them (the case of
         a curriculum or a per-step randomization) is set without per-env lookups."""
-        targets = self._plain.get(spec.index)
-        if targets is None:
-            attributes = self._attributes[spec.index]
-            targets = self._plain[spec.index] = attributes if all(a is not None for a in attributes) else []
+        targets = self._plain_targets(spec)
         if not targets or values.ndim != 1:
             self._apply(spec, self._all_rows, values)
             return
@@ -155,18 +183,40 @@ class ParamApplier:
 
     def _refresh(self, rows: Iterable[int] | None = None) -> None:
         """Recomputes what the envs at ``rows`` (None: all) derive from their parameters."""
+        if rows is None:
+            if self._refresh_every is False:
+                self._refresh_every = self._refresher_of_every_env()
+            if callable(self._refresh_every):
+                self._refresh_every()
+                return
         refreshers = self._refreshers if rows is None else [self._refreshers[int(local)] for local in rows]
         for refresher in refreshers:
             if refresher is not None:
                 refresher()
+
+    def _refresher_of_every_env(self) -> Callable[[], None] | None:
+        """One refresher of the whole slot, when its envs all have one from the same adapter."""
+        attached = [pair for pair in self._adapters if pair is not None]
+        if len(attached) != len(self._adapters) or None in self._refreshers:
+            return None
+        adapter = attached[0][0]
+        if any(other is not adapter for other, _ in attached):
+            return None
+        refresh: Callable[[], None] | None = adapter.refresher_of_many([env for _, env in attached])
+        return refresh
 
     # -- per command -----------------------------------------------------------------------------
 
     def changed_block(self) -> tuple[np.ndarray, bytes] | None:
         """A torn-free copy of the slot's block and its bytes if it changed since the last sync, else
         None (one bytes compare in the common case: nothing written)."""
-        if self._block.tobytes() == self._seen_bytes:
+        words = self._writers
+        generation = words[W_PARAMS_GENERATION]
+        raw = self._block.tobytes()
+        if raw == self._seen_bytes:
             return None
+        if generation == words[W_PARAMS_GENERATION] and not generation & 1:  # no write() meanwhile: whole
+            return np.frombuffer(bytearray(raw), self._block.dtype), raw
         snapshot = self._read()
         snapshot_bytes = snapshot.tobytes()
         return None if snapshot_bytes == self._seen_bytes else (snapshot, snapshot_bytes)
@@ -199,8 +249,10 @@ class ParamApplier:
             self._good[spec.name][candidates] = values
             if spec.when == "step" and not spec.dist:
                 self._apply(spec, candidates, values)
-                touched[candidates] = True
-        self._refresh(None if touched.all() else np.flatnonzero(touched))
+                if spec.index in self._refreshed_by:
+                    touched[candidates] = True
+        if touched.any():
+            self._refresh(None if touched.all() else np.flatnonzero(touched))
         self._seen, self._seen_bytes = snapshot, snapshot_bytes
 
     def _sync_scalars(self, snapshot: np.ndarray, touched: np.ndarray) -> list[ParamSpec]:
@@ -208,8 +260,14 @@ class ParamApplier:
         (the case of a curriculum rewriting several values every step). Returns the other specs."""
         columns = self._scalars
         assert columns is not None
-        new, old = columns.matrix(snapshot), columns.matrix(self._seen)
+        old, new = columns.snapshot_matrix(self._seen), columns.snapshot_matrix(snapshot)
         changed = new.view(np.int64) != old.view(np.int64)  # bitwise, so NaN -> NaN is no change
+        if changed.all() and columns.within(new):  # every value rewritten, all good: a few calls in all
+            columns.good[:, columns.columns] = new
+            self._apply_every_row(columns, new)
+            if columns.step_indices & self._refreshed_by:
+                touched[:] = True
+            return columns.others
         if not changed.any():
             return columns.others
         valid = (new >= columns.low) & (new <= columns.high)  # NaN fails both
@@ -220,21 +278,53 @@ class ParamApplier:
             for local, column in zip(*np.nonzero(changed & ~valid)):
                 spec = columns.specs[column]
                 self._refuse(spec, int(local), snapshot[spec.name][local])
-            columns.store(self._good, np.where(accepted, new, columns.matrix(self._good)))
-        elif changed.all():  # a writer rewrote every value of the slot: all of them are good
-            columns.store(self._good, new)
-        else:
-            columns.store(self._good, np.where(accepted, new, columns.matrix(self._good)))
+        columns.good[:, columns.columns] = np.where(accepted, new, columns.good[:, columns.columns])
         every = accepted.all(axis=0)
         for column in np.nonzero(accepted.any(axis=0) & columns.step)[0]:
+            spec = columns.specs[column]
             if every[column]:
-                self._apply_all(columns.specs[column], new[:, column])
-                touched[:] = True
+                self._apply_all(spec, new[:, column])
+                rows: Any = slice(None)
             else:
                 rows = np.nonzero(accepted[:, column])[0]
-                self._apply(columns.specs[column], rows, new[rows, column])
+                self._apply(spec, rows, new[rows, column])
+            if spec.index in self._refreshed_by:
                 touched[rows] = True
         return columns.others
+
+    def _apply_every_row(self, columns: _ScalarColumns, new: np.ndarray) -> None:
+        """Applies the ``step`` columns of ``new`` (every env, every scalar) and publishes them: one
+        loop of attribute stores over the slot when all of them are plain attributes."""
+        step = columns.step_specs
+        if not step:
+            return
+        values = new if len(step) == len(columns.specs) else new[:, columns.step]
+        if self._every_row_setter is None:
+            targets = [self._plain_targets(spec) for spec in step]
+            owners = [env_targets[0][0] for env_targets in zip(*targets)] if all(targets) else []
+            same_owner = owners and all(
+                target[0] is owner for env_targets, owner in zip(zip(*targets), owners) for target in env_targets
+            )
+            names = [target[1] for target in next(zip(*targets))] if same_owner else []
+            uniform = same_owner and all([t[1] for t in env_targets] == names for env_targets in zip(*targets))
+            self._every_row_setter = (_attribute_setter(names), owners) if uniform else (self._set_each, [])
+        setter, owners = self._every_row_setter
+        setter(owners, values)
+        columns.publish(values)
+
+    def _set_each(self, _owners: list[Any], values: np.ndarray) -> None:
+        """The general case of :meth:`_apply_every_row`: parameter by parameter."""
+        assert self._scalars is not None
+        for column, spec in enumerate(self._scalars.step_specs):
+            self._apply_all(spec, values[:, column])
+
+    def _plain_targets(self, spec: ParamSpec) -> list[Any]:
+        """Every env's ``(object, attribute)`` of ``spec`` when all are plain attributes, else []."""
+        targets = self._plain.get(spec.index)
+        if targets is None:
+            attributes = self._attributes[spec.index]
+            targets = self._plain[spec.index] = attributes if all(a is not None for a in attributes) else []
+        return targets
 
     def before_step(self, resetting: list[bool], lengths: list[int]) -> None:
         """Draws and applies the ``when="step"`` randomized values of the envs about to step.
@@ -285,20 +375,42 @@ class ParamApplier:
 
 class _ScalarColumns:
     """Where a record made only of float64 values keeps its plain scalar parameters, as columns of
-    an ``(envs, values)`` matrix view."""
+    an ``(envs, values)`` matrix view, and where ``applied`` keeps the same parameters."""
 
-    def __init__(self, specs: list[ParamSpec], others: list[ParamSpec], offsets: list[int], width: int) -> None:
+    def __init__(
+        self,
+        specs: list[ParamSpec],
+        others: list[ParamSpec],
+        offsets: list[int],
+        width: int,
+        good: np.ndarray,
+        applied: np.ndarray,
+    ) -> None:
         self.specs = specs
         self.others = others
         self.columns = np.array(offsets)
         self.width = width
+        self.good = good.view(np.float64).reshape(len(good), width)  # the applier's accepted values
+        self._snapshot: tuple[np.ndarray | None, np.ndarray] = (None, self.good)
         self.low = np.array([s.low.item() for s in specs])
         self.high = np.array([s.high.item() for s in specs])
+        self._bounds = list(zip(self.low.tolist(), self.high.tolist()))
         self.needs_finite = bool(np.isinf(self.low).any() or np.isinf(self.high).any())
         self.step = np.array([s.when == "step" for s in specs])
+        self.step_specs = [s for s in specs if s.when == "step"]
+        self.step_indices = {s.index for s in self.step_specs}
+        # ``applied`` as an (envs, words) float64 matrix, when its records are made of float64 values.
+        fields = [applied.dtype.fields[s.name] for s in self.step_specs]  # type: ignore[index]
+        plain = applied.dtype.itemsize % 8 == 0 and all(d == np.float64 and o % 8 == 0 for d, o, *_ in fields)
+        self._applied = applied
+        self._applied_columns = np.array([o // 8 for _, o, *_ in fields], dtype=np.int64) if plain else None
+        if plain:
+            self._applied_matrix = applied.view(np.float64).reshape(len(applied), applied.dtype.itemsize // 8)
 
     @classmethod
-    def find(cls, specs: list[ParamSpec], record: np.dtype[Any]) -> _ScalarColumns | None:
+    def find(
+        cls, specs: list[ParamSpec], record: np.dtype[Any], good: np.ndarray, applied: np.ndarray
+    ) -> _ScalarColumns | None:
         """The columns, or None when the record holds anything but float64 values."""
         leaves = [record.fields[s.name][0] for s in specs]  # type: ignore[index]
         if any(
@@ -315,12 +427,49 @@ class _ScalarColumns:
         if not scalar:
             return None
         offsets = [record.fields[s.name][1] // 8 for s in scalar]  # type: ignore[index]
-        return cls(scalar, [s for s in specs if s not in scalar], offsets, record.itemsize // 8)
+        return cls(scalar, [s for s in specs if s not in scalar], offsets, record.itemsize // 8, good, applied)
 
     def matrix(self, records: np.ndarray) -> np.ndarray:
         """A copy of the scalar columns of ``records``: an ``(envs, len(specs))`` float64 array."""
         return records.view(np.float64).reshape(len(records), self.width)[:, self.columns]
 
-    def store(self, records: np.ndarray, matrix: np.ndarray) -> None:
-        """Writes a matrix of scalar columns back into ``records``."""
-        records.view(np.float64).reshape(len(records), self.width)[:, self.columns] = matrix
+    def snapshot_matrix(self, snapshot: np.ndarray) -> np.ndarray:
+        """:meth:`matrix` of a snapshot of the block (never changed once taken), made once: a sync's
+        new snapshot is the next sync's last one."""
+        cached, matrix = self._snapshot
+        if cached is not snapshot:
+            matrix = self.matrix(snapshot)
+            self._snapshot = (snapshot, matrix)
+        return matrix
+
+    def within(self, matrix: np.ndarray) -> bool:
+        """Whether every value of ``matrix`` is finite (where a bound is infinite) and within its
+        column's bounds: one min and one max per column."""
+        smallest, largest = matrix.min(axis=0).tolist(), matrix.max(axis=0).tolist()
+        for (low, high), small, large in zip(self._bounds, smallest, largest):
+            if not low <= small <= large <= high:  # NaN fails every comparison
+                return False
+            if self.needs_finite and not (math.isfinite(small) and math.isfinite(large)):
+                return False
+        return True
+
+    def publish(self, values: np.ndarray) -> None:
+        """Writes the ``step`` columns ``values`` (every env) into the ``applied`` records."""
+        if self._applied_columns is not None:
+            self._applied_matrix[:, self._applied_columns] = values
+            return
+        for column, spec in enumerate(self.step_specs):
+            self._applied[spec.name][:] = values[:, column]
+
+
+def _attribute_setter(names: list[str]) -> Callable[[list[Any], np.ndarray], None]:
+    """A function ``set(owners, values)`` doing ``owners[i].<names[j]> = values[i, j]`` (as a Python
+    float) for every ``i`` and ``j``, compiled for ``names``: a store statement per name costs a fifth of ``setattr``
+    with the name looked up per value, which is most of a curriculum's per-step cost."""
+    if not all(name.isidentifier() and not keyword.iskeyword(name) for name in names):
+        raise ValueError(f"not attribute names: {names}")
+    values = ", ".join(f"v{j}" for j in range(len(names))) + ","
+    stores = "".join(f"\n        owner.{name} = v{j}" for j, name in enumerate(names))
+    namespace: dict[str, Any] = {}
+    exec(f"def set(owners, rows):\n    for owner, ({values}) in zip(owners, rows.tolist()):{stores}", namespace)  # noqa: S102
+    return namespace["set"]  # type: ignore[no-any-return]
