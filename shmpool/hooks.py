@@ -12,22 +12,34 @@ A hook is any picklable object with any of these methods, each taking a :class:`
   observation is in the rows ``after_step`` sees (with ``ctx.stepped`` False).
 
 and optionally ``params()`` returning ``{name: shmpool.Param}`` declarations that the hook reads
-(merged into the pool's parameters unless the user declared the same names). Hooks run once per
-step per worker, vectorized over the slot, in the order given to ``launch``; they are shipped to
-each worker once, at launch (closures work), and each worker keeps its own copy and its state.
+(merged into the pool's parameters unless the user declared the same names), and ``setup(ctx)``,
+run once per worker when it builds, before any reset or step (to check spaces and make arrays once;
+an error there fails the launch). Hooks run once per step per worker, vectorized over the slot, in
+the order given to ``launch``; they are shipped to each worker once, at launch (closures work), and
+each worker keeps its own copy and its state.
 
 A hook's name (its ``name`` attribute, else its class name) addresses events to it: see
 ``pool.events.send``. Events due at a step are in ``ctx.events`` during every phase of that step.
 
 The built-in hooks below each read a declared parameter per env, so a curriculum can change their
 strength per env while training runs. Their randomness comes from per-env streams keyed by the pool
-seed, so a run is the same whatever the number of workers.
+seed, so a run is the same whatever the number of workers. They make their arrays once, in
+``setup``, and do a step's work over the whole slot: in numpy, or in one call of a numba-compiled
+function (:mod:`shmpool.kernels.hooks`). ``compiled=None`` (the default) runs the compiled version
+with ``engine="numba"`` and numpy's with ``engine="python"``; ``compiled=True`` runs it on either
+engine (``Perturb``: on the numba engine only) and needs ``pip install "shmpool[numba]"`` (the hook
+says so when made); ``compiled=False`` runs numpy's. A compiled version that cannot take the pool's
+spaces runs numpy's instead, or fails the launch with ``compiled=True``. Both versions read the
+same per-env streams and round as numpy does, so they give the same results bit for bit; the
+compiled one is compiled when the worker builds (or loaded from numba's cache), never at a step.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -35,7 +47,9 @@ from gymnasium import spaces
 
 from .adapters import adapter_for
 from .events import Event
+from .kernels import NUMBA_EXTRA
 from .params import Param
+from .spaces import is_leaf, leaves
 
 
 class HookContext:
@@ -61,6 +75,10 @@ class HookContext:
         seed: the pool's seed.
         events: the events addressed to the running hook and due this step.
         observation_space, action_space: one env's spaces.
+        engine: the engine stepping the slot: ``"python"`` or ``"numba"``.
+        kernel: with ``engine="numba"``, the slot's ``shmpool.kernels.BatchKernel``; else None.
+        state: with ``engine="numba"``, the slot's kernel state, ``(envs, kernel.state_size)``
+            float64 (row ``i`` is ``envs[i].state``); else None.
     """
 
     env_ids: np.ndarray
@@ -80,6 +98,9 @@ class HookContext:
     events: list[Event]
     action_space: spaces.Space[Any]
     observation_space: spaces.Space[Any]
+    engine: str = "python"
+    kernel: Any = None
+    state: np.ndarray | None = None
 
     def __init__(
         self, request_reset: Callable[[np.ndarray], None], resample: Callable[[list[str], np.ndarray], None]
@@ -157,15 +178,24 @@ class EnvStreams:
         self._block = -1
         self._values = np.zeros((len(env_ids), self.BLOCK, *shape))
 
-    def at(self, step: int) -> np.ndarray:
-        """The numbers of shape ``(envs, *shape)`` for global step ``step``."""
+    @property
+    def values(self) -> np.ndarray:
+        """The current block, ``(envs, BLOCK, *shape)``: always this array, refilled in place."""
+        return self._values
+
+    def index(self, step: int) -> int:
+        """Makes the block holding global step ``step`` the current one; returns the step's index in it."""
         block = step // self.BLOCK
         while self._block < block:  # blocks are made in order, so skipping steps changes nothing
             self._block += 1
             for row, generator in enumerate(self._generators):
                 size = (self.BLOCK, *self._shape)
                 self._values[row] = generator.standard_normal(size) if self._normal else generator.random(size)
-        return self._values[:, step % self.BLOCK]
+        return step % self.BLOCK
+
+    def at(self, step: int) -> np.ndarray:
+        """The numbers of shape ``(envs, *shape)`` for global step ``step``."""
+        return self._values[:, self.index(step)]
 
 
 def _box_leaf(space: spaces.Space[Any], what: str, hook: str) -> spaces.Box:
@@ -174,28 +204,103 @@ def _box_leaf(space: spaces.Space[Any], what: str, hook: str) -> spaces.Box:
     return space
 
 
+#: The dtypes the compiled hooks take: numba's number types (float16 is not one).
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_NUMBERS = (np.dtype(np.bool_), *map(np.dtype, np.typecodes["AllInteger"]), *_FLOATS)
+
+
+def _numba_installed() -> bool:
+    return importlib.util.find_spec("numba") is not None
+
+
+def _checked_compiled(hook: str, compiled: bool | None) -> bool | None:
+    """A built-in hook's ``compiled`` argument, checked when the hook is made: True needs numba."""
+    if compiled is not None and not isinstance(compiled, (bool, np.bool_)):
+        raise TypeError(f"{hook}(compiled=...) must be True, False or None, got {compiled!r}")
+    if compiled and not _numba_installed():
+        raise ImportError(f"{hook}(compiled=True) needs numba, which is not installed: {NUMBA_EXTRA}")
+    return None if compiled is None else bool(compiled)
+
+
+def _compiled_functions(hook: Any, ctx: HookContext, misfit: str | None) -> ModuleType | None:
+    """:mod:`shmpool.kernels.hooks` if ``hook`` runs compiled in this worker, else None (numpy).
+
+    ``misfit`` says why the compiled version cannot take this pool (None: it can); then
+    ``compiled=None`` runs numpy's version and ``compiled=True`` fails the launch."""
+    if not (hook.compiled if hook.compiled is not None else ctx.engine == "numba"):
+        return None
+    if misfit is not None:
+        if hook.compiled:
+            raise TypeError(f"{hook.name}(compiled=True) cannot run compiled: {misfit}; use compiled=False")
+        return None
+    from .kernels import hooks as functions  # imports numba: only in workers that run compiled hooks
+
+    return functions
+
+
+def _width(shape: tuple[int, ...]) -> int:
+    """Numbers per env in an array of per-env ``shape``: the columns of its ``(envs, width)`` view."""
+    return int(np.prod(shape, dtype=np.int64))
+
+
 class ObservationNoise:
     """Adds Gaussian noise to observations; std per env from the parameter ``param``.
 
     Float Box observation spaces; noise is added to observations after each step and after resets.
+    ``compiled``: None (compiled with ``engine="numba"``), True or False; see the module docstring.
     """
 
-    def __init__(self, std: float = 0.0, *, param: str = "observation_noise", name: str | None = None) -> None:
+    def __init__(
+        self,
+        std: float = 0.0,
+        *,
+        param: str = "observation_noise",
+        name: str | None = None,
+        compiled: bool | None = None,
+    ) -> None:
         self.std, self.param, self.name = std, param, name or "ObservationNoise"
+        self.compiled = _checked_compiled("ObservationNoise", compiled)
         self._streams: EnvStreams | None = None
+        self._compiled: tuple[Any, ...] | None = None  # the compiled function and its arrays
 
     def params(self) -> dict[str, Param]:
         """Declares the noise std (``>= 0``)."""
         return {self.param: Param(self.std, low=0.0, bind=False)}
 
+    def setup(self, ctx: HookContext) -> None:
+        """Checks the space, makes the noise streams and, to run compiled, compiles now."""
+        streams = self._make_streams(ctx)
+        observations = ctx.observations
+        misfit = None
+        if observations.dtype not in _FLOATS or not observations.flags.c_contiguous:
+            misfit = f"observations of dtype {observations.dtype} (it takes contiguous float32 or float64 ones)"
+        functions = _compiled_functions(self, ctx, misfit)
+        if functions is None:
+            return
+        count = len(observations)
+        std = ctx.applied[self.param]  # type: ignore[index]
+        function, rows = functions.observation_noise, np.arange(count)
+        observations = observations.reshape(count, -1)  # a view: the array is contiguous
+        noise = streams.values.reshape(count, EnvStreams.BLOCK, -1)
+        function(observations, noise, 0, std, rows[:0])  # compiles (or loads) it now; no rows: changes nothing
+        self._compiled = (function, observations, noise, std, rows)
+
+    def _make_streams(self, ctx: HookContext) -> EnvStreams:
+        box = _box_leaf(ctx.observation_space, "observation", self.name)
+        self._streams = EnvStreams(ctx.seed, self.name, ctx.env_ids, box.shape, "normal")
+        self._std_shape = (-1,) + (1,) * len(box.shape)
+        self._std = ctx.applied[self.param].reshape(self._std_shape)  # type: ignore[index]
+        return self._streams
+
     def _add_noise(self, ctx: HookContext, rows: np.ndarray | None) -> None:
         """Adds noise to the observations at ``rows`` (None: every row)."""
-        if self._streams is None:
-            box = _box_leaf(ctx.observation_space, "observation", self.name)
-            self._streams = EnvStreams(ctx.seed, self.name, ctx.env_ids, box.shape, "normal")
-            self._std_shape = (-1,) + (1,) * len(box.shape)
-            self._std = ctx.applied[self.param].reshape(self._std_shape)  # type: ignore[index]
-        std, noise = self._std, self._streams.at(ctx.global_step)
+        streams = self._streams or self._make_streams(ctx)
+        compiled = self._compiled
+        if compiled is not None:
+            function, observations, noise, std, every_row = compiled
+            function(observations, noise, streams.index(ctx.global_step), std, every_row if rows is None else rows)
+            return
+        std, noise = self._std, streams.at(ctx.global_step)
         if rows is None:
             ctx.observations += noise * std
         else:
@@ -213,62 +318,130 @@ class ObservationNoise:
 class ActionNoise:
     """Adds Gaussian noise to actions before the envs step; std per env from ``param``.
 
-    Float Box action spaces; envs clip to their bounds as usual.
+    Float Box action spaces; envs clip to their bounds as usual. ``compiled``: None (compiled with
+    ``engine="numba"``), True or False; see the module docstring.
     """
 
-    def __init__(self, std: float = 0.0, *, param: str = "action_noise", name: str | None = None) -> None:
+    def __init__(
+        self, std: float = 0.0, *, param: str = "action_noise", name: str | None = None, compiled: bool | None = None
+    ) -> None:
         self.std, self.param, self.name = std, param, name or "ActionNoise"
+        self.compiled = _checked_compiled("ActionNoise", compiled)
         self._streams: EnvStreams | None = None
+        self._compiled: tuple[Any, ...] | None = None  # the compiled function and its arrays
 
     def params(self) -> dict[str, Param]:
         """Declares the noise std (``>= 0``)."""
         return {self.param: Param(self.std, low=0.0, bind=False)}
 
+    def setup(self, ctx: HookContext) -> None:
+        """Checks the space, makes the noise streams and, to run compiled, compiles now."""
+        streams = self._make_streams(ctx)
+        dtype = np.dtype(ctx.action_space.dtype)
+        misfit = None if dtype in _FLOATS else f"actions of dtype {dtype} (it takes float32 or float64 ones)"
+        functions = _compiled_functions(self, ctx, misfit)
+        if functions is None:
+            return
+        count, width = len(ctx.env_ids), _width(ctx.action_space.shape)  # type: ignore[arg-type]
+        function, std, cast = functions.action_noise, ctx.applied[self.param], np.zeros(1, dtype)  # type: ignore[index]
+        noise = streams.values.reshape(count, EnvStreams.BLOCK, width)
+        # A step's actions are a fresh (envs, width) array of the space's dtype: compiled for that now.
+        function(np.zeros((0, width), dtype), noise, 0, std, cast)
+        self._compiled = (function, noise, std, cast)
+
+    def _make_streams(self, ctx: HookContext) -> EnvStreams:
+        box = _box_leaf(ctx.action_space, "action", self.name)
+        self._streams = EnvStreams(ctx.seed, self.name, ctx.env_ids, box.shape, "normal")
+        return self._streams
+
     def before_step(self, ctx: HookContext) -> None:
         """Noise on this step's actions."""
-        if self._streams is None:
-            box = _box_leaf(ctx.action_space, "action", self.name)
-            self._streams = EnvStreams(ctx.seed, self.name, ctx.env_ids, box.shape, "normal")
+        streams = self._streams or self._make_streams(ctx)
+        actions, compiled = ctx.actions, self._compiled
+        if compiled is not None:
+            function, noise, std, cast = compiled
+            rows = actions if actions.ndim == 2 else actions.reshape(len(actions), -1)  # a view: a fresh copy
+            function(rows, noise, streams.index(ctx.global_step), std, cast)
+            return
         std = ctx.applied[self.param]  # type: ignore[index]
-        noise = self._streams.at(ctx.global_step) * std.reshape(-1, *([1] * (ctx.actions.ndim - 1)))
-        ctx.actions += noise.astype(ctx.actions.dtype)
+        noise = streams.at(ctx.global_step) * std.reshape(-1, *([1] * (actions.ndim - 1)))
+        actions += noise.astype(actions.dtype)
 
 
 class ActionDelay:
     """Delays each env's actions by ``param`` steps (an int per env, up to ``max_steps``).
 
     Until an episode has had that many actions, the env repeats the episode's first action: with a
-    delay of 2 an env receives a0, a0, a0, a1, a2, ...
+    delay of 2 an env receives a0, a0, a0, a1, a2, ... Array action spaces (Box, Discrete,
+    MultiDiscrete, MultiBinary). ``compiled``: None (compiled with ``engine="numba"``), True or
+    False; see the module docstring.
     """
 
     def __init__(
-        self, steps: int = 1, *, max_steps: int | None = None, param: str = "action_delay", name: str | None = None
+        self,
+        steps: int = 1,
+        *,
+        max_steps: int | None = None,
+        param: str = "action_delay",
+        name: str | None = None,
+        compiled: bool | None = None,
     ) -> None:
         self.steps, self.param, self.name = int(steps), param, name or "ActionDelay"
         self.max_steps = int(max_steps if max_steps is not None else steps)
         if not 0 <= self.steps <= self.max_steps:
             raise ValueError(f"ActionDelay needs 0 <= steps <= max_steps, got {steps}, {max_steps}")
+        self.compiled = _checked_compiled("ActionDelay", compiled)
         self._history = np.zeros(0)
         self._count = np.zeros(0, dtype=np.int64)
         self._episodes = np.zeros(0, dtype=np.int64)  # each env's episode index at its last action
         self._new = np.zeros(0, dtype=np.bool_)
+        self._compiled: tuple[Any, ...] | None = None  # the compiled function and its arrays
 
     def params(self) -> dict[str, Param]:
         """Declares the delay in steps (an int in ``[0, max_steps]``)."""
         return {self.param: Param(self.steps, low=0, high=self.max_steps, dtype="int64", bind=False)}
 
+    def _not_an_array(self) -> TypeError:
+        return TypeError(f"{self.name} needs an array action space (Box, Discrete, MultiDiscrete, MultiBinary)")
+
+    def _make_history(self, count: int, shape: tuple[int, ...], dtype: Any, episodes: np.ndarray) -> None:
+        self._history = np.zeros((count, self.max_steps + 1, *shape), dtype=dtype)
+        self._count = np.zeros(count, dtype=np.int64)
+        self._rows = np.arange(count)
+        self._episodes = episodes.copy()
+        self._new = np.zeros(count, dtype=np.bool_)
+
+    def setup(self, ctx: HookContext) -> None:
+        """Checks the space, makes the shift registers and, to run compiled, compiles now."""
+        if not is_leaf(ctx.action_space):
+            raise self._not_an_array()
+        (leaf,) = leaves(ctx.action_space)
+        count, width = len(ctx.env_ids), _width(leaf.shape)
+        self._make_history(count, leaf.shape, leaf.dtype, ctx.episode_indices)
+        misfit = None if leaf.dtype in _NUMBERS else f"actions of dtype {leaf.dtype}"
+        functions = _compiled_functions(self, ctx, misfit)
+        if functions is None:
+            return
+        history = self._history.reshape(count, self.max_steps + 1, width)
+        delay = ctx.applied[self.param]  # type: ignore[index]
+        arguments = (history, self._count, self._episodes, ctx.episode_indices, delay, self.max_steps)
+        # A step's actions are a fresh (envs, width) array of the leaf's dtype: compiled for that now.
+        functions.action_delay(np.zeros((0, width), leaf.dtype), *arguments)
+        self._compiled = (functions.action_delay, *arguments)
+
     def before_step(self, ctx: HookContext) -> None:
         """Records this step's actions and replaces them with the delayed ones."""
         actions = ctx.actions
         if not isinstance(actions, np.ndarray):
-            raise TypeError(f"{self.name} needs an array action space (Box, Discrete, MultiDiscrete, MultiBinary)")
+            raise self._not_an_array()
+        compiled = self._compiled
+        if compiled is not None:
+            rows = actions if actions.ndim == 2 else actions.reshape(len(actions), -1)  # a view: a fresh copy
+            compiled[0](rows, *compiled[1:])
+            return
         episodes = ctx.episode_indices
         if not self._history.size:
-            self._history = np.zeros((len(actions), self.max_steps + 1, *actions.shape[1:]), dtype=actions.dtype)
-            self._count = np.zeros(len(actions), dtype=np.int64)
-            self._rows = np.arange(len(actions))
-            self._episodes = episodes.copy()
-            self._new = np.zeros(len(actions), dtype=np.bool_)
+            self._make_history(len(actions), actions.shape[1:], actions.dtype, episodes)
         # A shift register per env: column j holds the action of j steps ago; column ``count`` holds
         # the episode's first action, which stands in for actions older than the episode.
         history, count, new = self._history, self._count, self._new
@@ -285,18 +458,37 @@ class ActionDelay:
 
 
 class RewardScale:
-    """Multiplies each env's reward by the parameter ``param`` (per env)."""
+    """Multiplies each env's reward by the parameter ``param`` (per env).
 
-    def __init__(self, scale: float = 1.0, *, param: str = "reward_scale", name: str | None = None) -> None:
+    ``compiled``: None (compiled with ``engine="numba"``), True or False; see the module docstring.
+    """
+
+    def __init__(
+        self, scale: float = 1.0, *, param: str = "reward_scale", name: str | None = None, compiled: bool | None = None
+    ) -> None:
         self.scale, self.param, self.name = scale, param, name or "RewardScale"
+        self.compiled = _checked_compiled("RewardScale", compiled)
+        self._compiled: tuple[Any, ...] | None = None  # the compiled function and its arrays
 
     def params(self) -> dict[str, Param]:
         """Declares the scale."""
         return {self.param: Param(self.scale, bind=False)}
 
+    def setup(self, ctx: HookContext) -> None:
+        """To run compiled, compiles now."""
+        functions = _compiled_functions(self, ctx, None)
+        if functions is not None:
+            scale = ctx.applied[self.param]  # type: ignore[index]
+            functions.reward_scale(ctx.rewards[:0], scale)  # compiles (or loads) it now; no rows: changes nothing
+            self._compiled = (functions.reward_scale, scale)
+
     def after_step(self, ctx: HookContext) -> None:
         """Scales this step's rewards."""
-        ctx.rewards *= ctx.applied[self.param]  # type: ignore[index]
+        compiled = self._compiled
+        if compiled is not None:
+            compiled[0](ctx.rewards, compiled[1])
+        else:
+            ctx.rewards *= ctx.applied[self.param]  # type: ignore[index]
 
 
 def default_kick(env: Any) -> Callable[[np.ndarray], None]:
@@ -327,6 +519,12 @@ class Perturb:
     its state) or, with a ``kick`` function ``kick(env, amounts)``, does whatever that does: for
     MuJoCo envs ``shmpool.mujoco.Push("torso")`` applies a force for one step (``dims=3``) or
     changes the body's velocity. A kick with a ``clear(env)`` method is cleared after the step.
+
+    ``compiled`` applies to ``engine="numba"`` only: there the default kick of a kernel that declares
+    its ``velocities`` runs compiled, over the slot's state array in one call (None or True; True
+    fails the launch where it cannot: a ``kick`` function, a kernel's own ``kick``, no velocities);
+    False kicks env by env. With ``engine="python"`` the envs are Python objects and are kicked one
+    by one whatever ``compiled`` says. Both give the same results bit for bit.
     """
 
     def __init__(
@@ -338,12 +536,15 @@ class Perturb:
         kick: Callable[[Any, np.ndarray], None] | None = None,
         dims: int = 2,
         name: str | None = None,
+        compiled: bool | None = None,
     ) -> None:
         if every is not None and every < 1:
             raise ValueError(f"Perturb(every=...) must be >= 1, got {every}")
         self.strength, self.every, self.param, self.name = strength, every, param, name or "Perturb"
         self.kick = kick  # None: each env's default kick
         self.dims = dims
+        self.compiled = _checked_compiled("Perturb", compiled)
+        self._compiled: tuple[Any, ...] | None = None  # the compiled functions and their arrays
         self._streams: EnvStreams | None = None
         self._kicked = np.zeros(0, dtype=np.int64)
         self._defaults: dict[int, tuple[Any, Callable[[np.ndarray], None]]] = {}  # row -> (env, its kick)
@@ -364,8 +565,66 @@ class Perturb:
         """Declares the kick strength (``>= 0``)."""
         return {self.param: Param(self.strength, low=0.0, bind=False)}
 
+    def _misfit(self, kernel: Any) -> str | None:
+        """Why the compiled kick cannot kick ``kernel``'s envs (None: it can)."""
+        if self.kick is not None:
+            return "it kicks with a kick function, which runs per env in Python"
+        if kernel.kick is not None:
+            return "the kernel kicks with its own Python kick"
+        count = len(kernel.velocities)
+        if not count:
+            return "the kernel declares no velocities"
+        if self.dims != 1 and self.dims < count:
+            return f"dims={self.dims} gives fewer amounts than the kernel's {count} velocities"
+        return None
+
+    def setup(self, ctx: HookContext) -> None:
+        """With ``engine="numba"``, to kick compiled: makes the arrays and compiles now."""
+        if ctx.engine != "numba":
+            return  # envs are Python objects: kicked one by one, whatever ``compiled`` says
+        functions = _compiled_functions(self, ctx, self._misfit(ctx.kernel))
+        if functions is None:
+            return
+        count = len(ctx.env_ids)
+        streams = self._streams = EnvStreams(ctx.seed, self.name, ctx.env_ids, (self.dims,), "uniform")
+        due, sent, sent_has_strength = (np.zeros(count, dtype=np.bool_) for _ in range(3))
+        strengths, sent_strength = np.zeros(count), np.zeros(count)
+        strength, every = ctx.applied[self.param], self.every or 0  # type: ignore[index]
+        velocities = np.array(ctx.kernel.velocities, dtype=np.int64)
+        # Compiles (or loads) both now, for the numba engine's step counts and resets (int64 and
+        # bool arrays of the slot's length): none due, so nothing is kicked.
+        step_counts, resetting = np.zeros(count, dtype=np.int64), np.zeros(count, dtype=np.bool_)
+        functions.perturb_due(
+            due, strengths, strength, step_counts, every, resetting, sent, sent_strength, sent_has_strength
+        )
+        functions.perturb_kick(ctx.state, velocities, streams.values, 0, due, strengths, self.dims)
+        self._compiled = (
+            (functions.perturb_due, strength, every, sent, sent_strength, sent_has_strength, due, strengths),
+            (functions.perturb_kick, ctx.state, velocities, streams),
+        )
+
+    def _kick_compiled(self, ctx: HookContext, compiled: tuple[Any, ...], step_counts: Any, resetting: Any) -> None:
+        """The compiled kick: finds the due envs and kicks them, over the slot's arrays."""
+        (find_due, strength, every, sent, sent_strength, sent_has, due, strengths), kick = compiled
+        events = ctx.events
+        for event in events:  # rare: marked in the arrays the compiled function reads, cleared after
+            rows = ctx.rows(event.env_ids)
+            sent[rows] = True
+            if event.payload.size:
+                sent_strength[rows], sent_has[rows] = event.payload[0], True
+        found = find_due(due, strengths, strength, step_counts, every, resetting, sent, sent_strength, sent_has)
+        if events:
+            sent[:], sent_has[:] = False, False
+        if found:
+            function, state, velocities, streams = kick
+            function(state, velocities, streams.values, streams.index(ctx.global_step), due, strengths, self.dims)
+
     def before_step(self, ctx: HookContext) -> None:
         """Kicks the envs that are due or addressed by an event, before they step."""
+        compiled = self._compiled
+        if compiled is not None:
+            self._kick_compiled(ctx, compiled, ctx.step_counts, ctx.resetting)
+            return
         strength = np.array(ctx.applied[self.param], dtype=np.float64)  # type: ignore[index]
         due = np.zeros(len(ctx.env_ids), dtype=np.bool_)
         if self.every is not None:

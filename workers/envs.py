@@ -64,6 +64,10 @@ class Slot:
         self.hooks: HookRunner | None = None
         self.envs = []
 
+    def hook_engine(self) -> tuple[str, Any, np.ndarray | None]:
+        """What ``HookRunner.setup`` tells the hooks: the engine, and a kernel's kernel and state."""
+        return "python", None, None
+
     def _remake(self, index: int) -> Any:
         """A new env at row ``index`` (a rebuild parameter changed), the old one released."""
         raise NotImplementedError

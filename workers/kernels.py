@@ -204,6 +204,10 @@ class KernelSlice(Slot):
             self._ended,
         )
 
+    def hook_engine(self) -> tuple[str, Any, np.ndarray | None]:
+        """The numba engine, the slot's kernel and its state array."""
+        return "numba", self.kernel, self._state
+
     def _make(self, local: int) -> KernelEnv:
         """A fresh env at row ``local``: a new ``np_random``, its constructor values in the matrix."""
         params = self._params
