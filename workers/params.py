@@ -307,7 +307,8 @@ class ParamApplier:
             )
             names = [target[1] for target in next(zip(*targets))] if same_owner else []
             uniform = same_owner and all([t[1] for t in env_targets] == names for env_targets in zip(*targets))
-            self._every_row_setter = (_attribute_setter(names), owners) if uniform else (self._set_each, [])
+            setter = _attribute_setter(names) if uniform else None
+            self._every_row_setter = (setter, owners) if setter is not None else (self._set_each, [])
         setter, owners = self._every_row_setter
         setter(owners, values)
         columns.publish(values)
@@ -462,12 +463,13 @@ class _ScalarColumns:
             self._applied[spec.name][:] = values[:, column]
 
 
-def _attribute_setter(names: list[str]) -> Callable[[list[Any], np.ndarray], None]:
+def _attribute_setter(names: list[str]) -> Callable[[list[Any], np.ndarray], None] | None:
     """A function ``set(owners, values)`` doing ``owners[i].<names[j]> = values[i, j]`` (as a Python
-    float) for every ``i`` and ``j``, compiled for ``names``: a store statement per name costs a fifth of ``setattr``
-    with the name looked up per value, which is most of a curriculum's per-step cost."""
+    float) for every ``i`` and ``j``, compiled for ``names`` (None if one is not an identifier): a
+    store statement per name costs a fifth of ``setattr`` with the name looked up per value, which
+    was most of a curriculum's per-step cost in the workers."""
     if not all(name.isidentifier() and not keyword.iskeyword(name) for name in names):
-        raise ValueError(f"not attribute names: {names}")
+        return None
     values = ", ".join(f"v{j}" for j in range(len(names))) + ","
     stores = "".join(f"\n        owner.{name} = v{j}" for j, name in enumerate(names))
     namespace: dict[str, Any] = {}
