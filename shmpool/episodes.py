@@ -56,7 +56,9 @@ class EpisodeWriter:
         self._worker_id = worker_id
         self._capacity = len(self._records)
         self._applied = views.get("applied")
-        self._metrics = dict(metrics)
+        fields = self._records.dtype.fields
+        # The info keys of the declared metrics, in the order of the record's fields.
+        self._metric_keys = [metrics[name] for name in fields["metrics"][0].names] if "metrics" in fields else []
 
     def append(
         self,
@@ -71,14 +73,12 @@ class EpisodeWriter:
     ) -> None:
         """Writes one record, then publishes it by advancing the head."""
         head = int(self._heads[self._worker_id])
-        record = self._records[head % self._capacity]
-        record["env_id"], record["episode"], record["step"] = env_id, episode, step
-        record["return"], record["length"] = total, length
-        record["terminated"], record["truncated"] = terminated, truncated
+        values: list[Any] = [env_id, episode, step, total, length, terminated, truncated]
         if self._applied is not None:
-            record["params"] = self._applied[env_id]
-        for name, key in self._metrics.items():
-            record["metrics"][name] = metric_value(info or {}, key)
+            values.append(self._applied[env_id])
+        if self._metric_keys:
+            values.append(tuple(metric_value(info or {}, key) for key in self._metric_keys))
+        self._records[head % self._capacity] = tuple(values)  # one store: an eighth of field by field
         self._heads[self._worker_id] = head + 1
 
 
