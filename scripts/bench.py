@@ -214,6 +214,8 @@ def envpool_installed() -> bool:
     return True
 
 
+#: The Python engine's row with the hooks compiled (numba installed).
+COMPILED_HOOKS = "shmpool, 3 hooks compiled=True"
 #: The "numba engine" rows' labels, for the notes.
 NUMBA, NUMBA_LOADED, ENVPOOL = "shmpool numba", "numba, 3 params/step + 3 hooks", "EnvPool"
 
@@ -264,8 +266,13 @@ def cases(env_id: str, num_envs: int, workers: int) -> list[tuple[str, Callable[
         pool = lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, params=params)  # noqa: E731
         hooked = lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, hooks=three_hooks())  # noqa: E731
         kicked = lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, hooks=[shmpool.hooks.Perturb()])  # noqa: E731
+        rows.append(("shmpool, 3 built-in hooks", lambda: vector(hooked, num_envs)))
+        if importlib.util.find_spec("numba") is not None:
+            compiled = lambda: shmpool.launch(  # noqa: E731
+                env_id, num_envs, num_workers=workers, seed=0, hooks=three_hooks(compiled=True)
+            )
+            rows.append((COMPILED_HOOKS, lambda: vector(compiled, num_envs)))
         rows += [
-            ("shmpool, 3 built-in hooks", lambda: vector(hooked, num_envs)),
             ("shmpool, 1,000 events/s sent", lambda: with_event_sender(kicked, num_envs, 1000)),
             ("shmpool, 3 params, no writes", lambda: vector(pool, num_envs)),
             ("shmpool, 3 params written/step", lambda: with_updates(pool, num_envs, "write")),
@@ -311,9 +318,14 @@ def measure(stepper: Any, settings: Settings) -> float:
         return statistics.median(rates)
 
 
-def three_hooks() -> list[Any]:
-    """The built-in hooks of the "3 built-in hooks" rows."""
-    return [shmpool.hooks.ObservationNoise(0.01), shmpool.hooks.RewardScale(1.0), shmpool.hooks.ActionDelay(1)]
+def three_hooks(compiled: bool | None = None) -> list[Any]:
+    """The built-in hooks of the "3 built-in hooks" rows (``compiled``: see ``shmpool.hooks``)."""
+    hooks = shmpool.hooks
+    return [
+        hooks.ObservationNoise(0.01, compiled=compiled),
+        hooks.RewardScale(1.0, compiled=compiled),
+        hooks.ActionDelay(1, compiled=compiled),
+    ]
 
 
 def phase_profile(settings: Settings) -> None:
@@ -611,6 +623,8 @@ def main(argv: list[str] | None = None) -> None:
                 f"{env_id} x{num_envs}: 3 built-in hooks cost {1 - results['shmpool, 3 built-in hooks'] / plain:.0%} "
                 f"of throughput; 1,000 events/s cost {1 - results['shmpool, 1,000 events/s sent'] / plain:.0%}"
             )
+            if COMPILED_HOOKS in results:
+                notes[-1] += f"; compiled (compiled=True), the hooks cost {1 - results[COMPILED_HOOKS] / plain:.0%}"
         if plain and "shmpool, randomized" in results:
             notes.append(
                 f"{env_id} x{num_envs}: per-reset mass and friction randomization costs "
