@@ -2,16 +2,23 @@
 
 A ring holds ``event_capacity`` fixed-size records (hook index, due step, payload, a bitmask of the
 worker's envs it concerns, and the ticket that publishes it). Senders (the trainer and attached
-processes, any of their threads) take the writers' lock and hand the records to
-:class:`shmpool.protocol.EventRings`, which publishes an event to all the rings it touches with one
-store, so a sender killed mid-send delivers to no worker rather than to some. The worker alone
-advances its ring's ``tail`` after copying the records out, so it reads every event exactly once, in
-send order.
+processes, any of their threads) build each record's bytes before taking the writers' lock, then
+hand them to :class:`shmpool.protocol.EventRings`, which publishes an event to all the rings it
+touches with one store, so a sender killed mid-send delivers to no worker rather than to some. The
+worker alone advances its ring's ``tail`` after copying the records out, so it reads every event
+exactly once, in send order.
+
+Both ends read and write records with :mod:`struct` rather than numpy: a record is a few dozen
+bytes, for which one ``pack``/``unpack_from`` costs a fraction of one numpy call. Nothing read from
+the segment is unpickled: a record is numbers and a bitmask.
 """
 
 from __future__ import annotations
 
+import struct
+import sys
 import time
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +33,21 @@ from .protocol import EventRings, WriterLock
 LOCK_GRACE = 0.25
 
 NOT_SCHEDULED = -1
+
+#: The fixed start of a record (the first fields of :func:`event_dtype`): ticket, hook, at_step,
+#: payload_size. The payload's float64s follow, then the env mask.
+RECORD_HEAD = struct.Struct("<4q")
+
+#: Payload items that ``float()`` converts exactly as ``np.asarray(..., dtype=np.float64)`` does, with
+#: the same error (an int beyond float's range); anything else (arrays, strings, nested lists) goes
+#: through numpy.
+_PLAIN_NUMBERS = frozenset((float, int))
+
+#: The payload's dtype, made once: ``np.frombuffer`` takes a dtype object quicker than a type.
+_FLOAT64 = np.dtype(np.float64)
+
+#: The most ``at_step`` a record holds (an int64).
+_LAST_STEP = (1 << 63) - 1
 
 
 def event_dtype(payload_size: int, mask_bytes: int) -> np.dtype[Any]:
@@ -70,15 +92,31 @@ class EventSender:
         check_open: Callable[[], None],
     ) -> None:
         self.hook_names = list(hook_names)
+        self._hook_indices: dict[Any, int] = {}
+        for index, name in enumerate(self.hook_names):
+            self._hook_indices.setdefault(name, index)  # the first of equal names, as list.index finds
         self._rings = rings
         self._slots = list(slots)
         self._starts = np.array([start for start, _ in slots])
+        self._start_list = [start for start, _ in slots]
         self._lock = lock
         self._label = env_label
         self._check_open = check_open
         self.capacity = rings.capacity
         self.payload_size = rings.records.dtype["payload"].shape[0]
         self.num_envs = self._slots[-1][1]
+        self._mask_bytes = rings.records.dtype["mask"].shape[0]
+        # One layout per payload length: the numbers sent, zeros up to payload_size, then the mask.
+        # The ticket (first) is left 0: publish() stamps it under the lock.
+        self._records = [
+            struct.Struct(f"<4q{count}d{8 * (self.payload_size - count)}x{self._mask_bytes}s")
+            for count in range(self.payload_size + 1)
+        ]
+        self._every_env = [
+            (worker, self._mask(worker, np.arange(start, stop)))
+            for worker, (start, stop) in enumerate(slots)
+            if stop > start
+        ]
 
     def send(
         self,
@@ -98,32 +136,42 @@ class EventSender:
         """
         self._check_open()
         try:
-            hook_index = self.hook_names.index(hook)
-        except ValueError:
-            raise KeyError(f"no hook named {hook!r}; the pool's hooks are {self.hook_names}") from None
-        if env_ids is None:
-            ids = np.arange(self.num_envs)
+            hook_index = self._hook_indices[hook]
+        except (KeyError, TypeError):  # TypeError: unhashable; list.index still compares it by ==
+            hook_index = self._hook_index(hook)
+        # One env (an int, or a list of one) is the common event: it needs no numpy.
+        one = env_ids[0] if type(env_ids) is list and len(env_ids) == 1 else env_ids
+        if (type(one) is int or isinstance(one, np.integer)) and 0 <= one < self.num_envs:
+            env = int(one)
+            worker = bisect_right(self._start_list, env) - 1
+            masks: list[tuple[int, bytes]] = [
+                (worker, (1 << (env - self._start_list[worker])).to_bytes(self._mask_bytes, "little"))
+            ]
         else:
-            ids = np.atleast_1d(np.asarray(env_ids))
-            if ids.size > 1:  # one env (the common event) needs no sorting
-                ids = np.unique(ids)
-        if ids.dtype.kind not in "iu" or ids.ndim != 1 or not ids.size:
-            raise ValueError(f"env_ids must be one or more env ids (or None for all), got {env_ids!r:.100}")
-        if ids.min() < 0 or ids.max() >= self.num_envs:
-            raise ValueError(f"env_ids {ids.tolist()} out of range for num_envs={self.num_envs}")
-        values = np.zeros(0) if payload is None else np.asarray(payload, dtype=np.float64).ravel()
-        if values.size > self.payload_size:
-            raise ValueError(f"payload has {values.size} numbers; launch(event_payload=...) allows {self.payload_size}")
-        if at_step is not None and (not isinstance(at_step, (int, np.integer)) or at_step < 0):
+            masks = self._masks(env_ids)
+        if payload is None:
+            values: Sequence[float] = ()
+        elif (
+            type(payload) in (list, tuple)
+            and len(payload) <= self.payload_size
+            and _PLAIN_NUMBERS.issuperset(map(type, payload))
+        ):
+            values = list(map(float, payload))
+        else:
+            array = np.asarray(payload, dtype=np.float64).ravel()
+            if array.size > self.payload_size:
+                raise ValueError(
+                    f"payload has {array.size} numbers; launch(event_payload=...) allows {self.payload_size}"
+                )
+            values = array.tolist()
+        if at_step is not None and (not isinstance(at_step, (int, np.integer)) or not 0 <= at_step <= _LAST_STEP):
             raise ValueError(f"at_step must be a non-negative int, got {at_step!r}")
-        owners = np.searchsorted(self._starts, ids, side="right") - 1
-        workers = owners.tolist() if owners.size == 1 else np.unique(owners).tolist()
+        layout = self._records[len(values)]
+        due = NOT_SCHEDULED if at_step is None else at_step
+        parts = [(worker, layout.pack(0, hook_index, due, len(values), *values, mask)) for worker, mask in masks]
+        workers = [worker for worker, _ in parts]
         deadline = None if timeout is None else time.monotonic() + timeout
         lock_wait = None if timeout is None else max(timeout, LOCK_GRACE)
-        parts = [
-            (worker_id, self._filler(worker_id, hook_index, ids[owners == worker_id], values, at_step))
-            for worker_id in workers
-        ]
         while True:
             with self._lock.hold(lock_wait, self._check_open):
                 full = self._rings.full(workers)
@@ -138,49 +186,123 @@ class EventSender:
             time.sleep(0.0005)
             self._check_open()  # a sender waiting for room stops when the pool closes
 
-    def _filler(
-        self, worker_id: int, hook_index: int, ids: np.ndarray, values: np.ndarray, at_step: int | None
-    ) -> Callable[[np.ndarray], None]:
-        """What writes this event's record for one worker's ring (built before taking the lock)."""
-        bits = np.zeros(self._rings.records.dtype["mask"].shape[0] * 8, dtype=np.bool_)
+    def _hook_index(self, hook: Any) -> int:
+        try:
+            return self.hook_names.index(hook)
+        except ValueError:
+            raise KeyError(f"no hook named {hook!r}; the pool's hooks are {self.hook_names}") from None
+
+    def _masks(self, env_ids: Any) -> list[tuple[int, bytes]]:
+        """Each concerned worker with the env mask of its slot, for ``env_ids`` other than one env."""
+        if env_ids is None:
+            return self._every_env
+        plain = env_ids.tolist() if isinstance(env_ids, np.ndarray) and env_ids.ndim == 1 else env_ids
+        if type(plain) in (list, tuple) and 0 < len(plain) <= 64:  # a few envs: ints are quicker than numpy
+            num_envs = self.num_envs
+            if all(type(env) is int and 0 <= env < num_envs for env in plain):
+                starts = self._start_list
+                bits: dict[int, int] = {}  # worker -> its slot's mask
+                for env in plain:
+                    worker = bisect_right(starts, env) - 1
+                    bits[worker] = bits.get(worker, 0) | 1 << (env - starts[worker])
+                return [(worker, bits[worker].to_bytes(self._mask_bytes, "little")) for worker in sorted(bits)]
+        ids = np.atleast_1d(np.asarray(env_ids))
+        if ids.size > 1:
+            ids = np.unique(ids)
+        if ids.dtype.kind not in "iu" or ids.ndim != 1 or not ids.size:
+            raise ValueError(f"env_ids must be one or more env ids (or None for all), got {env_ids!r:.100}")
+        if ids.min() < 0 or ids.max() >= self.num_envs:
+            raise ValueError(f"env_ids {ids.tolist()} out of range for num_envs={self.num_envs}")
+        owners = np.searchsorted(self._starts, ids, side="right") - 1
+        workers = owners.tolist() if owners.size == 1 else np.unique(owners).tolist()
+        return [(worker, self._mask(worker, ids[owners == worker])) for worker in workers]
+
+    def _mask(self, worker_id: int, ids: np.ndarray) -> bytes:
+        """The env mask of one worker's record: bit ``i`` for env ``start + i`` of its slot."""
+        bits = np.zeros(self._mask_bytes * 8, dtype=np.bool_)
         bits[ids - self._slots[worker_id][0]] = True
-        mask = np.packbits(bits, bitorder="little")
+        return np.packbits(bits, bitorder="little").tobytes()
 
-        def fill(record: np.ndarray) -> None:
-            record["hook"] = hook_index
-            record["at_step"] = NOT_SCHEDULED if at_step is None else at_step
-            record["payload_size"] = values.size
-            record["payload"][: values.size] = values
-            record["mask"] = mask
-
-        return fill
+    def _filler(
+        self, worker_id: int, hook_index: int, ids: np.ndarray, values: Sequence[float], at_step: int | None
+    ) -> bytes:
+        """The record of this event in one worker's ring, as :meth:`EventRings.publish` takes it (tests
+        build half-done sends from it)."""
+        due = NOT_SCHEDULED if at_step is None else at_step
+        mask = self._mask(worker_id, ids)
+        return self._records[len(values)].pack(0, hook_index, due, len(values), *values, mask)
 
 
 class EventReader:
     """Worker side: takes this worker's events out of its ring and hands them out when due."""
 
     def __init__(self, rings: EventRings, worker_id: int, slot: tuple[int, int]) -> None:
+        dtype = rings.records.dtype
         self._rings = rings
-        self._worker_id = worker_id
+        self._ring = worker_id
+        self._heads, self._tails = rings.head_words, rings.tail_words
         self._start, stop = slot
         self._count = stop - self._start
+        self._env_ids_of_slot = np.arange(self._start, stop)
+        self._one_env_below = 1 << self._count  # a one-bit mask below it names an env of the slot
+        self._size = dtype.itemsize
+        self._payload_size = dtype["payload"].shape[0]
+        self._mask_bytes = dtype["mask"].shape[0]
+        self._mask_offset = self._size - self._mask_bytes  # the mask ends a record (event_dtype)
+        # Slots of up to 64 envs (most pools) have a one-word mask, read with one unpack.
+        self._mask_word = struct.Struct("<Q") if self._mask_bytes == 8 else None
         self._waiting: list[tuple[int, int, np.ndarray, np.ndarray]] = []  # taken out, due later
+        self._next_due = sys.maxsize  # the earliest at_step in _waiting
 
-    def due(self, step: int) -> list[tuple[int, Event]]:
-        """The (hook index, event) pairs due at global step ``step``, in send order."""
-        rings, ring = self._rings, self._worker_id
-        if rings.heads[ring] != rings.tails[ring]:
-            for record in rings.consume(ring):
-                bits = np.unpackbits(record["mask"], bitorder="little")[: self._count].astype(np.bool_)
-                payload = record["payload"][: int(record["payload_size"])].copy()
-                self._waiting.append(
-                    (int(record["hook"]), int(record["at_step"]), np.flatnonzero(bits) + self._start, payload)
-                )
-        if not self._waiting:
-            return []
-        ready: list[tuple[int, int, np.ndarray, np.ndarray]] = []
-        later: list[tuple[int, int, np.ndarray, np.ndarray]] = []
-        for item in self._waiting:
-            (ready if item[1] <= step else later).append(item)
-        self._waiting = later
-        return [(hook, Event(env_ids, payload, step)) for hook, _, env_ids, payload in ready]
+    def due(self, step: int) -> dict[int, list[Event]] | None:
+        """The events due at global step ``step`` by hook index, each hook's in send order; None when
+        none is. A step with an empty ring and nothing scheduled costs two integer compares."""
+        ring = self._ring
+        fresh = self._heads[ring] != self._tails[ring]
+        if not fresh and step < self._next_due:
+            return None
+        due: dict[int, list[Event]] = {}
+        if step >= self._next_due:  # taken out earlier, so sent before anything still in the ring
+            waiting, self._waiting, self._next_due = self._waiting, [], sys.maxsize
+            for hook, at_step, env_ids, payload in waiting:
+                if at_step > step:
+                    self._wait(hook, at_step, env_ids, payload)
+                else:
+                    due.setdefault(hook, []).append(Event(env_ids, payload, step))
+        if fresh:
+            data = self._rings.take(ring)
+            payload_size = self._payload_size
+            for offset in range(0, len(data), self._size):
+                _, hook, at_step, count = RECORD_HEAD.unpack_from(data, offset)
+                env_ids = self._env_ids(data, offset + self._mask_offset)
+                if not 0 <= count <= payload_size:  # only a broken writer gets here: never read past the payload
+                    count = 0 if count < 0 else payload_size
+                # A view of this batch's own copy of the records: no other event shares these bytes.
+                payload = np.frombuffer(data, _FLOAT64, count, offset + RECORD_HEAD.size)
+                if at_step > step:
+                    self._wait(hook, at_step, env_ids, payload)
+                    continue
+                event = Event(env_ids, payload, step)
+                events = due.get(hook)
+                if events is None:
+                    due[hook] = [event]
+                else:
+                    events.append(event)
+        return due or None
+
+    def _wait(self, hook: int, at_step: int, env_ids: np.ndarray, payload: np.ndarray) -> None:
+        """Keeps an event taken out of the ring until its step."""
+        self._waiting.append((hook, at_step, env_ids, payload))
+        self._next_due = min(self._next_due, at_step)
+
+    def _env_ids(self, data: bytearray, offset: int) -> np.ndarray:
+        """The pool-wide env ids of the mask at ``offset`` (bits beyond the slot are ignored)."""
+        if self._mask_word is not None:
+            bits = self._mask_word.unpack_from(data, offset)[0]
+        else:
+            bits = int.from_bytes(memoryview(data)[offset : offset + self._mask_bytes], "little")
+        if bits and not bits & (bits - 1) and bits < self._one_env_below:  # one env: the common event
+            index = bits.bit_length() - 1
+            return self._env_ids_of_slot[index : index + 1].copy()
+        unpacked = np.unpackbits(np.frombuffer(data, np.uint8, self._mask_bytes, offset), bitorder="little")
+        return self._env_ids_of_slot[unpacked[: self._count].view(np.bool_)]

@@ -88,10 +88,11 @@ class HookRunner:
     def begin_step(self, global_step: int) -> None:
         """Takes the events due at this step out of the ring, grouped by hook."""
         self.ctx.global_step = global_step
-        self._due = {}
-        if self._events is not None:
-            for index, event in self._events.due(global_step):
-                self._due.setdefault(index, []).append(event)
+        due = None if self._events is None else self._events.due(global_step)
+        if due is not None:
+            self._due = due
+        elif self._due:
+            self._due = {}  # the last step's events are done with
 
     def before_step(self, actions: Any, resetting: list[bool], lengths: list[int]) -> None:
         """Runs ``before_step`` hooks; they may change ``actions`` in place."""

@@ -1,0 +1,271 @@
+"""The event channel end to end in one process: what a sender packs is what the worker's reader hands out.
+
+Senders build each record's bytes with :mod:`struct` (no numpy for one env or a few), and the reader
+decodes them the same way; these tests hold every form of ``env_ids`` and ``payload`` to the numpy
+reference, including slots wider than one 64-bit mask word, scheduled events, rings that wrap, bad
+input, garbage records, and a send of record bytes that dies at any store.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shmpool.errors import EventQueueFull
+from shmpool.events import Event, EventReader, EventSender, event_dtype, mask_bytes
+from shmpool.protocol import W_EVENTS_JOURNAL, W_EVENTS_PUBLISHED, WRITERS_WORDS, EventRings, writer_lock
+
+#: A slot of 3 envs and one of 100 (two 64-bit mask words).
+SLOTS = [(0, 3), (3, 103)]
+NUM_ENVS = SLOTS[-1][1]
+PAYLOAD = 3
+
+
+class Channel:
+    """The event rings of a two-worker pool over plain arrays, its sender and both workers' readers."""
+
+    def __init__(self, lock_path: str, capacity: int = 8) -> None:
+        self.views = {
+            "writers": np.zeros(WRITERS_WORDS, np.int64),
+            "events": np.zeros((len(SLOTS), capacity), event_dtype(PAYLOAD, mask_bytes(SLOTS))),
+            "event_heads": np.zeros(len(SLOTS), np.int64),
+            "event_tails": np.zeros(len(SLOTS), np.int64),
+            "event_undo_heads": np.zeros(len(SLOTS), np.int64),
+        }
+        self.lock = writer_lock(lock_path, self.views)
+        views = self.views
+        self.rings = EventRings(
+            views["events"], views["event_heads"], views["event_tails"], views["event_undo_heads"], views["writers"]
+        )
+        self.sender = EventSender(["Kick", "Reset", "Kick"], self.rings, SLOTS, self.lock, "test env", lambda: None)
+        self.readers = [EventReader(self.rings, worker, slot) for worker, slot in enumerate(SLOTS)]
+
+    def due(self, step: int) -> list[dict[int, list[Event]]]:
+        """Each worker's events due at ``step``, as its HookRunner takes them."""
+        return [reader.due(step) or {} for reader in self.readers]
+
+
+@pytest.fixture
+def channel() -> Iterator[Channel]:
+    fd, path = tempfile.mkstemp(prefix="shmpool-events-test-")
+    os.close(fd)
+    try:
+        yield Channel(path)
+    finally:
+        os.unlink(path)
+
+
+def delivered(due: list[dict[int, list[Event]]]) -> list[tuple[int, int, list[int], list[float], int]]:
+    """(worker, hook, env ids, payload, step) of every event handed out, in order."""
+    return [
+        (worker, hook, event.env_ids.tolist(), event.payload.tolist(), event.step)
+        for worker, by_hook in enumerate(due)
+        for hook, events in by_hook.items()
+        for event in events
+    ]
+
+
+def expected(
+    env_ids: Any, payload: Any, hook: int = 0, step: int = 0
+) -> list[tuple[int, int, list[int], list[float], int]]:
+    """The reference: the numpy reading of ``env_ids`` and ``payload``."""
+    ids = np.arange(NUM_ENVS) if env_ids is None else np.unique(np.atleast_1d(np.asarray(env_ids)))
+    values = [] if payload is None else np.asarray(payload, dtype=np.float64).ravel().tolist()
+    return [
+        (worker, hook, [int(i) for i in ids if start <= i < stop], values, step)
+        for worker, (start, stop) in enumerate(SLOTS)
+        if any(start <= i < stop for i in ids)
+    ]
+
+
+ENV_IDS = [
+    1,
+    [1],
+    [70],
+    np.int64(102),
+    [np.int64(4)],
+    np.array([64]),
+    (2, 0, 2),  # duplicates, unsorted
+    [0, 5, 68, 102],
+    np.array([3, 100], dtype=np.uint8),
+    list(range(0, 103, 1)),  # more than the few that plain ints take: numpy's path
+    None,
+]
+PAYLOADS = [None, [], [0.5], [1, 2.5, -3], (7.0, 8.0), np.array([0.25, 0.5]), 4.0, ["1.5"], [True], np.float32(0.1)]
+
+
+@pytest.mark.parametrize("env_ids", ENV_IDS, ids=repr)
+@pytest.mark.parametrize("payload", PAYLOADS, ids=repr)
+def test_every_form_of_env_ids_and_payload_arrives_as_sent(channel: Channel, env_ids: Any, payload: Any) -> None:
+    channel.sender.send("Kick", env_ids, payload)
+    assert delivered(channel.due(0)) == expected(env_ids, payload)
+    assert delivered(channel.due(1)) == []  # delivered once
+
+
+def test_events_arrive_in_send_order_when_due_across_a_wrapping_ring(channel: Channel) -> None:
+    """Scheduled events wait in the reader; each hook's events come in send order, however the ring
+    wraps around (capacity 8, 30 rounds)."""
+    step, sent = 0, 0
+    for _ in range(30):
+        channel.sender.send("Reset", [1], [sent], at_step=step + 2)  # due two steps later
+        channel.sender.send("Kick", [50, 1], [sent + 1])
+        channel.sender.send("Kick", [1], [sent + 2], at_step=step)  # due now
+        sent += 3
+        first, second = channel.due(step)
+        assert [event.payload.tolist() for event in first[0]] == [[sent - 2], [sent - 1]]
+        assert [event.env_ids.tolist() for event in second[0]] == [[50]]
+        if step >= 2:  # the Reset sent two rounds ago, handed out at its step
+            assert [(e.payload.tolist(), e.step) for e in first[1]] == [([sent - 9], step)]
+        else:
+            assert 1 not in first
+        step += 1
+    assert delivered(channel.due(step)) + delivered(channel.due(step + 1)) == [
+        (0, 1, [1], [sent - 6], step),
+        (0, 1, [1], [sent - 3], step + 1),
+    ]
+    assert channel.readers[0].due(step + 2) is None
+
+
+def test_a_reader_hands_out_nothing_until_an_event_is_due(channel: Channel) -> None:
+    reader = channel.readers[0]
+    assert reader.due(0) is None
+    channel.sender.send("Kick", [0], at_step=5)
+    assert reader.due(0) is None  # taken out of the ring, not due yet
+    assert channel.views["event_tails"][0] == 1 and reader.due(4) is None
+    assert delivered([reader.due(7) or {}]) == [(0, 0, [0], [], 7)]  # late: handed out at the step it is read
+    assert reader.due(8) is None
+
+
+def test_hooks_are_addressed_by_their_first_name(channel: Channel) -> None:
+    channel.sender.send(np.str_("Kick"), [0])  # equal to "Kick", as list.index finds it
+    assert [set(by_hook) for by_hook in channel.due(0)] == [{0}, set()]
+
+
+BAD_SENDS: list[tuple[Callable[[EventSender], None], type[Exception], str]] = [
+    (lambda s: s.send("Kik", [0]), KeyError, r"no hook named 'Kik'; the pool's hooks are \['Kick', 'Reset', 'Kick'\]"),
+    (lambda s: s.send(["Kick"], [0]), KeyError, r"no hook named \['Kick'\]"),  # unhashable
+    (lambda s: s.send("Kick", [True]), ValueError, r"env_ids must be one or more env ids .* got \[True\]"),
+    (lambda s: s.send("Kick", True), ValueError, r"env_ids must be one or more env ids .* got True"),
+    (lambda s: s.send("Kick", [1.0]), ValueError, r"env_ids must be one or more env ids"),
+    (lambda s: s.send("Kick", []), ValueError, r"env_ids must be one or more env ids .* got \[\]"),
+    (lambda s: s.send("Kick", [[1]]), ValueError, r"env_ids must be one or more env ids .* got \[\[1\]\]"),
+    (lambda s: s.send("Kick", 103), ValueError, r"env_ids \[103\] out of range for num_envs=103"),
+    (lambda s: s.send("Kick", [5, -1, 5]), ValueError, r"env_ids \[-1, 5\] out of range for num_envs=103"),
+    (lambda s: s.send("Kick", [0], [1, 2, 3, 4]), ValueError, r"payload has 4 numbers; .* allows 3"),
+    (lambda s: s.send("Kick", [0], np.zeros((2, 2))), ValueError, r"payload has 4 numbers; .* allows 3"),
+    (lambda s: s.send("Kick", [0], ["x"]), ValueError, r"could not convert string to float"),
+    (lambda s: s.send("Kick", [0], at_step=-1), ValueError, r"at_step must be a non-negative int, got -1"),
+    (lambda s: s.send("Kick", [0], at_step=1.0), ValueError, r"at_step must be a non-negative int, got 1.0"),
+    (lambda s: s.send("Kick", [0], at_step=1 << 63), ValueError, r"at_step must be a non-negative int"),
+]
+
+
+@pytest.mark.parametrize(("send", "error", "message"), BAD_SENDS)
+def test_bad_input_is_refused_with_what_was_wrong_and_queues_nothing(
+    channel: Channel, send: Callable[[EventSender], None], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        send(channel.sender)
+    assert channel.views["event_heads"].tolist() == [0, 0] and channel.views["writers"][W_EVENTS_JOURNAL] == 0
+
+
+def test_a_full_ring_refuses_the_whole_event(channel: Channel) -> None:
+    for _ in range(8):
+        channel.sender.send("Kick", [70])
+    with pytest.raises(EventQueueFull, match="test env: the event ring of worker 1 is full .8 events"):
+        channel.sender.send("Kick", [0, 70])
+    assert channel.views["event_heads"].tolist() == [0, 8]  # not even the room in worker 0's ring was used
+
+
+def test_a_garbage_record_never_reads_beyond_its_payload_or_slot(channel: Channel) -> None:
+    """A record from a broken writer: a payload size out of range and mask bits beyond the slot."""
+
+    def garbage(payload_size: int, mask: list[int]) -> Callable[[np.ndarray], None]:
+        def fill(record: np.ndarray) -> None:
+            record["hook"], record["at_step"], record["payload_size"] = 0, -1, payload_size
+            record["payload"] = [1.0, 2.0, 3.0]
+            record["mask"] = mask + [0] * (len(record["mask"]) - len(mask))
+
+        return fill
+
+    channel.rings.publish([(0, garbage(-5, [0b1000]))])  # env 3 of a 3-env slot: none of its envs
+    channel.rings.publish([(0, garbage(99, [0b1010]))])  # env 1 and env 3 (beyond the slot)
+    assert delivered(channel.due(0)) == [(0, 0, [], [], 0), (0, 0, [1], [1.0, 2.0, 3.0], 0)]
+
+
+def test_payloads_are_independent_writable_arrays(channel: Channel) -> None:
+    channel.sender.send("Kick", [0], [1.0])
+    channel.sender.send("Kick", [0], [2.0])
+    first, second = channel.due(0)[0][0]
+    first.payload[0] = 9.0  # a hook may scribble on its copy
+    assert second.payload.tolist() == [2.0] and first.payload.tolist() == [9.0]
+    assert first.env_ids.dtype == np.int64 and first.payload.dtype == np.float64
+
+
+class Watched(np.ndarray):
+    """An array that calls ``before_store(self, key)`` before each item store (views share it)."""
+
+    before_store: Callable[[np.ndarray, Any], None] | None = None
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self.before_store = getattr(obj, "before_store", None)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if self.before_store is not None:
+            self.before_store(self, key)
+        super().__setitem__(key, value)
+
+
+class Died(Exception):
+    """A sender's death, simulated."""
+
+
+@pytest.mark.parametrize("fatal", range(8))
+def test_a_send_of_record_bytes_that_dies_at_any_store_reaches_both_rings_or_neither(
+    channel: Channel, fatal: int
+) -> None:
+    """Dies before the ``fatal``-th store of a two-ring send (journal, heads, published ticket; a send
+    has fewer than 8). Readers looking before each store see none of it until the published ticket
+    is stored; after the next holder's recovery the event is in both rings or in neither."""
+    views = channel.views
+    stores: list[tuple[np.ndarray, Any]] = []
+
+    def before_store(array: np.ndarray, key: Any) -> None:
+        if not any(a is views["writers"] and k == W_EVENTS_PUBLISHED for a, k in stores):
+            assert delivered(channel.due(0)) == [], stores  # not published yet: nothing to see
+        stores.append((array, key))
+        if len(stores) - 1 == fatal:
+            raise Died
+
+    for name in WATCHED:
+        views[name] = views[name].view(Watched)
+        views[name].before_store = before_store
+    rings = EventRings(
+        views["events"], views["event_heads"], views["event_tails"], views["event_undo_heads"], views["writers"]
+    )
+    channel.readers = [EventReader(rings, worker, slot) for worker, slot in enumerate(SLOTS)]
+    ids = np.array([2, 70])
+    parts = [(worker, channel.sender._filler(worker, 1, ids[worker : worker + 1], [5.0], None)) for worker in (0, 1)]
+    try:
+        rings.publish(parts)
+        died = False
+    except Died:
+        died = True
+    for name in WATCHED:
+        views[name].before_store = None
+    assert died == (fatal < len(stores))
+    published = any(a is views["writers"] and k == W_EVENTS_PUBLISHED for a, k in stores[: fatal if died else None])
+    rings.recover()  # what the next holder of the lock runs first
+    assert views["writers"][W_EVENTS_JOURNAL] == 0
+    arrived = delivered(channel.due(0))
+    assert arrived == ([(0, 1, [2], [5.0], 0), (1, 1, [70], [5.0], 0)] if published else []), (fatal, arrived)
+    channel.sender.send("Kick", [2, 70])  # the rings work on, for both workers
+    assert [len(by_hook.get(0, [])) for by_hook in channel.due(1)] == [1, 1]
+
+
+WATCHED = ("writers", "event_heads", "event_undo_heads")
