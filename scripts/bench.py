@@ -166,22 +166,26 @@ EVENT_SENDER = """
 import sys, time, shmpool
 with shmpool.attach(sys.argv[1], timeout=30) as handle:
     print("attached", flush=True)
-    start, sent = time.perf_counter(), 0
+    start, sent, send = time.perf_counter(), 0, sys.argv[3] == "send"
     while True:
         sent += 1
-        handle.events.send("Perturb", [sent % handle.num_envs], [0.0], timeout=None)
+        if send:
+            handle.events.send("Perturb", [sent % handle.num_envs], [0.0], timeout=None)
         time.sleep(max(0.0, start + sent / float(sys.argv[2]) - time.perf_counter()))
 """
 
 
 @contextmanager
 def with_event_sender(
-    make: Callable[[], gym.vector.VectorEnv], num_envs: int, rate: int
+    make: Callable[[], gym.vector.VectorEnv], num_envs: int, rate: int, send: bool = True
 ) -> Iterator[tuple[Callable[[Any], None], list[Any], int]]:
-    """A pool that receives ``rate`` events per second from another process while it steps."""
+    """A pool that receives ``rate`` events per second from another process while it steps (with
+    ``send=False`` the process wakes as often but sends nothing: what the wake-ups alone cost)."""
     with vector(make, num_envs) as (step, actions, env_steps):
         sender = subprocess.Popen(
-            [sys.executable, "-c", EVENT_SENDER, step.__self__.name, str(rate)], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", EVENT_SENDER, step.__self__.name, str(rate), "send" if send else "idle"],
+            stdout=subprocess.PIPE,
+            text=True,
         )
         try:
             sender.stdout.readline()  # type: ignore[union-attr]
@@ -214,6 +218,8 @@ def envpool_installed() -> bool:
     return True
 
 
+#: The row of a process that wakes 1,000 times a second beside the pool but sends nothing.
+WAKE_UPS = "shmpool, 1,000 wake-ups/s, no event"
 #: The Python engine's row with the hooks compiled (numba installed).
 COMPILED_HOOKS = "shmpool, 3 hooks compiled=True"
 #: The "numba engine" rows' labels, for the notes.
@@ -274,6 +280,7 @@ def cases(env_id: str, num_envs: int, workers: int) -> list[tuple[str, Callable[
             rows.append((COMPILED_HOOKS, lambda: vector(compiled, num_envs)))
         rows += [
             ("shmpool, 1,000 events/s sent", lambda: with_event_sender(kicked, num_envs, 1000)),
+            (WAKE_UPS, lambda: with_event_sender(kicked, num_envs, 1000, send=False)),
             ("shmpool, 3 params, no writes", lambda: vector(pool, num_envs)),
             ("shmpool, 3 params written/step", lambda: with_updates(pool, num_envs, "write")),
             (
@@ -621,7 +628,8 @@ def main(argv: list[str] | None = None) -> None:
         if plain and "shmpool, 3 built-in hooks" in results:
             notes.append(
                 f"{env_id} x{num_envs}: 3 built-in hooks cost {1 - results['shmpool, 3 built-in hooks'] / plain:.0%} "
-                f"of throughput; 1,000 events/s cost {1 - results['shmpool, 1,000 events/s sent'] / plain:.0%}"
+                f"of throughput; 1,000 events/s cost {1 - results['shmpool, 1,000 events/s sent'] / plain:.0%} "
+                f"(a process waking as often and sending nothing: {1 - results[WAKE_UPS] / plain:.0%})"
             )
             if COMPILED_HOOKS in results:
                 notes[-1] += f"; compiled (compiled=True), the hooks cost {1 - results[COMPILED_HOOKS] / plain:.0%}"
@@ -667,11 +675,11 @@ def compiled_notes(measured: dict[tuple[str, int], dict[str, float]], workers: i
 
 def print_table(rows: list[tuple[str, int, str, float, float, float]]) -> None:
     """Prints rows as a fixed-width table."""
-    header = f"{'env':<14} {'num_envs':>8}  {'runner':<31} {'steps/s':>12} {'x Async':>8} {'x Sync':>7}"
+    header = f"{'env':<14} {'num_envs':>8}  {'runner':<36} {'steps/s':>12} {'x Async':>8} {'x Sync':>7}"
     print(header)
     print("-" * len(header))
     for env_id, num_envs, label, rate, vs_async, vs_sync in rows:
-        print(f"{env_id:<14} {num_envs:>8}  {label:<31} {rate:>12,.0f} {vs_async:>8.2f} {vs_sync:>7.2f}")
+        print(f"{env_id:<14} {num_envs:>8}  {label:<36} {rate:>12,.0f} {vs_async:>8.2f} {vs_sync:>7.2f}")
 
 
 if __name__ == "__main__":
