@@ -12,7 +12,7 @@ A hook is any picklable object with any of these methods, each taking a :class:`
   observation is in the rows ``after_step`` sees (with ``ctx.stepped`` False).
 
 and optionally ``params()`` returning ``{name: shmpool.Param}`` declarations that the hook reads
-(merged into the pool's parameters unless the user declared the same names), and ``setup(ctx)``,
+(merged into the pool's parameters unless the user declared the same names), and ``on_launch(ctx)``,
 run once per worker when it builds, before any reset or step (to check spaces and make arrays once;
 an error there fails the launch). Hooks run once per step per worker, vectorized over the slot, in
 the order given to ``launch``; they are shipped to each worker once, at launch (closures work), and
@@ -24,7 +24,7 @@ A hook's name (its ``name`` attribute, else its class name) addresses events to 
 The built-in hooks below each read a declared parameter per env, so a curriculum can change their
 strength per env while training runs. Their randomness comes from per-env streams keyed by the pool
 seed, so a run is the same whatever the number of workers. They make their arrays once, in
-``setup``, and do a step's work over the whole slot: in numpy, or in one call of a numba-compiled
+``on_launch``, and do a step's work over the whole slot: in numpy, or in one call of a numba-compiled
 function (:mod:`shmpool.kernels.hooks`). ``compiled=None`` (the default) runs the compiled version
 with ``engine="numba"`` and numpy's with ``engine="python"``; ``compiled=True`` runs it on either
 engine (``Perturb``: on the numba engine only) and needs ``pip install "shmpool[numba]"`` (the hook
@@ -267,7 +267,7 @@ class ObservationNoise:
         """Declares the noise std (``>= 0``)."""
         return {self.param: Param(self.std, low=0.0, bind=False)}
 
-    def setup(self, ctx: HookContext) -> None:
+    def on_launch(self, ctx: HookContext) -> None:
         """Checks the space, makes the noise streams and, to run compiled, compiles now."""
         streams = self._make_streams(ctx)
         observations = ctx.observations
@@ -334,7 +334,7 @@ class ActionNoise:
         """Declares the noise std (``>= 0``)."""
         return {self.param: Param(self.std, low=0.0, bind=False)}
 
-    def setup(self, ctx: HookContext) -> None:
+    def on_launch(self, ctx: HookContext) -> None:
         """Checks the space, makes the noise streams and, to run compiled, compiles now."""
         streams = self._make_streams(ctx)
         dtype = np.dtype(ctx.action_space.dtype)
@@ -411,7 +411,7 @@ class ActionDelay:
         self._episodes = episodes.copy()
         self._new = np.zeros(count, dtype=np.bool_)
 
-    def setup(self, ctx: HookContext) -> None:
+    def on_launch(self, ctx: HookContext) -> None:
         """Checks the space, makes the shift registers and, to run compiled, compiles now."""
         if not is_leaf(ctx.action_space):
             raise self._not_an_array()
@@ -474,7 +474,7 @@ class RewardScale:
         """Declares the scale."""
         return {self.param: Param(self.scale, bind=False)}
 
-    def setup(self, ctx: HookContext) -> None:
+    def on_launch(self, ctx: HookContext) -> None:
         """To run compiled, compiles now."""
         functions = _compiled_functions(self, ctx, None)
         if functions is not None:
@@ -578,7 +578,7 @@ class Perturb:
             return f"dims={self.dims} gives fewer amounts than the kernel's {count} velocities"
         return None
 
-    def setup(self, ctx: HookContext) -> None:
+    def on_launch(self, ctx: HookContext) -> None:
         """With ``engine="numba"``, to kick compiled: makes the arrays and compiles now."""
         if ctx.engine != "numba":
             return  # envs are Python objects: kicked one by one, whatever ``compiled`` says

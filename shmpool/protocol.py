@@ -447,7 +447,10 @@ class EventRings:
                 record(fields)
                 fields["ticket"] = ticket
             else:
-                self._ring_bytes[ring][slot * size : (slot + 1) * size] = record
+                # All but the ticket word, then the ticket: the slot's ticket must never read as
+                # published while it is rewritten (a consumer holding a head from before a dead
+                # sender's rollback may look at this slot, and skips it only by its ticket).
+                self._ring_bytes[ring][slot * size + 8 : (slot + 1) * size] = memoryview(record)[8:]
                 self._ring_words[ring][slot * self._record_words] = ticket
         for ring, _ in parts:
             heads[ring] += 1

@@ -269,3 +269,41 @@ def test_a_send_of_record_bytes_that_dies_at_any_store_reaches_both_rings_or_nei
 
 
 WATCHED = ("writers", "event_heads", "event_undo_heads")
+
+
+def test_a_consumer_with_a_head_from_before_a_rollback_never_takes_a_record_being_rewritten(
+    channel: Channel,
+) -> None:
+    """A sender dies after advancing ring 0's head, before publishing; a worker has read that head
+    (and is paused); the next lock holder rolls the head back and a new sender starts rewriting the
+    same slot. The slot's ticket never reads as published meanwhile, so the worker, resuming with its
+    stale head, takes nothing (it used to take the half-written record, ticket 0, and pass the head)."""
+    rings, views = channel.rings, channel.views
+    dead = channel.sender._filler(0, 0, np.array([0]), [1.0], None)
+    with pytest.raises(Died):
+        views["writers"] = views["writers"].view(Watched)
+        views["writers"].before_store = lambda array, key: _die_at(key, W_EVENTS_PUBLISHED)
+        dead_rings = EventRings(
+            views["events"], views["event_heads"], views["event_tails"], views["event_undo_heads"], views["writers"]
+        )
+        dead_rings.publish([(0, dead)])
+    views["writers"].before_store = None
+    stale_head = int(views["event_heads"][0])
+    assert stale_head == 1
+    rings.recover()  # the next holder of the lock: the head goes back to 0
+    assert views["event_heads"][0] == 0
+    new = channel.sender._filler(0, 1, np.array([1]), [2.0], None)
+    size = views["events"].dtype.itemsize
+    rings._ring_bytes[0][8:size] = memoryview(new)[8:]  # publish's first store into the slot: all but the ticket
+    heads = rings.head_words
+    rings.head_words = [stale_head, heads[1]]  # the paused worker resumes with the head it read before
+    try:
+        taken = rings.consume(0)
+    finally:
+        rings.head_words = heads
+    assert len(taken) == 0 and views["event_tails"][0] == 0, taken
+
+
+def _die_at(key: Any, word: int) -> None:
+    if key == word:
+        raise Died

@@ -65,7 +65,7 @@ class Slot:
         self.envs = []
 
     def hook_engine(self) -> tuple[str, Any, np.ndarray | None]:
-        """What ``HookRunner.setup`` tells the hooks: the engine, and a kernel's kernel and state."""
+        """What ``HookRunner.on_launch`` tells the hooks: the engine, and a kernel's kernel and state."""
         return "python", None, None
 
     def _remake(self, index: int) -> Any:

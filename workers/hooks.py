@@ -49,7 +49,7 @@ class HookRunner:
                 for index, hook in enumerate(hooks)
                 if callable(getattr(hook, phase, None))
             ]
-            for phase in (*PHASES, "setup")
+            for phase in (*PHASES, "on_launch")
         }
         rings = event_rings(views)
         self._events = EventReader(rings, worker_id, slot) if rings is not None else None
@@ -77,13 +77,13 @@ class HookRunner:
         ctx.reset_rows = np.zeros(0, dtype=np.int64)
         self._none = [False] * (stop - start)
 
-    def setup(self, engine: str, kernel: Any = None, state: np.ndarray | None = None) -> None:
+    def on_launch(self, engine: str, kernel: Any = None, state: np.ndarray | None = None) -> None:
         """Tells the context which engine steps the slot (with ``engine="numba"``, its kernel and
-        state array) and runs the hooks' ``setup``, once, as the worker builds: compiled hooks
+        state array) and runs the hooks' ``on_launch``, once, as the worker builds: compiled hooks
         compile (or load) here, not at the first step."""
         ctx = self.ctx
         ctx.engine, ctx.kernel, ctx.state = engine, kernel, state
-        self._run("setup")
+        self._run("on_launch")
 
     def begin_step(self, global_step: int) -> None:
         """Takes the events due at this step out of the ring, grouped by hook."""

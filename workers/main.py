@@ -321,7 +321,7 @@ class Worker:
                     envs.resample,
                     None if params is None else params.accepted,
                 )
-                envs.hooks.setup(*envs.hook_engine())  # hooks make their arrays (and compile) now
+                envs.hooks.on_launch(*envs.hook_engine())  # hooks make their arrays (and compile) now
             if "profile" in self._views:
                 self._instrument(PhaseClock(WORKER_PHASES, self._views["profile"][config.worker_id]))
         except Exception:  # noqa: BLE001 - any failure is reported to the trainer, not lost
