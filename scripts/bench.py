@@ -20,7 +20,9 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import functools
 import importlib.util
+import math
 import statistics
 import subprocess
 import sys
@@ -73,6 +75,10 @@ class Settings:
     """nodes of the simulated cluster of --ray."""
     engine: str = "python"
     """the shmpool engine that --profile measures: python or numba (compiled kernels)."""
+    scaling: list[int] = field(default_factory=list)
+    """instead of the table: shmpool with each of these worker counts (both engines, numba where
+    installed) against gymnasium Sync, for the first of --envs at each of --num-envs (for a machine
+    with many cores: --scaling 2 4 8 16 --num-envs 128 256)."""
 
 
 def parse_settings(argv: list[str] | None = None) -> Settings:
@@ -588,6 +594,25 @@ def ray_overhead(settings: Settings) -> None:
         print(f"{label:<34} {rate:>10,.0f} {step_us:>9.0f} {rate / local:>8.2f} {step_us - local_us:>17.0f}")
 
 
+def scaling(settings: Settings) -> None:
+    """Prints steps/s of shmpool at each worker count of --scaling against gymnasium Sync."""
+    env_id = settings.envs[0]
+    engines = ["python"] + (["numba"] if importlib.util.find_spec("numba") is not None else [])
+    rows: list[tuple[str, int, str, float, float, float]] = []
+    for num_envs in settings.num_envs:
+        fns = [lambda: gym.make(env_id) for _ in range(num_envs)]
+        sync = measure(functools.partial(vector, functools.partial(gym.vector.SyncVectorEnv, fns), num_envs), settings)
+        rows.append((env_id, num_envs, "gymnasium Sync", sync, math.nan, 1.0))
+        for engine in engines:
+            for workers in settings.scaling:
+                make = functools.partial(shmpool.launch, env_id, num_envs, num_workers=workers, seed=0, engine=engine)
+                rate = measure(functools.partial(vector, make, num_envs), settings)
+                rows.append((env_id, num_envs, f"shmpool {engine}, {workers} workers", rate, math.nan, rate / sync))
+                print(f"{env_id} x{num_envs}: {engine}, {workers} workers", file=sys.stderr, flush=True)
+    print(f"{os.cpu_count()} cores ('x Async' not measured)")
+    print_table(rows)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Runs every row and prints the table."""
     settings = parse_settings(argv)
@@ -604,6 +629,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     if settings.ray:
         ray_overhead(settings)
+        return
+    if settings.scaling:
+        scaling(settings)
         return
     rows: list[tuple[str, int, str, float, float, float]] = []
     plan = [
