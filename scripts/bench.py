@@ -260,6 +260,12 @@ def cases(env_id: str, num_envs: int, workers: int) -> list[tuple[str, Callable[
             f"shmpool ({workers} workers)",
             lambda: vector(lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0), num_envs),
         ),
+        (
+            "shmpool (trainer slot)",
+            lambda: vector(
+                lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, trainer_slot=True), num_envs
+            ),
+        ),
     ]
     if env_id.startswith("HalfCheetah"):
         from shmpool import mujoco as smj
