@@ -97,8 +97,7 @@ class EventSender:
             self._hook_indices.setdefault(name, index)  # the first of equal names, as list.index finds
         self._rings = rings
         self._slots = list(slots)
-        self._starts = np.array([start for start, _ in slots])
-        self._start_list = [start for start, _ in slots]
+        self._starts = [start for start, _ in slots]
         self._lock = lock
         self._label = env_label
         self._check_open = check_open
@@ -139,16 +138,7 @@ class EventSender:
             hook_index = self._hook_indices[hook]
         except (KeyError, TypeError):  # TypeError: unhashable; list.index still compares it by ==
             hook_index = self._hook_index(hook)
-        # One env (an int, or a list of one) is the common event: it needs no numpy.
-        one = env_ids[0] if type(env_ids) is list and len(env_ids) == 1 else env_ids
-        if (type(one) is int or isinstance(one, np.integer)) and 0 <= one < self.num_envs:
-            env = int(one)
-            worker = bisect_right(self._start_list, env) - 1
-            masks: list[tuple[int, bytes]] = [
-                (worker, (1 << (env - self._start_list[worker])).to_bytes(self._mask_bytes, "little"))
-            ]
-        else:
-            masks = self._masks(env_ids)
+        masks = self._masks(env_ids)
         if payload is None:
             values: Sequence[float] = ()
         elif (
@@ -166,9 +156,7 @@ class EventSender:
             values = array.tolist()
         if at_step is not None and (not isinstance(at_step, (int, np.integer)) or not 0 <= at_step <= _LAST_STEP):
             raise ValueError(f"at_step must be a non-negative int, got {at_step!r}")
-        layout = self._records[len(values)]
-        due = NOT_SCHEDULED if at_step is None else at_step
-        parts = [(worker, layout.pack(0, hook_index, due, len(values), *values, mask)) for worker, mask in masks]
+        parts = [(worker, self._record(hook_index, values, at_step, mask)) for worker, mask in masks]
         workers = [worker for worker, _ in parts]
         deadline = None if timeout is None else time.monotonic() + timeout
         lock_wait = None if timeout is None else max(timeout, LOCK_GRACE)
@@ -193,14 +181,19 @@ class EventSender:
             raise KeyError(f"no hook named {hook!r}; the pool's hooks are {self.hook_names}") from None
 
     def _masks(self, env_ids: Any) -> list[tuple[int, bytes]]:
-        """Each concerned worker with the env mask of its slot, for ``env_ids`` other than one env."""
+        """Each concerned worker with the env mask of its slot."""
         if env_ids is None:
             return self._every_env
-        plain = env_ids.tolist() if isinstance(env_ids, np.ndarray) and env_ids.ndim == 1 else env_ids
+        if type(env_ids) is int or isinstance(env_ids, np.integer):  # one env: the common event
+            plain: Any = [int(env_ids)]
+        elif isinstance(env_ids, np.ndarray) and env_ids.ndim == 1:
+            plain = env_ids.tolist()
+        else:
+            plain = env_ids
         if type(plain) in (list, tuple) and 0 < len(plain) <= 64:  # a few envs: ints are quicker than numpy
             num_envs = self.num_envs
             if all(type(env) is int and 0 <= env < num_envs for env in plain):
-                starts = self._start_list
+                starts = self._starts
                 bits: dict[int, int] = {}  # worker -> its slot's mask
                 for env in plain:
                     worker = bisect_right(starts, env) - 1
@@ -223,14 +216,16 @@ class EventSender:
         bits[ids - self._slots[worker_id][0]] = True
         return np.packbits(bits, bitorder="little").tobytes()
 
+    def _record(self, hook_index: int, values: Sequence[float], at_step: int | None, mask: bytes) -> bytes:
+        """An event's record for one worker's ring, as :meth:`EventRings.publish` takes it (ticket 0)."""
+        due = NOT_SCHEDULED if at_step is None else at_step
+        return self._records[len(values)].pack(0, hook_index, due, len(values), *values, mask)
+
     def _filler(
         self, worker_id: int, hook_index: int, ids: np.ndarray, values: Sequence[float], at_step: int | None
     ) -> bytes:
-        """The record of this event in one worker's ring, as :meth:`EventRings.publish` takes it (tests
-        build half-done sends from it)."""
-        due = NOT_SCHEDULED if at_step is None else at_step
-        mask = self._mask(worker_id, ids)
-        return self._records[len(values)].pack(0, hook_index, due, len(values), *values, mask)
+        """:meth:`_record` for the envs ``ids`` of one worker (tests build half-done sends from it)."""
+        return self._record(hook_index, values, at_step, self._mask(worker_id, ids))
 
 
 class EventReader:

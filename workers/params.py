@@ -266,7 +266,7 @@ class ParamApplier:
             columns.good[:, columns.columns] = new
             self._apply_every_row(columns, new)
             if columns.step_indices & self._refreshed_by:
-                touched[:] = True
+                self._refresh()
             return columns.others
         if not changed.any():
             return columns.others
