@@ -284,3 +284,40 @@ def test_kernels_import_nothing_heavy() -> None:
 
 def test_engines_list_matches_helpers() -> None:
     assert [getattr(engine, "values", [engine])[0] for engine in helpers.ENGINES] == ["python", "numba"]
+
+
+@needs_numba
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "MountainCar-v0"])
+def test_autoresets_drawn_ahead_keep_gymnasiums_streams(env_id: str, pool_name: str) -> None:
+    """Kernels with ``draw`` and ``start`` autoreset compiled, from resets drawn ahead: episodes of 3
+    steps cross several refills, a reset with options (drawn in Python) comes between refills, and
+    every env's ``np_random`` is where gymnasium's is whenever it is asked for."""
+    from shmpool.workers.kernels import RESETS_DRAWN_AHEAD
+
+    num_envs, length = 4, 3
+    reference = SyncVectorEnv([lambda: gym.make(env_id, max_episode_steps=length) for _ in range(num_envs)])
+    with shmpool.launch(
+        env_id, num_envs, num_workers=2, engine="numba", env_kwargs={"max_episode_steps": length}, name=pool_name
+    ) as pool:
+        assert kernels.load(kernels.find(env_id)).start is not None
+        results = [pool.reset(seed=5)[0]], [reference.reset(seed=5)[0]]
+        rng = np.random.default_rng(0)
+        steps = (length + 1) * (RESETS_DRAWN_AHEAD * 2 + 5)  # an episode and its reset step
+        for t in range(steps):
+            actions = rng.integers(0, pool.single_action_space.n, num_envs)
+            for got, wanted in zip(pool.step(actions)[:4], reference.step(actions)[:4]):
+                assert got.tobytes() == wanted.tobytes(), f"step {t}"
+            if t in (length * 7 + 2, steps // 2):  # between refills, mid-episode: rewound, then drawn again
+                options = OPTIONS[env_id]
+                results[0].append(pool.reset(options=options)[0])
+                results[1].append(reference.reset(options=options)[0])
+            if t % 10 == 0:
+                ours, theirs = pool.np_random, reference.np_random
+                assert [g.bit_generator.state for g in ours] == [g.bit_generator.state for g in theirs], f"step {t}"
+        for got, wanted in zip(*results):
+            assert got.tobytes() == wanted.tobytes()
+        records = pool.episodes.read()
+        assert len(records) >= num_envs * RESETS_DRAWN_AHEAD * 2
+        assert sorted(set(records["length"].tolist())) == [length]
+        np.testing.assert_array_equal(np.bincount(records["env_id"]), np.bincount(records["env_id"])[0])
+    reference.close()

@@ -3,10 +3,11 @@
 :class:`KernelSlice` is the kernel engine's :class:`shmpool.workers.envs.EnvSlice`: the same
 commands, autoreset, episode accounting, hooks and results, but the slot's envs are rows of a state
 array, stepped by one call of the kernel, with the time limit and the episode accounting done over
-the slot's arrays at once. Resets (rare) run the kernel's Python reset per env, from each env's own
-``np_random``. :class:`KernelParams` is :class:`shmpool.workers.params.ParamApplier` (the same reads,
-validation, refusals, draws and ``applied``), writing accepted values into the kernel's parameter
-matrix instead of env attributes.
+the slot's arrays at once. Resets run the kernel's Python reset per env, from each env's own
+``np_random``; autoresets of a kernel with ``draw`` and ``start`` run compiled, from resets drawn
+ahead (:meth:`KernelSlice._restart_drawn`). :class:`KernelParams` is
+:class:`shmpool.workers.params.ParamApplier` (the same reads, validation, refusals, draws and
+``applied``), writing accepted values into the kernel's parameter matrix instead of env attributes.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from shmpool.params import ParamSpec
 from shmpool.spaces import leaves
 from shmpool.workers.envs import Slot
 from shmpool.workers.params import ParamApplier
+
+#: Option-less resets each env draws ahead for compiled autoresets. The refill (a generator state
+#: saved, one ``draw`` call: about 10 us) is paid once per this many episodes of an env.
+RESETS_DRAWN_AHEAD = 16
 
 
 class KernelParams(ParamApplier):
@@ -171,6 +176,21 @@ class KernelSlice(Slot):
             "elapsed": np.zeros(count, dtype=np.int64),
         }
         self._state, self._matrix, self._elapsed = self.arrays["state"], self.arrays["params"], self.arrays["elapsed"]
+        # Autoresets run compiled (_restart_drawn) when nothing must happen in Python at an episode's
+        # start: the kernel can start an env from drawn values, resets come at the next step, and no
+        # parameter is applied, drawn or rebuilt per episode.
+        self._drawn_resets = (
+            self.kernel.start is not None
+            and self.autoreset
+            and not self.same_step
+            and (params is None or not params.per_episode)
+        )
+        if self._drawn_resets:
+            width = self.kernel.draw_width
+            self.arrays["draws"] = np.zeros((count, RESETS_DRAWN_AHEAD, width))
+            self.arrays["cursor"] = np.full(count, RESETS_DRAWN_AHEAD, dtype=np.int64)  # none drawn yet
+            self._current_draws = np.zeros((count, width))
+            self._restarting = np.zeros(count, dtype=np.bool_)
         self._needs_reset = np.zeros(count, dtype=np.bool_)
         self._stepped = np.zeros(count, dtype=np.bool_)
         self._stepping = np.zeros(count, dtype=np.bool_)
@@ -203,6 +223,9 @@ class KernelSlice(Slot):
             self._lengths,
             self._ended,
         )
+        self._end_episodes(0.0)
+        if self._drawn_resets:
+            self._restart(0.0)
 
     def hook_engine(self) -> tuple[str, Any, np.ndarray | None]:
         """The numba engine, the slot's kernel and its state array."""
@@ -251,16 +274,61 @@ class KernelSlice(Slot):
         """Resets the envs due for it, in Python, then steps all the others in one kernel call."""
         needs_reset, stepping = self._needs_reset, self._stepping
         np.logical_not(needs_reset, out=stepping)
-        if not stepping.all():
-            for index in np.flatnonzero(needs_reset).tolist():
+        if not stepping.all() and (not self._drawn_resets or self._restart_drawn()):
+            for index in np.flatnonzero(needs_reset).tolist():  # the others (all, without drawn resets)
                 self.current_env = self.start + index
                 env, seed = self._begin_episode(index)
-                env.reset(seed=seed)
+                env.reset(seed=seed)  # draws its next resets ahead again, with drawn resets
                 self._rewards[index], self._terminations[index], self._truncations[index] = 0.0, False, False
             needs_reset[:] = False
             self.current_env = None
         self.kernel.step(self._state, self._matrix, actions, stepping, self._obs, self._rewards, self._terminations)
         self._slot.time_limit(self._elapsed, stepping, self._limit, self._truncations, self._stepped)
+
+    def _restart_drawn(self) -> int:
+        """Resets, in one compiled call and the kernel's ``start``, the envs due for it that have a
+        drawn reset left, and refills the envs that used their last one. Returns how many envs due
+        for a reset had none left (still marked in ``needs_reset``)."""
+        left, exhausted = self._restart(time.perf_counter())
+        if exhausted:
+            for index in np.flatnonzero(self.arrays["cursor"] >= RESETS_DRAWN_AHEAD).tolist():
+                self.envs[index].refill_draws()
+        return left
+
+    def _restart(self, now: float) -> tuple[int, int]:
+        result: tuple[int, int] = self._slot.restart(
+            self._needs_reset,
+            self._restarting,
+            self.arrays["cursor"],
+            self.arrays["draws"],
+            self._current_draws,
+            now,
+            self._returns,
+            self._lengths,
+            self._starts,
+            self._episode_index,
+            self._elapsed,
+            self._rewards,
+            self._terminations,
+            self._truncations,
+        )
+        self.kernel.start(self._restarting, self._current_draws, self._matrix, self._state, self._obs)  # type: ignore[misc]
+        return result
+
+    def _end_episodes(self, now: float) -> None:
+        """Publishes the statistics of the episodes marked in ``ended`` and marks their envs for a
+        reset, compiled."""
+        self._slot.end_episodes(
+            self._ended,
+            self._returns,
+            self._lengths,
+            self._starts,
+            now,
+            self._episode_return,
+            self._episode_length,
+            self._episode_time,
+            self._needs_reset,
+        )
 
     def _remake(self, index: int) -> KernelEnv:
         return self._make(index)
@@ -277,8 +345,26 @@ class KernelSlice(Slot):
         )
         if not count:
             return 0
-        same_step_resets = []
         rows = np.flatnonzero(ended).tolist()
+        if self._drawn_resets:  # next-step autoreset: the bookkeeping compiled, the records in Python
+            self._end_episodes(time.perf_counter())
+            append, step, episode_index = self._episodes.append, self.global_step, self._episode_index
+            terminations, truncations = self._terminations, self._truncations
+            for index in rows:
+                append(
+                    self.start + index,
+                    int(episode_index[index]),
+                    step,
+                    float(returns[index]),
+                    int(lengths[index]),
+                    bool(terminations[index]),
+                    bool(truncations[index]),
+                    None,
+                )
+            if self.hooks is not None:
+                self.hooks.on_reset([], lengths)  # type: ignore[arg-type]
+            return len(rows)
+        same_step_resets = []
         for index in rows:
             self.current_env = self.start + index
             self._end_episode(index, self._terminations[index], self._truncations[index], None)

@@ -85,6 +85,11 @@ class ParamApplier:
         view.flags.writeable = False
         return view
 
+    @property
+    def per_episode(self) -> bool:
+        """Whether some parameter is applied or drawn at each env's reset, or rebuilds the env."""
+        return bool(self._episode_specs or self._rebuild)
+
     # -- consistent reads ------------------------------------------------------------------------
 
     def _read(self) -> np.ndarray:

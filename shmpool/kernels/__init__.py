@@ -8,8 +8,12 @@ array and the parameters as an ``(envs, len(params))`` matrix; parameters are re
 and published exactly as with the Python engine (:mod:`shmpool.workers.params`), but an accepted value
 lands in its matrix column instead of an env attribute, and the kernel reads the matrix each step
 (values an env derives from its parameters, such as CartPole's ``total_mass``, are derived in the
-kernel). Resets are rare: they run in Python, from each env's own ``np_random`` seeded as gymnasium
-seeds it, so the same seeds give the same initial states.
+kernel). Resets run the kernel's Python ``reset``, from each env's own ``np_random`` seeded as
+gymnasium seeds it, so the same seeds give the same initial states. A kernel whose episodes are short
+(CartPole's last about 20 random steps: a reset per step in every worker) may also give ``draw`` and
+``start``: the workers then draw each env's next option-less resets ahead, several at a time, and
+autoreset in one compiled call (see :class:`BatchKernel`); the env's ``np_random`` is rewound to where
+gymnasium's would be whenever Python code asks for it.
 
 Built-in kernels (:mod:`shmpool.kernels.classic_control`) reproduce gymnasium's ``CartPole-v1``,
 ``Pendulum-v1``, ``MountainCar-v0``, ``MountainCarContinuous-v0`` and ``Acrobot-v1`` bit for bit
@@ -86,6 +90,7 @@ _registered: dict[str, BatchKernel | str] = {}
 Step = Callable[..., None]
 Reset = Callable[[np.random.Generator, np.ndarray, "dict[str, Any] | None", np.ndarray, np.ndarray], None]
 Kick = Callable[[np.ndarray, np.ndarray], None]
+Draw = Callable[[np.random.Generator, int], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,17 @@ class BatchKernel:
         kick: instead of adding to ``velocities``, a Python ``kick(state, amounts)`` for one env's
             state row (for state the kick must change in other ways).
         metadata: the env's ``metadata``.
+        draw: with ``start``, what ``reset`` draws without options, for ``count`` resets at once: a
+            Python ``draw(rng, count)`` returning a float64 ``(count, width)`` array whose row ``k``
+            is exactly what the ``k``-th option-less reset from now would draw from ``rng``, for every
+            ``count`` (numpy's generators fill an array value by value, so ``rng.uniform(low, high,
+            (count, 4))`` is ``count`` calls of ``rng.uniform(low, high, (4,))``). None: every reset
+            runs ``reset`` in Python.
+        start: a numba-jitted ``start(resetting, draws, params, state, observations)`` over the slot:
+            for every row ``i`` with ``resetting[i]``, what ``reset`` does without options given the
+            values it would draw, ``draws[i]`` (a row of ``draw``'s result); other rows stay
+            untouched. Workers use it for autoresets (``NEXT_STEP``) when no parameter is drawn or
+            applied per episode; it must match ``reset`` bit for bit.
     """
 
     observation_space: spaces.Box
@@ -134,6 +150,8 @@ class BatchKernel:
     constructor: Sequence[str] = ()
     kick: Kick | None = None
     metadata: Mapping[str, Any] = field(default_factory=lambda: {"render_modes": []})
+    draw: Draw | None = None
+    start: Step | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.observation_space, spaces.Box) or len(self.observation_space.shape) != 1:
@@ -145,6 +163,8 @@ class BatchKernel:
         unknown = set(self.constructor) - set(self.params)
         if unknown:
             raise ValueError(f"BatchKernel.constructor names {sorted(unknown)}, which are not among its params")
+        if (self.draw is None) != (self.start is None):
+            raise ValueError("BatchKernel.draw and BatchKernel.start go together: give both or neither")
 
     @property
     def columns(self) -> dict[str, int]:
@@ -187,6 +207,17 @@ class BatchKernel:
         slot.add_step(flags, numbers, flags, flags, numbers, counts, flags)
         values = np.zeros((1, 1))
         slot.accept_scalars(values, values, values, counts, numbers, numbers, flags, counts, counts, values, values)
+        slot.end_episodes(flags, numbers, counts, numbers, 0.0, numbers, counts, numbers, flags)
+        if self.start is not None:
+            draws = np.zeros((1, 1, self.draw_width))
+            episode = (numbers, counts, numbers, counts, counts, numbers, flags, flags)
+            slot.restart(flags, flags, counts, draws, draws[0], 0.0, *episode)
+            self.start(flags, draws[0], arrays["params"], arrays["state"], arrays["observations"])
+
+    @property
+    def draw_width(self) -> int:
+        """How many values ``draw`` gives per reset (0 without ``draw``)."""
+        return 0 if self.draw is None else int(self.draw(np.random.default_rng(0), 1).shape[1])
 
 
 # -- the registry ---------------------------------------------------------------------------------
@@ -321,6 +352,9 @@ class KernelEnv(gymnasium.Env[np.ndarray, Any]):
         self.observation_space = kernel.observation_space
         self.action_space = kernel.action_space
         self.metadata = dict(kernel.metadata)
+        #: The generator's state before the resets drawn ahead into this row of ``arrays["draws"]``
+        #: (a slot's autoresets, :meth:`refill_draws`); None while none are.
+        self._drawn_from: dict[str, Any] | None = None
 
     def __getattr__(self, name: str) -> Any:
         columns = self.__dict__.get("_columns", {})
@@ -346,12 +380,58 @@ class KernelEnv(gymnasium.Env[np.ndarray, Any]):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
         """Seeds ``np_random`` as gymnasium does, runs the kernel's reset and restarts the time limit."""
+        if seed is not None:
+            self._drop_draws()  # the new seed replaces the stream they came from
         super().reset(seed=seed)
         row, arrays = self._row, self._arrays
         observation = arrays["observations"][row]
         self._kernel.reset(self.np_random, arrays["params"][row], options, arrays["state"][row], observation)
         arrays["elapsed"][row] = 0
+        if "draws" in arrays:
+            self.refill_draws()
         return observation.copy(), {}
+
+    @property  # type: ignore[override]
+    def np_random(self) -> np.random.Generator:
+        """The env's generator, exactly where gymnasium's would be: resets drawn ahead and not used
+        are given back first."""
+        self._settle_draws()
+        return gymnasium.Env.np_random.fget(self)  # type: ignore[attr-defined,no-any-return]
+
+    @np_random.setter
+    def np_random(self, value: np.random.Generator) -> None:
+        self._drop_draws()
+        gymnasium.Env.np_random.fset(self, value)  # type: ignore[attr-defined]
+
+    def refill_draws(self) -> None:
+        """Draws the env's next option-less resets ahead (the kernel's ``draw``) into its row of the
+        slot's ``draws``, for the slot's compiled autoresets."""
+        self._settle_draws()
+        draws, rng = self._arrays["draws"], gymnasium.Env.np_random.fget(self)  # type: ignore[attr-defined]
+        assert self._kernel.draw is not None
+        self._drawn_from = rng.bit_generator.state
+        draws[self._row] = self._kernel.draw(rng, draws.shape[1])
+        self._arrays["cursor"][self._row] = 0
+
+    def _settle_draws(self) -> None:
+        """Puts the generator where the resets used so far would have left it, and forgets the rest."""
+        saved = self._drawn_from
+        if saved is None:
+            return
+        cursor, size = self._arrays["cursor"], self._arrays["draws"].shape[1]
+        used = int(cursor[self._row])
+        if used < size:  # all used: the generator is already there
+            rng = gymnasium.Env.np_random.fget(self)  # type: ignore[attr-defined]
+            rng.bit_generator.state = saved
+            if used:
+                assert self._kernel.draw is not None
+                self._kernel.draw(rng, used)
+        self._drop_draws()
+
+    def _drop_draws(self) -> None:
+        if self._drawn_from is not None:
+            self._drawn_from = None
+            self._arrays["cursor"][self._row] = self._arrays["draws"].shape[1]
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
         """Steps this env alone, time limit included (workers step whole slots with the kernel instead)."""

@@ -106,6 +106,22 @@ def cartpole_reset(
     obs[:] = values
 
 
+def cartpole_draw(rng: np.random.Generator, count: int) -> np.ndarray:
+    """The draws of ``count`` option-less resets of :func:`cartpole_reset`."""
+    return rng.uniform(low=-0.05, high=0.05, size=(count, 4))
+
+
+@numba.njit(cache=True)
+def cartpole_start(resetting, draws, params, state, observations):  # type: ignore[no-untyped-def]
+    """:func:`cartpole_reset` without options, from its draws, over the rows that reset."""
+    for i in range(state.shape[0]):
+        if resetting[i]:
+            for j in range(4):
+                state[i, j] = draws[i, j]
+                observations[i, j] = draws[i, j]
+            state[i, 4] = -1.0
+
+
 CARTPOLE = _kernel(
     "CartPole-v1",
     CartPoleEnv(),
@@ -114,6 +130,8 @@ CARTPOLE = _kernel(
     step=cartpole_step,
     reset=cartpole_reset,
     velocities=(1, 3),
+    draw=cartpole_draw,
+    start=cartpole_start,
 )
 
 
@@ -228,6 +246,22 @@ def mountain_car_reset(
     obs[:] = values
 
 
+def mountain_car_draw(rng: np.random.Generator, count: int) -> np.ndarray:
+    """The draws of ``count`` option-less resets of :func:`mountain_car_reset`."""
+    return rng.uniform(low=-0.6, high=-0.4, size=(count, 1))
+
+
+@numba.njit(cache=True)
+def mountain_car_start(resetting, draws, params, state, observations):  # type: ignore[no-untyped-def]
+    """:func:`mountain_car_reset` without options, from its draws, over the rows that reset."""
+    for i in range(state.shape[0]):
+        if resetting[i]:
+            state[i, :] = 0.0
+            state[i, 0] = draws[i, 0]
+            observations[i, 0] = draws[i, 0]
+            observations[i, 1] = 0.0
+
+
 MOUNTAIN_CAR = _kernel(
     "MountainCar-v0",
     MountainCarEnv(),
@@ -237,6 +271,8 @@ MOUNTAIN_CAR = _kernel(
     reset=mountain_car_reset,
     velocities=(1,),
     constructor=("goal_velocity",),
+    draw=mountain_car_draw,
+    start=mountain_car_start,
 )
 
 
@@ -342,6 +378,8 @@ MOUNTAIN_CAR_CONTINUOUS = _kernel(
     reset=mountain_car_reset,
     velocities=(1,),
     constructor=("goal_velocity",),
+    draw=mountain_car_draw,
+    start=mountain_car_start,
     kick=_mountain_car_continuous_kick,
 )
 

@@ -69,3 +69,63 @@ def accept_scalars(new, seen, good, words, low, high, step, targets, applied_wor
                         matrix[i, targets[p]] = value
                     applied[i, applied_words[p]] = value
     return True
+
+
+@numba.njit(cache=True)
+def end_episodes(ended, returns, lengths, starts, now, episode_return, episode_length, episode_time, needs_reset):  # type: ignore[no-untyped-def]
+    """Publishes the return, length and time (seconds since ``starts``, to the microsecond) of the
+    episodes that ``ended``, and marks those envs for a reset at their next step."""
+    for i in range(ended.shape[0]):
+        if ended[i]:
+            episode_return[i] = returns[i]
+            episode_length[i] = lengths[i]
+            episode_time[i] = np.round(now - starts[i], 6)
+            needs_reset[i] = True
+
+
+@numba.njit(cache=True)
+def restart(  # type: ignore[no-untyped-def]
+    needs_reset,
+    restarting,
+    cursor,
+    draws,
+    current,
+    now,
+    returns,
+    lengths,
+    starts,
+    episode_index,
+    elapsed,
+    rewards,
+    terminations,
+    truncations,
+):
+    """Starts the next episode of every env due for a reset that has a drawn reset left: moves its
+    next draw (``draws[i, cursor[i]]``) to ``current[i]`` for the kernel's ``start``, marks it in
+    ``restarting``, and clears its episode sums, time limit and step results, as a reset in Python
+    does. Returns how many envs due for a reset had no draw left (still marked in ``needs_reset``)
+    and how many used their last draw."""
+    left = exhausted = 0
+    size = draws.shape[1]
+    for i in range(needs_reset.shape[0]):
+        restarting[i] = False
+        if not needs_reset[i]:
+            continue
+        if cursor[i] >= size:
+            left += 1
+            continue
+        current[i, :] = draws[i, cursor[i]]
+        cursor[i] += 1
+        if cursor[i] >= size:
+            exhausted += 1
+        needs_reset[i] = False
+        restarting[i] = True
+        returns[i] = 0.0
+        lengths[i] = 0
+        starts[i] = now
+        episode_index[i] += 1
+        elapsed[i] = 0
+        rewards[i] = 0.0
+        terminations[i] = False
+        truncations[i] = False
+    return left, exhausted
