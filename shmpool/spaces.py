@@ -130,9 +130,14 @@ def _(space: spaces.Discrete) -> Callable[[np.ndarray], np.ndarray | None]:
     low, high = int(space.start), int(space.start) + int(space.n)
 
     def check(array: np.ndarray) -> np.ndarray | None:
-        if array.min() < low or array.max() >= high:
-            return (array < low) | (array >= high)
-        return None
+        if low == 0 and array.dtype.kind in "iub" and array.dtype.isnative:
+            # One max instead of a min and a max (a step's actions are checked on every step): seen as
+            # unsigned, a negative value is larger than any action.
+            if array.view(f"u{array.dtype.itemsize}").max() < high:
+                return None
+        elif array.min() >= low and array.max() < high:
+            return None
+        return (array < low) | (array >= high)
 
     return check
 

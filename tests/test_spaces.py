@@ -57,6 +57,23 @@ def test_structured_actions_are_validated(pool_name: str) -> None:
         pool.step(pool.action_space.sample())  # still usable
 
 
+def test_discrete_actions_out_of_range_are_refused_whatever_their_integer_type(pool_name: str) -> None:
+    with shmpool.launch("CartPole-v1", 3, num_workers=1, name=pool_name) as pool:
+        pool.reset(seed=0)
+        for bad, shown in [
+            (np.array([0, -1, 1]), "-1"),
+            (np.array([0, 1, 2], dtype=np.uint8), "2"),
+            (np.array([0, 1, -(2**63)]), str(-(2**63))),
+            (np.array([1, 0, 7], dtype=">i8"), "7"),  # big-endian: not read as an unsigned native view
+            (np.array([1, 0, -1], dtype=">i2"), "-1"),
+        ]:
+            env = int(np.flatnonzero((bad < 0) | (bad > 1))[0])
+            with pytest.raises(ValueError, match=rf"env {env}: action {shown} in actions is outside Discrete\(2\)"):
+                pool.step(bad)
+        for good in [np.array([True, False, True]), np.array([1, 0, 1], dtype=">i8"), np.array([0, 1, 1], np.uint64)]:
+            pool.step(good)
+
+
 def test_unsupported_space_fails_at_launch(pool_name: str) -> None:
     with pytest.raises(TypeError, match="cannot place a Text space in shared memory.*FlattenObservation"):
         shmpool.launch(helpers.TextSpaceEnv, 2, name=pool_name)
