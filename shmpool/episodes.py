@@ -60,6 +60,21 @@ class EpisodeWriter:
         # The info keys of the declared metrics, in the order of the record's fields.
         self._metric_keys = [metrics[name] for name in fields["metrics"][0].names] if "metrics" in fields else []
 
+    @property
+    def plain_ring(self) -> np.ndarray | None:
+        """This worker's ring, for a writer that fills records itself (the numba engine's compiled
+        episode ends) when they hold no parameters or metrics; else None."""
+        return None if self._applied is not None or self._metric_keys else self._records
+
+    @property
+    def head(self) -> int:
+        """Where this worker's next record goes (modulo the capacity)."""
+        return int(self._heads[self._worker_id])
+
+    def publish(self, count: int) -> None:
+        """Publishes ``count`` records written into :attr:`plain_ring` from :attr:`head` on."""
+        self._heads[self._worker_id] += count
+
     def append(
         self,
         env_id: int,

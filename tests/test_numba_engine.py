@@ -318,6 +318,11 @@ def test_autoresets_drawn_ahead_keep_gymnasiums_streams(env_id: str, pool_name: 
             assert got.tobytes() == wanted.tobytes()
         records = pool.episodes.read()
         assert len(records) >= num_envs * RESETS_DRAWN_AHEAD * 2
-        assert sorted(set(records["length"].tolist())) == [length]
-        np.testing.assert_array_equal(np.bincount(records["env_id"]), np.bincount(records["env_id"])[0])
+        assert sorted(set(records["length"].tolist())) == [length] and records["truncated"].all()
+        assert records["return"].tolist() == [length * (1.0 if env_id == "CartPole-v1" else -1.0)] * len(records)
+        for env in range(num_envs):  # every episode once, in order, but those a reset cut short
+            own = records[records["env_id"] == env]
+            assert (np.diff(own["episode"]) > 0).all() and (np.diff(own["step"]) > 0).all()
+            assert len(own) <= own["episode"][-1] + 1 <= len(own) + 2
+        assert len(set(np.bincount(records["env_id"]).tolist())) == 1
     reference.close()

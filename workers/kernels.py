@@ -223,9 +223,9 @@ class KernelSlice(Slot):
             self._lengths,
             self._ended,
         )
-        self._end_episodes(0.0)
-        if self._drawn_resets:
+        if self._drawn_resets:  # nothing ended or due for a reset: no change but the compiling
             self._restart(0.0)
+            self._end_drawn_episodes()
 
     def hook_engine(self) -> tuple[str, Any, np.ndarray | None]:
         """The numba engine, the slot's kernel and its state array."""
@@ -330,6 +330,32 @@ class KernelSlice(Slot):
             self._needs_reset,
         )
 
+    def _end_drawn_episodes(self) -> None:
+        """:meth:`_account`'s episode ends under compiled autoresets: the statistics, the resets to
+        come and, when they hold no parameters or metrics, the records, compiled."""
+        self._end_episodes(time.perf_counter())
+        episodes, step, episode_index = self._episodes, self.global_step, self._episode_index
+        ended, returns, lengths = self._ended, self._returns, self._lengths
+        terminations, truncations = self._terminations, self._truncations
+        ring = episodes.plain_ring
+        if ring is not None:
+            written = self._slot.record_episodes(
+                ended, self.start, episode_index, step, returns, lengths, terminations, truncations, ring, episodes.head
+            )
+            episodes.publish(written)  # after the records: a reader trusts what the head covers
+            return
+        for index in np.flatnonzero(ended).tolist():
+            episodes.append(
+                self.start + index,
+                int(episode_index[index]),
+                step,
+                float(returns[index]),
+                int(lengths[index]),
+                bool(terminations[index]),
+                bool(truncations[index]),
+                None,
+            )
+
     def _remake(self, index: int) -> KernelEnv:
         return self._make(index)
 
@@ -345,25 +371,12 @@ class KernelSlice(Slot):
         )
         if not count:
             return 0
-        rows = np.flatnonzero(ended).tolist()
-        if self._drawn_resets:  # next-step autoreset: the bookkeeping compiled, the records in Python
-            self._end_episodes(time.perf_counter())
-            append, step, episode_index = self._episodes.append, self.global_step, self._episode_index
-            terminations, truncations = self._terminations, self._truncations
-            for index in rows:
-                append(
-                    self.start + index,
-                    int(episode_index[index]),
-                    step,
-                    float(returns[index]),
-                    int(lengths[index]),
-                    bool(terminations[index]),
-                    bool(truncations[index]),
-                    None,
-                )
+        if self._drawn_resets:
+            self._end_drawn_episodes()
             if self.hooks is not None:
                 self.hooks.on_reset([], lengths)  # type: ignore[arg-type]
-            return len(rows)
+            return int(count)
+        rows = np.flatnonzero(ended).tolist()
         same_step_resets = []
         for index in rows:
             self.current_env = self.start + index

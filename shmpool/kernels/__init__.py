@@ -73,6 +73,7 @@ import numpy as np
 from gymnasium import spaces
 
 from ..adapters import EnvAdapter
+from ..episodes import episode_dtype
 
 #: The extra that installs numba.
 NUMBA_EXTRA = 'pip install "shmpool[numba]"'
@@ -208,6 +209,8 @@ class BatchKernel:
         values = np.zeros((1, 1))
         slot.accept_scalars(values, values, values, counts, numbers, numbers, flags, counts, counts, values, values)
         slot.end_episodes(flags, numbers, counts, numbers, 0.0, numbers, counts, numbers, flags)
+        ring = np.zeros(1, episode_dtype(None, ()))
+        slot.record_episodes(flags, 0, counts, 0, numbers, counts, flags, flags, ring, 0)
         if self.start is not None:
             draws = np.zeros((1, 1, self.draw_width))
             episode = (numbers, counts, numbers, counts, counts, numbers, flags, flags)

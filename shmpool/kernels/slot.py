@@ -129,3 +129,23 @@ def restart(  # type: ignore[no-untyped-def]
         terminations[i] = False
         truncations[i] = False
     return left, exhausted
+
+
+@numba.njit(cache=True)
+def record_episodes(ended, first_env, episode_index, step, returns, lengths, terminations, truncations, ring, head):  # type: ignore[no-untyped-def]
+    """Writes the record of each episode that ``ended`` (``shmpool.episodes.episode_dtype`` without
+    parameters or metrics) into ``ring`` from position ``head`` on; returns how many (the caller
+    publishes them after)."""
+    capacity, count = ring.shape[0], 0
+    for i in range(ended.shape[0]):
+        if ended[i]:
+            at = (head + count) % capacity
+            ring[at]["env_id"] = first_env + i
+            ring[at]["episode"] = episode_index[i]
+            ring[at]["step"] = step
+            ring[at]["return"] = returns[i]
+            ring[at]["length"] = lengths[i]
+            ring[at]["terminated"] = terminations[i]
+            ring[at]["truncated"] = truncations[i]
+            count += 1
+    return count
