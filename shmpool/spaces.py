@@ -130,10 +130,11 @@ def _(space: spaces.Discrete) -> Callable[[np.ndarray], np.ndarray | None]:
     low, high = int(space.start), int(space.start) + int(space.n)
 
     def check(array: np.ndarray) -> np.ndarray | None:
-        if low == 0 and array.dtype.kind in "iub" and array.dtype.isnative:
+        dtype = array.dtype
+        if low == 0 and dtype.kind in "iub" and dtype.isnative and high <= 1 << (8 * dtype.itemsize - 1):
             # One max instead of a min and a max (a step's actions are checked on every step): seen as
-            # unsigned, a negative value is larger than any action.
-            if array.view(f"u{array.dtype.itemsize}").max() < high:
+            # unsigned, a negative value is at least 2 ** (bits - 1), so larger than any action.
+            if array.view(f"u{dtype.itemsize}").max() < high:
                 return None
         elif array.min() >= low and array.max() < high:
             return None

@@ -5,7 +5,9 @@ tests of both engines are in test_params.py and test_attach.py (parametrized ove
 from __future__ import annotations
 
 import importlib.util
+import pickle
 import sys
+from typing import Any
 
 import gymnasium as gym
 import helpers
@@ -326,3 +328,43 @@ def test_autoresets_drawn_ahead_keep_gymnasiums_streams(env_id: str, pool_name: 
             assert len(own) <= own["episode"][-1] + 1 <= len(own) + 2
         assert len(set(np.bincount(records["env_id"]).tolist())) == 1
     reference.close()
+
+
+class _KeptGenerators:
+    """A hook that keeps its envs' generators (taken once) and draws from them at every step."""
+
+    def after_step(self, ctx: hooks.HookContext) -> None:
+        if not hasattr(self, "generators"):
+            self.generators = [env.np_random for env in ctx.envs]
+        for row, generator in enumerate(self.generators):
+            ctx.rewards[row] += generator.random()
+
+
+@needs_numba
+@pytest.mark.parametrize("held_by", ["a hook", "two envs", "legacy RandomState"])
+def test_generators_held_elsewhere_give_the_python_engines_run(held_by: str, pool_name: str) -> None:
+    """Resets drawn ahead would take numbers that another holder of the generator draws in between:
+    the engines must still agree when a hook keeps the generators, or when envs share one."""
+
+    def run(engine: str) -> tuple[list[bytes], list[Any]]:
+        chain = [_KeptGenerators()] if held_by == "a hook" else []
+        with shmpool.launch(
+            "CartPole-v1",
+            4,
+            num_workers=2,
+            engine=engine,
+            hooks=chain,
+            env_kwargs={"max_episode_steps": 3},
+            name=f"{pool_name}{engine[0]}",
+        ) as pool:
+            pool.reset(seed=0)
+            if held_by == "two envs":
+                pool.set_attr("np_random", np.random.default_rng(123))  # one generator per worker's two envs
+            elif held_by == "legacy RandomState":  # no bit generator state to save: resets run in Python
+                pool.set_attr("np_random", [np.random.RandomState(seed) for seed in range(4)])
+            results = [b"".join(a.tobytes() for a in pool.step(np.zeros(4, np.int64))[:4]) for _ in range(40)]
+            return results, [pickle.dumps(generator) for generator in pool.np_random]
+
+    python, numba = run("python"), run("numba")
+    assert numba[0] == python[0]
+    assert numba[1] == python[1]

@@ -72,6 +72,26 @@ def test_discrete_actions_out_of_range_are_refused_whatever_their_integer_type(p
                 pool.step(bad)
         for good in [np.array([True, False, True]), np.array([1, 0, 1], dtype=">i8"), np.array([0, 1, 1], np.uint64)]:
             pool.step(good)
+    with shmpool.launch(_Bytes, 2, num_workers=1, name=pool_name + "b") as pool:  # -1 as uint8 is 255
+        pool.reset(seed=0)
+        for dtype in (np.int8, np.int16, np.int64):
+            with pytest.raises(ValueError, match=r"env 1: action -1 in actions is outside Discrete\(256\)"):
+                pool.step(np.array([3, -1], dtype))
+        assert pool.step(np.array([3, 255], np.uint8))[0].tolist() == [[3.0], [255.0]]
+
+
+class _Bytes(gym.Env):
+    """Observes its last action, one of 256."""
+
+    observation_space = gym.spaces.Box(0.0, 255.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(256)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        return np.array([action], np.float32), 0.0, False, False, {}
 
 
 def test_unsupported_space_fails_at_launch(pool_name: str) -> None:

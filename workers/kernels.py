@@ -291,8 +291,10 @@ class KernelSlice(Slot):
         for a reset had none left (still marked in ``needs_reset``)."""
         left, exhausted = self._restart(time.perf_counter())
         if exhausted:
-            for index in np.flatnonzero(self.arrays["cursor"] >= RESETS_DRAWN_AHEAD).tolist():
+            for index in np.flatnonzero(self._restarting & (self.arrays["cursor"] >= RESETS_DRAWN_AHEAD)).tolist():
+                self.current_env = self.start + index
                 self.envs[index].refill_draws()
+            self.current_env = None
         return left
 
     def _restart(self, now: float) -> tuple[int, int]:

@@ -63,7 +63,9 @@ objects) and :func:`load` imports a kernel only when a pool uses it.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -217,10 +219,19 @@ class BatchKernel:
             slot.restart(flags, flags, counts, draws, draws[0], 0.0, *episode)
             self.start(flags, draws[0], arrays["params"], arrays["state"], arrays["observations"])
 
-    @property
+    @functools.cached_property
     def draw_width(self) -> int:
-        """How many values ``draw`` gives per reset (0 without ``draw``)."""
-        return 0 if self.draw is None else int(self.draw(np.random.default_rng(0), 1).shape[1])
+        """How many values ``draw`` gives per reset (0 without ``draw``); ``ValueError`` if its result
+        is not a ``(count, width)`` float array."""
+        if self.draw is None:
+            return 0
+        drawn = self.draw(np.random.default_rng(0), 2)
+        if not isinstance(drawn, np.ndarray) or drawn.ndim != 2 or len(drawn) != 2 or drawn.dtype.kind != "f":
+            raise ValueError(
+                f"BatchKernel.draw(rng, count) must return a (count, width) float array, got "
+                f"{type(drawn).__name__} {getattr(drawn, 'shape', '')} for count=2"
+            )
+        return int(drawn.shape[1])
 
 
 # -- the registry ---------------------------------------------------------------------------------
@@ -384,7 +395,7 @@ class KernelEnv(gymnasium.Env[np.ndarray, Any]):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
         """Seeds ``np_random`` as gymnasium does, runs the kernel's reset and restarts the time limit."""
         if seed is not None:
-            self._drop_draws()  # the new seed replaces the stream they came from
+            self._settle_draws()  # the generator it replaces is left where gymnasium's would be
         super().reset(seed=seed)
         row, arrays = self._row, self._arrays
         observation = arrays["observations"][row]
@@ -403,16 +414,21 @@ class KernelEnv(gymnasium.Env[np.ndarray, Any]):
 
     @np_random.setter
     def np_random(self, value: np.random.Generator) -> None:
-        self._drop_draws()
+        self._settle_draws()
         gymnasium.Env.np_random.fset(self, value)  # type: ignore[attr-defined]
 
     def refill_draws(self) -> None:
         """Draws the env's next option-less resets ahead (the kernel's ``draw``) into its row of the
-        slot's ``draws``, for the slot's compiled autoresets."""
+        slot's ``draws``, for the slot's compiled autoresets; draws nothing (its resets then run in
+        Python) while anything else holds its generator: another env given the same one, or a hook
+        that kept it and draws from it, would get different numbers than with gymnasium."""
         self._settle_draws()
-        draws, rng = self._arrays["draws"], gymnasium.Env.np_random.fget(self)  # type: ignore[attr-defined]
-        assert self._kernel.draw is not None
-        self._drawn_from = rng.bit_generator.state
+        gymnasium.Env.np_random.fget(self)  # type: ignore[attr-defined]  # made, if it was not yet
+        if not _held_by_owner_only(self):
+            return
+        rng, draws = self._np_random, self._arrays["draws"]
+        assert rng is not None and self._kernel.draw is not None
+        self._drawn_from = dict(rng.bit_generator.state)
         draws[self._row] = self._kernel.draw(rng, draws.shape[1])
         self._arrays["cursor"][self._row] = 0
 
@@ -469,6 +485,30 @@ class KernelEnv(gymnasium.Env[np.ndarray, Any]):
     def render(self) -> Any:
         """Compiled envs do not render."""
         raise NotImplementedError("compiled envs (engine='numba') do not render; use engine='python' to render")
+
+
+def _references(owner: Any) -> tuple[int, int]:
+    """How many references ``owner._np_random`` and its bit generator have, counted the same way for
+    every owner (the counts include this function's own)."""
+    return sys.getrefcount(owner._np_random), sys.getrefcount(owner._np_random.bit_generator)
+
+
+class _Owner:
+    def __init__(self) -> None:
+        self._np_random = np.random.default_rng(0)
+
+
+#: What :func:`_references` counts for a generator that one attribute alone refers to.
+_SOLE_OWNER = _references(_Owner())
+
+
+def _held_by_owner_only(owner: Any) -> bool:
+    """Whether ``owner._np_random`` is a ``numpy.random.Generator`` that nothing but ``owner`` refers
+    to, and likewise its bit generator (CPython reference counts)."""
+    if type(owner._np_random) is not np.random.Generator:
+        return False
+    generator, bit_generator = _references(owner)
+    return generator <= _SOLE_OWNER[0] and bit_generator <= _SOLE_OWNER[1]
 
 
 class KernelAdapter(EnvAdapter):
