@@ -2,9 +2,11 @@
 
 Each worker appends one record per finished episode (env, episode index, return, length, how it
 ended, the applied parameter values, declared metrics) and then advances its ``head``; it never
-waits for readers. A reader keeps its own cursor per ring. A reader that falls more than a ring
-behind loses the oldest records: it counts them in ``lost`` and never returns a record that the
-worker overwrote while it was copying (it re-reads ``head`` after copying and drops those).
+waits for readers. Before writing, it moves its ``reserved`` word to where the head will be, so that
+a reader knows which old records are being overwritten before the head says so. A reader keeps its
+own cursor per ring. A reader that falls more than a ring behind loses the oldest records: it counts
+them in ``lost`` and never returns a record that the worker overwrote, or was overwriting, while it
+was copying (it reads ``reserved`` after copying and drops those).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class EpisodeWriter:
     def __init__(self, views: dict[str, np.ndarray], worker_id: int, metrics: Mapping[str, str]) -> None:
         self._records = views["episode_records"][worker_id]
         self._heads = views["episode_heads"]
+        self._reserved = views["episode_reserved"]
         self._worker_id = worker_id
         self._capacity = len(self._records)
         self._applied = views.get("applied")
@@ -66,13 +69,15 @@ class EpisodeWriter:
         episode ends) when they hold no parameters or metrics; else None."""
         return None if self._applied is not None or self._metric_keys else self._records
 
-    @property
-    def head(self) -> int:
-        """Where this worker's next record goes (modulo the capacity)."""
-        return int(self._heads[self._worker_id])
+    def reserve(self, count: int) -> int:
+        """Announces ``count`` records about to be written into :attr:`plain_ring`; returns where
+        the first goes (modulo the capacity). :meth:`publish` them once written."""
+        head = int(self._heads[self._worker_id])
+        self._reserved[self._worker_id] = head + count
+        return head
 
     def publish(self, count: int) -> None:
-        """Publishes ``count`` records written into :attr:`plain_ring` from :attr:`head` on."""
+        """Publishes the ``count`` records written since :meth:`reserve`."""
         self._heads[self._worker_id] += count
 
     def append(
@@ -93,6 +98,7 @@ class EpisodeWriter:
             values.append(self._applied[env_id])
         if self._metric_keys:
             values.append(tuple(metric_value(info or {}, key) for key in self._metric_keys))
+        self._reserved[self._worker_id] = head + 1
         self._records[head % self._capacity] = tuple(values)  # one store: an eighth of field by field
         self._heads[self._worker_id] = head + 1
 
@@ -103,6 +109,7 @@ class EpisodeReader:
     def __init__(self, views: dict[str, np.ndarray], check_open: Callable[[], None]) -> None:
         self._records = views["episode_records"]
         self._heads = views["episode_heads"]
+        self._reserved = views["episode_reserved"]
         self._check_open = check_open
         self._cursors = self._heads.copy()
         self.capacity = self._records.shape[1]
@@ -141,7 +148,7 @@ class EpisodeReader:
                 self.lost += head - self.capacity - start
             start = head - self.capacity
         chunk = self._records[worker_id][np.arange(start, head) % self.capacity]  # a copy
-        overwritten = int(self._heads[worker_id]) - self.capacity - start  # while copying
+        overwritten = int(self._reserved[worker_id]) - self.capacity - start  # while copying, or being
         if overwritten > 0:
             if count_lost:
                 self.lost += overwritten

@@ -180,14 +180,15 @@ def _check_pool_meta(name: str, layout: Layout) -> None:
     if control is None or control.dtype != np.dtype(np.int64) or control.shape != (num_workers, CONTROL_WORDS):
         raise refuse("its control field does not match its worker count")
     records, heads = fields.get("episode_records"), fields.get("episode_heads")
+    reserved = fields.get("episode_reserved")
     if (
         records is None
         or heads is None
+        or reserved is None
         or len(records.shape) != 2
         or records.shape[0] != num_workers
         or not _EPISODE_FIELDS <= set(records.dtype.names or ())
-        or heads.dtype != np.dtype(np.int64)
-        or heads.shape != (num_workers,)
+        or any(words.dtype != np.dtype(np.int64) or words.shape != (num_workers,) for words in (heads, reserved))
     ):
         raise refuse("its episode ring does not match its worker count")
     refusals = fields.get("param_refusals")

@@ -30,7 +30,8 @@ A segment is one named POSIX shared-memory object (mode 0600)::
                 │   info_keys  record (num_workers, info_keys)  key table per worker  │
                 │   info_values u1 (num_envs, info_keys, info_bytes), info_mask b1    │
                 │   episode_records record (num_workers, episode_capacity),           │
-                │     episode_heads i8 (num_workers,)   finished episodes per worker  │
+                │     episode_heads i8 (num_workers,)   finished episodes per worker, │
+                │     episode_reserved i8 (num_workers,)  records being written up to │
                 │   with hooks: events record (num_workers, capacity), event_heads,   │
                 │     event_tails, event_undo_heads i8 (num_workers,)  ring per worker│
                 │   with params: params record (num_envs,), params_seq i8,            │
@@ -82,7 +83,7 @@ MAGIC = b"SHMPOOL\x00"
 #: 3: the owner's pid namespace word, no owner-uid or worker-pid words, the writers' words and undo
 #: journals, event tickets. 4: 256-bit reset seeds (gymnasium takes any non-negative int). 5: the params
 #: generation word (readers copy the block without the per-row counters unless a write is in flight).
-LAYOUT_VERSION = 5
+LAYOUT_VERSION = 6
 HEADER_WORDS = 16
 HEADER_BYTES = HEADER_WORDS * 8
 ALIGNMENT = 64

@@ -89,6 +89,7 @@ def plan_layout(config: PoolConfig, observation_leaves: Sequence[Leaf], action_l
     specs += [
         ("episode_records", episode_dtype(applied, metrics), (w, config.episode_capacity)),
         ("episode_heads", np.int64, (w,)),
+        ("episode_reserved", np.int64, (w,)),
     ]
     if config.hooks:
         specs += [

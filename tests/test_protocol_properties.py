@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from shmpool import protocol
+from shmpool.episodes import EpisodeReader, EpisodeWriter, episode_dtype
 from shmpool.errors import WriterLockTimeout
 from shmpool.events import event_dtype
 from shmpool.protocol import (
@@ -307,6 +308,50 @@ def test_rings_every_death_point_delivers_all_or_nothing(num_targets: int) -> No
             world.consume(ring)
         world.check(exact=True)
     assert outcomes == {False, True}  # deaths before and after the publishing store were both covered
+
+
+@pytest.mark.parametrize("batch", [0, 1, 3])
+def test_episode_readers_never_return_a_record_being_overwritten(batch: int) -> None:
+    """Readers a ring or more behind, reading between any two stores of the writer, return only
+    published records, whole: ``append`` (``batch=0``) and ``reserve``/``publish`` of ``batch``
+    records at once (the numba engine's path, whose record stores the test makes in Python)."""
+    capacity, fuse = 4, Fuse()
+    views = {
+        "episode_records": tripwire(np.zeros((1, capacity), episode_dtype(None, ())), fuse),
+        "episode_heads": tripwire(np.zeros(1, np.int64), fuse),
+        "episode_reserved": tripwire(np.zeros(1, np.int64), fuse),
+    }
+    writer = EpisodeWriter(views, 0, {})
+    published = [0]  # records the writer has published so far (the test's own count)
+
+    def write(first: int, count: int) -> None:
+        if not batch:
+            writer.append(first, first, first, float(first), first, False, True, None)
+        else:
+            head = writer.reserve(count)
+            ring = writer.plain_ring
+            assert ring is not None and head == first
+            for seq in range(first, first + count):
+                ring[seq % capacity] = (seq, seq, seq, float(seq), seq, False, True)
+            writer.publish(count)
+        published[0] = first + count
+
+    def check(reader: EpisodeReader) -> None:
+        records = reader.read()
+        seqs = records["env_id"].tolist()
+        assert seqs == list(range(published[0] - len(seqs), published[0])), (seqs, published[0])
+        for name in ("episode", "step", "length"):
+            assert records[name].tolist() == seqs
+        assert records["return"].tolist() == [float(seq) for seq in seqs]
+        assert reader.lost + len(seqs) == published[0]
+
+    step, total = batch or 1, capacity * 3
+    readers = [EpisodeReader(views, lambda: None) for _ in range(3 * total)]  # made at 0: behind later
+    fuse.arm({store: [partial(check, reader)] for store, reader in enumerate(readers)})
+    for first in range(0, total, step):
+        write(first, step)
+    fuse.disarm()
+    assert total < fuse.count <= len(readers)  # a reader before every store: reserve, records, head
 
 
 def test_rings_refuse_a_send_to_a_full_ring() -> None:

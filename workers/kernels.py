@@ -225,7 +225,7 @@ class KernelSlice(Slot):
         )
         if self._drawn_resets:  # nothing ended or due for a reset: no change but the compiling
             self._restart(0.0)
-            self._end_drawn_episodes()
+            self._end_drawn_episodes(0)
 
     def hook_engine(self) -> tuple[str, Any, np.ndarray | None]:
         """The numba engine, the slot's kernel and its state array."""
@@ -332,19 +332,20 @@ class KernelSlice(Slot):
             self._needs_reset,
         )
 
-    def _end_drawn_episodes(self) -> None:
-        """:meth:`_account`'s episode ends under compiled autoresets: the statistics, the resets to
-        come and, when they hold no parameters or metrics, the records, compiled."""
+    def _end_drawn_episodes(self, count: int) -> None:
+        """:meth:`_account`'s ``count`` episode ends under compiled autoresets: the statistics, the
+        resets to come and, when they hold no parameters or metrics, the records, compiled."""
         self._end_episodes(time.perf_counter())
         episodes, step, episode_index = self._episodes, self.global_step, self._episode_index
         ended, returns, lengths = self._ended, self._returns, self._lengths
         terminations, truncations = self._terminations, self._truncations
         ring = episodes.plain_ring
         if ring is not None:
-            written = self._slot.record_episodes(
-                ended, self.start, episode_index, step, returns, lengths, terminations, truncations, ring, episodes.head
+            head = episodes.reserve(count)
+            self._slot.record_episodes(
+                ended, self.start, episode_index, step, returns, lengths, terminations, truncations, ring, head
             )
-            episodes.publish(written)  # after the records: a reader trusts what the head covers
+            episodes.publish(count)  # after the records: a reader trusts what the head covers
             return
         for index in np.flatnonzero(ended).tolist():
             episodes.append(
@@ -374,7 +375,7 @@ class KernelSlice(Slot):
         if not count:
             return 0
         if self._drawn_resets:
-            self._end_drawn_episodes()
+            self._end_drawn_episodes(count)
             if self.hooks is not None:
                 self.hooks.on_reset([], lengths)  # type: ignore[arg-type]
             return int(count)
