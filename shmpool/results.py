@@ -49,6 +49,11 @@ class Results:
         self._own_episode_warned = False
         self._refusals_seen = [0] * self._num_workers
         self._refusals_warned: set[int] = set()
+        # What every step reads, looked up once: the flags arrays and each worker's info and
+        # episode-end counts (a word index per worker).
+        self._flags = (views["rewards"], views["terminations"], views["truncations"])
+        self._info_counts = [k * CONTROL_WORDS + CTL_NUM_INFO for k in range(self._num_workers)]
+        self._done_counts = [k * CONTROL_WORDS + CTL_NUM_DONE for k in range(self._num_workers)]
 
     def observations(self) -> Any:
         """The observations of every env: copies, or the shared views with ``copy=False``."""
@@ -59,16 +64,18 @@ class Results:
 
     def step(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Observations, rewards, terminations, truncations and infos of the step just done."""
-        views, words = self._views, self._words
-        rewards = views["rewards"].copy()
-        terminations = views["terminations"].copy()
-        truncations = views["truncations"].copy()
+        words = self._words
+        rewards, terminations, truncations = self._flags
+        rewards, terminations, truncations = rewards.copy(), terminations.copy(), truncations.copy()
         infos: dict[str, Any] = {}
-        workers = range(self._num_workers)
-        if any(words[k * CONTROL_WORDS + CTL_NUM_INFO] for k in workers):
-            self._read_infos(infos)
-        if any(words[k * CONTROL_WORDS + CTL_NUM_DONE] for k in workers):
-            self._add_episode_infos(infos, terminations | truncations)
+        for index in self._info_counts:
+            if words[index]:
+                self._read_infos(infos)
+                break
+        for index in self._done_counts:
+            if words[index]:
+                self._add_episode_infos(infos, terminations | truncations)
+                break
         if self._info_params:
             self._add_param_infos(infos)
         return self.observations(), rewards, terminations, truncations, infos
