@@ -37,8 +37,8 @@ from .lifecycle import Lifecycle
 from .protocol import interrupts_deferred
 from .results import Results
 from .spaces import ActionChecker
-from .system import usable_cores
-from .waiting import TRAINER_SPIN, Waiter
+from .system import monotonic, usable_cores
+from .waiting import TRAINER_POLL_INTERVAL, TRAINER_SPIN, Waiter
 
 IDLE, BUSY, READY, RETURNED = range(4)
 
@@ -67,6 +67,10 @@ class Batches:
         num_workers = len(self._slots)
         self._state = [IDLE] * num_workers
         self._seq = [0] * num_workers  # the sequence number of each worker's command in flight
+        self._sent_at = [0.0] * num_workers  # when it was sent (monotonic): its timeout counts from there
+        #: When recv next checks the workers in flight for death and lateness even if enough others are
+        #: ready: a loop fed by the other workers would otherwise never notice a dead or hung one.
+        self._next_check = 0.0
         self._was_reset = [False] * num_workers  # whether that command is a reset
         self._ready: collections.deque[int] = collections.deque()
         self._checkers: dict[int, ActionChecker] = {}
@@ -77,6 +81,11 @@ class Batches:
         self._slot_sets: dict[tuple[int, ...], SlotSet] = {}
         #: Whether any worker is between a send (or async_reset) and the send after its recv.
         self.in_flight = False
+
+    @property
+    def unreturned(self) -> bool:
+        """Whether some worker has a command in flight or results that no recv returned yet."""
+        return any(state in (BUSY, READY) for state in self._state)
 
     def start_reset(self, seq: int) -> None:
         """Sends the reset the pool has just prepared in the segment (flags, seeds, options) to every
@@ -131,6 +140,10 @@ class Batches:
     def recv(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """The results of the first ``batch_size`` envs to finish, with ``infos["env_id"]``."""
         ready, needed = self._ready, self._workers_per_batch
+        now = monotonic()
+        if now >= self._next_check:
+            self._next_check = now + TRAINER_POLL_INTERVAL
+            self._check_in_flight(now)
         if len(ready) < needed:
             busy = {k: self._seq[k] for k, state in enumerate(self._state) if state == BUSY}
             if len(ready) + len(busy) < needed:
@@ -141,7 +154,7 @@ class Batches:
                 )
             # Spinning takes a core: only when one is free of stepping workers (see TRAINER_SPIN).
             spin = TRAINER_SPIN if len(busy) < self._cores else 0
-            deadline = self._waiter.deadline()  # one for the whole recv, however many waits it takes
+            deadline = self._deadline(busy)
             while len(ready) < needed:
                 self._mark_ready(self._waiter.wait_some(busy, "recv", deadline, spin), busy)
         self._waiter.raise_failures("recv")
@@ -158,6 +171,18 @@ class Batches:
             self._returned = slot_set
         return results
 
+    def _deadline(self, busy: dict[int, int]) -> float | None:
+        """When the first of the ``busy`` workers passes the pool's ``timeout`` (None: no timeout)."""
+        limit = self._config.timeout
+        return None if limit is None else min(self._sent_at[k] for k in busy) + limit
+
+    def _check_in_flight(self, now: float) -> None:
+        """Raises if a worker in flight died, or has been stepping for longer than the pool's
+        ``timeout``, whether or not other workers have results ready."""
+        busy = {k: self._seq[k] for k, state in enumerate(self._state) if state == BUSY}
+        if busy:
+            self._waiter.check_pending(busy, self._sent_at, "recv", now)
+
     def _mark_ready(self, finished: list[int], busy: dict[int, int]) -> None:
         """Moves the workers that ``wait_some`` found finished from ``busy`` to the ready queue."""
         with interrupts_deferred():  # state and queue must agree: a worker in one but not the other is lost
@@ -169,7 +194,7 @@ class Batches:
     def settle(self) -> None:
         """Waits until no worker is stepping (before a control call); their results stay for recv."""
         busy = {k: self._seq[k] for k, state in enumerate(self._state) if state == BUSY}
-        deadline = self._waiter.deadline()
+        deadline = self._deadline(busy) if busy else None
         while busy:
             self._mark_ready(self._waiter.wait_some(busy, "a batch in flight", deadline), busy)
         self._waiter.raise_failures("a batch in flight")
@@ -188,8 +213,10 @@ class Batches:
     def _issue(self, seq: int, command: int, workers: Sequence[int]) -> None:
         with interrupts_deferred():  # the states must say exactly which workers got the command
             self._lifecycle.send(seq, command, workers)
+            sent_at = monotonic()
             for worker_id in workers:
                 self._state[worker_id], self._seq[worker_id] = BUSY, seq
+                self._sent_at[worker_id] = sent_at
                 self._was_reset[worker_id] = command == CMD_RESET
             self.in_flight = True
 

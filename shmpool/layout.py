@@ -26,7 +26,7 @@ A segment is one named POSIX shared-memory object (mode 0600)::
                 │   episode_index i8                                   (num_envs,)    │
                 │   reset_seed u8 (num_envs, 4): 256-bit seeds, little-endian words   │
                 │   reset_flags u1 (num_envs,), reset_options u1 (4096)               │
-                │   reset_options_length i8 (1,)                                      │
+                │   reset_options_length i8 (1,), reset_global_step i8 (1,)           │
                 │   info_keys  record (num_workers, info_keys)  key table per worker  │
                 │   info_values u1 (num_envs, info_keys, info_bytes), info_mask b1    │
                 │   episode_records record (num_workers, episode_capacity),           │

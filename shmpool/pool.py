@@ -259,6 +259,14 @@ class Pool(Channels, VectorEnv):
         self, seed: int | Sequence[int | None] | None, options: dict[str, Any] | None
     ) -> tuple[Any, dict[str, Any]]:
         self._enter()
+        if options is not None and "reset_mask" in options and self._batches.unreturned:
+            # The step results not yet returned would be dropped for the envs it does not reset, and
+            # an episode end among them never seen (next-step autoreset would then reset them).
+            raise RuntimeError(
+                f"pool {self._name!r}: reset with a reset_mask while async batches are in flight would drop "
+                f"the results of the envs it does not reset; reset every env, or recv() what is in flight "
+                f"and reset then"
+            )
         self._settle_batches(discard=True)
         self._prepare_reset(seed, options)
         self._run(CMD_RESET, "reset")
@@ -311,6 +319,9 @@ class Pool(Channels, VectorEnv):
                 flags[env_id] |= RESET_WITH_SEED
         views["reset_options"][: len(encoded)] = np.frombuffer(encoded, dtype=np.uint8)
         views["reset_options_length"][0] = len(encoded) if options is not None else 0
+        # Workers restart their step count from the pool's: after async batches, where each worker
+        # counted its own steps, hooks, events and records go back to the pool's numbering.
+        views["reset_global_step"][0] = self._global_step
         self._never_reset[mask] = False  # before the command: a reset that Ctrl-C interrupts is still done later
 
     def _check_reset_mask(self, mask: Any) -> np.ndarray:

@@ -726,6 +726,11 @@ def launch(
         raise TypeError(
             "shmpool.ray.launch names the nodes' pools and sizes them itself: pass name= and num_envs_per_node"
         )
+    if launch_kwargs.get("batch_size") is not None:
+        raise TypeError(
+            "shmpool.ray.launch takes no batch_size: a cluster pool's recv() returns one whole node (see "
+            "ClusterPool.send); launch a local pool for batches of envs"
+        )
     chosen = _choose_nodes(ray, nodes)
     count = int(num_envs_per_node)
     if name is None:
@@ -998,6 +1003,7 @@ class ClusterPool(_ClusterChannels, VectorEnv):
         Raises:
             ClusterNodeError: naming the node whose host actor died or did not answer in time.
         """
+        self._check_open()
         if self._in_flight:
             raise RuntimeError(
                 f"step() while nodes {sorted(self._in_flight)} are stepping after send(): recv() them first, or reset()"
@@ -1023,6 +1029,7 @@ class ClusterPool(_ClusterChannels, VectorEnv):
     ) -> None:
         """Starts resetting every env (as :meth:`reset`, without waiting); each ``recv()`` then returns
         the first observations of one node."""
+        self._check_open()
         if options is not None and "reset_mask" in options:
             raise ValueError("async_reset resets every env: reset_mask belongs to reset()")
         self._drain()
@@ -1042,7 +1049,13 @@ class ClusterPool(_ClusterChannels, VectorEnv):
             ...     observations, rewards, terminations, truncations, infos = cluster.recv()
             ...     cluster.send(policy(observations), node=int(infos["node"][0]))
         """
+        self._check_open()
         fleet = self._fleet
+        if node is not None and not isinstance(node, (int, np.integer)):
+            raise TypeError(
+                f"send(actions, node): node is a node index (infos['node'][0] of a recv()), not env ids; "
+                f"got {type(node).__name__}"
+            )
         if node is None:
             if self._last_recv is None:
                 raise RuntimeError("send() without node= needs a recv() first, to know which node to step")
@@ -1171,6 +1184,7 @@ class ClusterPool(_ClusterChannels, VectorEnv):
         if fleet.closed:
             return
         fleet.closed = True
+        self._in_flight = {}  # what was sent is abandoned with the nodes' pools
         ray = _ray()
         if not ray.is_initialized():  # disconnected: Ray ended this driver's actors, and their pools with them
             return

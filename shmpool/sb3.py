@@ -178,7 +178,7 @@ class ShmpoolVecEnv(VecEnv):
                 info = current[env_id]
             info["TimeLimit.truncated"] = bool(truncations[env_id] and not terminations[env_id])
             step_infos.append(info)
-        return observations, rewards, dones, step_infos
+        return observations, rewards.astype(np.float32), dones, step_infos  # float32, as DummyVecEnv's
 
     def close(self) -> None:
         """Stops the workers and frees the shared memory; closing twice does nothing."""

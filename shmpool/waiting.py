@@ -9,10 +9,11 @@ that reported a failure becomes a :class:`WorkerError` with its traceback; a dea
 from __future__ import annotations
 
 import functools
+import math
 import operator
 import signal
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .calls import decode
@@ -116,6 +117,17 @@ class Waiter:
         if len(finished) > 1:  # several at once: by the time each finished, so that none is passed over
             finished.sort(key=lambda k: words[k * CONTROL_WORDS + CTL_FINISHED_AT])
         return finished
+
+    def check_pending(self, pending: dict[int, int], sent_at: Sequence[float], phase: str, now: float) -> None:
+        """Raises if a worker in ``pending`` (worker id: the sequence number of its command, sent at
+        ``sent_at[worker id]``) died before finishing it, or has not finished it within the pool's
+        ``timeout`` by ``now``: the check of a wait, for workers nobody is waiting for yet."""
+        words, done, limit = self.words, self._done, self._config.timeout
+        running = {k for k, seq in pending.items() if words[done[k]] != seq}
+        self._check_workers(None, limit, phase, lambda k: k not in running)
+        late = {k for k in running if limit is not None and now > sent_at[k] + limit}
+        if late:
+            self._check_workers(-math.inf, limit, phase, lambda k: k not in late)
 
     def receive_calls(self, seq: int, phase: str) -> list[tuple[list[Any] | None, Any]]:
         """Each worker's answer ``(results, failure)`` to control call ``seq`` (see

@@ -17,7 +17,7 @@ from helpers import CountingEnv
 
 import shmpool
 import shmpool.hooks
-from shmpool.errors import WorkerDiedError, WorkerError
+from shmpool.errors import PoolTimeoutError, WorkerDiedError, WorkerError
 
 
 class Slow(gym.Wrapper):
@@ -161,9 +161,12 @@ def test_misuse_is_a_clear_error(pool_name: str) -> None:
         pool.send(np.ones(2, dtype=np.int64), infos["env_id"])
         assert pool.get_attr("spec")[0].id == "CartPole-v1"  # a control call waits for the slot in flight
         pool.recv()
+        with pytest.raises(RuntimeError, match="reset_mask while async batches are in flight would drop"):
+            pool.reset(options={"reset_mask": np.array([True, False, False, False])})
         pool.recv()
         with pytest.raises(RuntimeError, match="recv needs 2 envs in flight"):
             pool.recv()
+        pool.reset(options={"reset_mask": np.array([True, True, False, False])})  # all returned: nothing lost
         observations, _ = pool.reset(seed=0)  # back to synchronous steps
         assert observations.shape == (4, 4)
         pool.step(np.ones(4, dtype=np.int64))
@@ -202,6 +205,61 @@ def test_a_failing_or_dying_worker_surfaces_in_recv(pool_name: str) -> None:
         with pytest.raises(WorkerDiedError):
             pool.recv()
         assert time.monotonic() - started < 5.0
+
+
+class HangsAtStep2(CountingEnv):
+    """Env 3 (seed 3) hangs at its second step; the others keep stepping."""
+
+    def step(self, action):
+        if self.t >= 1 and self.seed_used == 3:
+            time.sleep(30)
+        return super().step(action)
+
+
+@pytest.mark.parametrize("fault", ["hang", "kill"])
+def test_a_stuck_or_dead_worker_surfaces_while_others_keep_finishing(fault: str, pool_name: str) -> None:
+    """A loop fed by one worker's batches must not go on without the other's envs: its death or its
+    lateness past ``timeout`` is raised within about that time, ready batches or not."""
+    env = HangsAtStep2 if fault == "hang" else CountingEnv
+    with shmpool.launch(lambda: env(length=1000), 4, num_workers=2, batch_size=2, timeout=1.0, name=pool_name) as pool:
+        pool.async_reset(seed=0)
+        started, batches, killed = time.monotonic(), {0: 0, 1: 0}, None
+        with pytest.raises(PoolTimeoutError if fault == "hang" else WorkerDiedError) as raised:
+            while time.monotonic() - started < 10:
+                *_, infos = pool.recv()
+                worker = int(infos["env_id"][0]) // 2
+                batches[worker] += 1
+                pool.send(np.ones(2, dtype=np.int64), infos["env_id"])
+                if fault == "kill" and killed is None and batches[1]:
+                    killed = time.monotonic()  # worker 1 now steps the batch just sent: dies mid-step
+                    os.kill(pool.worker_pids[1], signal.SIGKILL)
+        assert time.monotonic() - (killed or started) < 2.0
+        assert "[1]" in str(raised.value) or "worker 1" in str(raised.value)
+        assert batches[0] > 20  # fed by worker 0 all along
+
+
+class StepAsReward:
+    """Rewards each env with the global step its hooks see."""
+
+    def after_step(self, ctx: shmpool.hooks.HookContext) -> None:
+        ctx.rewards[:] = ctx.global_step
+
+
+def test_reset_after_batches_brings_every_worker_back_to_the_pools_step(pool_name: str) -> None:
+    """In async mode each worker counts its own steps; reset() (back to step()) realigns them with
+    ``pool.global_step``, so hooks, ``at_step`` events and records agree again."""
+    with shmpool.launch(
+        "CartPole-v1", 4, num_workers=2, batch_size=2, hooks=[StepAsReward()], seed=0, name=pool_name
+    ) as pool:
+        pool.async_reset(seed=0)
+        for _ in range(21):  # worker 0 steps more often than worker 1: their counts part
+            *_, infos = pool.recv()
+            pool.send(np.zeros(2, dtype=np.int64), infos["env_id"])
+        pool.reset(seed=0)
+        for _ in range(3):
+            step = pool.global_step
+            rewards = pool.step(np.ones(4, dtype=np.int64))[1]
+            assert rewards.tolist() == [float(step)] * 4
 
 
 def env_row(infos: dict, row: int) -> dict:

@@ -321,3 +321,19 @@ def test_launch_refuses_a_name_in_use_and_unknown_nodes(pool_name: str) -> None:
             shmpool.ray.launch(CountingEnv, 1, name=f"{pool_name}x", nodes=["ff" * 28], num_workers=1)
     with pytest.raises(shmpool.PoolNotFoundError, match=pool_name):
         shmpool.ray.attach(pool_name)
+    with pytest.raises(TypeError, match="takes no batch_size"):
+        shmpool.ray.launch(CountingEnv, 2, name=pool_name, nodes=1, num_workers=1, batch_size=1)
+
+
+def test_send_misuse_and_calls_after_close_are_clear_errors(pool_name: str) -> None:
+    fleet = shmpool.ray.launch(CountingEnv, 2, name=pool_name, nodes=1, num_workers=1)
+    with fleet:
+        fleet.async_reset(seed=0)
+        *_, infos = fleet.recv()
+        with pytest.raises(TypeError, match=r"node is a node index \(infos\['node'\]\[0\]"):
+            fleet.send(np.ones(2, dtype=np.int64), infos["env_id"])  # a local pool's send(actions, env_ids)
+        fleet.send(np.ones(2, dtype=np.int64))  # in flight at close
+    fleet.close()
+    for call in (lambda: fleet.step(np.ones(2, dtype=np.int64)), fleet.async_reset, fleet.recv):
+        with pytest.raises(shmpool.PoolClosedError):
+            call()

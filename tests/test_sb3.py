@@ -198,6 +198,7 @@ def test_steps_match_dummy_vec_env(pool_name: str) -> None:
     for mine, reference in zip(ours, theirs):
         if len(mine) == 5:  # a step (the first entry is the reset)
             dones, infos = mine[2], mine[3]
+            assert mine[1].dtype == reference[1].dtype == np.float32  # rewards, as DummyVecEnv's buffer
             for env_id in np.flatnonzero(dones):
                 # The pool's own episode statistics come on top (DummyVecEnv has them only with a Monitor).
                 episode = infos[env_id].pop("episode")

@@ -59,6 +59,7 @@ class Slot:
         self._reset_flags = views["reset_flags"][rows]
         self._reset_options = views["reset_options"]
         self._reset_options_length = views["reset_options_length"]
+        self._reset_global_step = views["reset_global_step"]
         self._needs_reset: Any = None  # per env, set by each kind
         self.global_step = 0
         self.hooks: HookRunner | None = None
@@ -118,6 +119,7 @@ class Slot:
     def reset(self) -> None:
         """Resets the envs that the trainer flagged, with their seeds and the shared options."""
         self._info.begin()
+        self.global_step = int(self._reset_global_step[0])
         length = int(self._reset_options_length[0])
         options = json.loads(bytes(self._reset_options[:length]).decode()) if length else None
         if self._params is not None:
