@@ -82,10 +82,9 @@ class Batches:
         #: Whether any worker is between a send (or async_reset) and the send after its recv.
         self.in_flight = False
 
-    @property
-    def unreturned(self) -> bool:
-        """Whether some worker has a command in flight or results that no recv returned yet."""
-        return any(state in (BUSY, READY) for state in self._state)
+    def unreturned(self, env_ids: np.ndarray) -> list[int]:
+        """Those of ``env_ids`` whose worker has a command in flight or results no recv returned yet."""
+        return [int(e) for e in env_ids if self._state[self._worker_of[e]] in (BUSY, READY)]
 
     def start_reset(self, seq: int) -> None:
         """Sends the reset the pool has just prepared in the segment (flags, seeds, options) to every
@@ -154,9 +153,8 @@ class Batches:
                 )
             # Spinning takes a core: only when one is free of stepping workers (see TRAINER_SPIN).
             spin = TRAINER_SPIN if len(busy) < self._cores else 0
-            deadline = self._deadline(busy)
-            while len(ready) < needed:
-                self._mark_ready(self._waiter.wait_some(busy, "recv", deadline, spin), busy)
+            while len(ready) < needed:  # the deadline of the workers still stepping, after each wait
+                self._mark_ready(self._waiter.wait_some(busy, "recv", self._deadline(busy), spin), busy)
         self._waiter.raise_failures("recv")
         # The first to finish, in worker order within the batch: a batch of every env is in env order.
         chosen = tuple(sorted(ready[k] for k in range(needed)))
@@ -172,7 +170,9 @@ class Batches:
         return results
 
     def _deadline(self, busy: dict[int, int]) -> float | None:
-        """When the first of the ``busy`` workers passes the pool's ``timeout`` (None: no timeout)."""
+        """When the first of the ``busy`` workers passes the pool's ``timeout`` (None: no timeout).
+        Worked out again after every wait: a worker that finished long ago but was not collected
+        yet must not lend its deadline to one sent just now."""
         limit = self._config.timeout
         return None if limit is None else min(self._sent_at[k] for k in busy) + limit
 
@@ -194,9 +194,8 @@ class Batches:
     def settle(self) -> None:
         """Waits until no worker is stepping (before a control call); their results stay for recv."""
         busy = {k: self._seq[k] for k, state in enumerate(self._state) if state == BUSY}
-        deadline = self._deadline(busy) if busy else None
         while busy:
-            self._mark_ready(self._waiter.wait_some(busy, "a batch in flight", deadline), busy)
+            self._mark_ready(self._waiter.wait_some(busy, "a batch in flight", self._deadline(busy)), busy)
         self._waiter.raise_failures("a batch in flight")
 
     def discard(self) -> None:

@@ -259,14 +259,16 @@ class Pool(Channels, VectorEnv):
         self, seed: int | Sequence[int | None] | None, options: dict[str, Any] | None
     ) -> tuple[Any, dict[str, Any]]:
         self._enter()
-        if options is not None and "reset_mask" in options and self._batches.unreturned:
-            # The step results not yet returned would be dropped for the envs it does not reset, and
-            # an episode end among them never seen (next-step autoreset would then reset them).
-            raise RuntimeError(
-                f"pool {self._name!r}: reset with a reset_mask while async batches are in flight would drop "
-                f"the results of the envs it does not reset; reset every env, or recv() what is in flight "
-                f"and reset then"
-            )
+        if options is not None and "reset_mask" in options and self._batches.in_flight:
+            # Step results not yet returned would be dropped for the envs it does not reset, and an
+            # episode end among them never seen (next-step autoreset would then reset them).
+            kept = np.flatnonzero(~self._check_reset_mask(options["reset_mask"]))
+            dropped = self._batches.unreturned(kept)
+            if dropped:
+                raise RuntimeError(
+                    f"pool {self._name!r}: this reset_mask leaves out envs {dropped}, whose async results no "
+                    f"recv() returned yet: they would be dropped; recv() them first, or reset them too"
+                )
         self._settle_batches(discard=True)
         self._prepare_reset(seed, options)
         self._run(CMD_RESET, "reset")

@@ -1051,7 +1051,7 @@ class ClusterPool(_ClusterChannels, VectorEnv):
         """
         self._check_open()
         fleet = self._fleet
-        if node is not None and not isinstance(node, (int, np.integer)):
+        if node is not None and (not isinstance(node, (int, np.integer)) or isinstance(node, (bool, np.bool_))):
             raise TypeError(
                 f"send(actions, node): node is a node index (infos['node'][0] of a recv()), not env ids; "
                 f"got {type(node).__name__}"

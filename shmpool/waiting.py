@@ -94,10 +94,6 @@ class Waiter:
             on_idle=lambda: self._check_workers(deadline, limit, phase, lambda k: words[done[k]] == seq),
         )
 
-    def deadline(self) -> float | None:
-        """When a wait that starts now passes the pool's ``timeout`` (None: never)."""
-        return None if self._config.timeout is None else monotonic() + self._config.timeout
-
     def wait_some(
         self, pending: dict[int, int], phase: str, deadline: float | None, spin: int = TRAINER_SPIN
     ) -> list[int]:

@@ -161,12 +161,14 @@ def test_misuse_is_a_clear_error(pool_name: str) -> None:
         pool.send(np.ones(2, dtype=np.int64), infos["env_id"])
         assert pool.get_attr("spec")[0].id == "CartPole-v1"  # a control call waits for the slot in flight
         pool.recv()
-        with pytest.raises(RuntimeError, match="reset_mask while async batches are in flight would drop"):
-            pool.reset(options={"reset_mask": np.array([True, False, False, False])})
         pool.recv()
         with pytest.raises(RuntimeError, match="recv needs 2 envs in flight"):
             pool.recv()
-        pool.reset(options={"reset_mask": np.array([True, True, False, False])})  # all returned: nothing lost
+        pool.send(np.ones(2, dtype=np.int64), [2, 3])
+        pool.get_attr("spec")  # envs 2 and 3 now have results that no recv returned
+        with pytest.raises(RuntimeError, match=r"leaves out envs \[3\], whose async results no recv"):
+            pool.reset(options={"reset_mask": np.array([True, True, True, False])})
+        pool.reset(options={"reset_mask": np.array([False, False, True, True])})  # envs 0, 1: returned, nothing lost
         observations, _ = pool.reset(seed=0)  # back to synchronous steps
         assert observations.shape == (4, 4)
         pool.step(np.ones(4, dtype=np.int64))
@@ -335,3 +337,31 @@ def test_ctrl_c_in_recv_loses_no_batch(pool_name: str) -> None:
             got.append(tuple(infos["env_id"].tolist()))
             assert (observations[:, 0] != 0).all()  # a step's observations, not the reset's
         assert sorted(got) == sorted(sent)
+
+
+class SlowThird(CountingEnv):
+    """The env reset with seed 3 takes 0.3 s per step; the others none."""
+
+    def step(self, action):
+        if self.seed_used == 3:
+            time.sleep(0.3)
+        return super().step(action)
+
+
+def test_a_worker_collected_late_lends_no_deadline_to_one_sent_later(pool_name: str) -> None:
+    """A worker that finished long before the trainer collects it must not make a worker sent just now
+    look late: ``timeout`` counts from each worker's own send."""
+    with shmpool.launch(
+        lambda: SlowThird(length=1000), 4, num_workers=4, batch_size=2, timeout=1.0, name=pool_name
+    ) as pool:
+        pool.async_reset(seed=0)
+        pool.recv()
+        pool.recv()
+        pool.send(np.zeros(1, dtype=np.int64), [0])  # done at once, collected only by the next wait
+        time.sleep(1.2)  # a policy update, an evaluation: longer than the timeout
+        pool.send(np.zeros(1, dtype=np.int64), [3])  # 0.3 s
+        assert sorted(pool.recv()[4]["env_id"].tolist()) == [0, 3]
+        pool.send(np.zeros(1, dtype=np.int64), [0])
+        time.sleep(1.2)
+        pool.send(np.zeros(1, dtype=np.int64), [3])
+        assert pool.get_attr("t")[3] == 2  # a control call waits for both the same way
