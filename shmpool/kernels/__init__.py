@@ -498,14 +498,15 @@ class _Owner:
         self._np_random = np.random.default_rng(0)
 
 
-#: What :func:`_references` counts for a generator that one attribute alone refers to.
-_SOLE_OWNER = _references(_Owner())
+#: What :func:`_references` counts for a generator that one attribute alone refers to; None where
+#: Python keeps no reference counts (PyPy): nothing is drawn ahead there.
+_SOLE_OWNER = _references(_Owner()) if hasattr(sys, "getrefcount") else None
 
 
 def _held_by_owner_only(owner: Any) -> bool:
     """Whether ``owner._np_random`` is a ``numpy.random.Generator`` that nothing but ``owner`` refers
     to, and likewise its bit generator (CPython reference counts)."""
-    if type(owner._np_random) is not np.random.Generator:
+    if _SOLE_OWNER is None or type(owner._np_random) is not np.random.Generator:
         return False
     generator, bit_generator = _references(owner)
     return generator <= _SOLE_OWNER[0] and bit_generator <= _SOLE_OWNER[1]
