@@ -170,12 +170,17 @@ def test_built_in_hooks_give_the_same_run_on_both_engines(env_id: str, chain, po
 
 
 @needs_numba
-@pytest.mark.parametrize("how, start_method", [("import string", "spawn"), ("object", "fork")])
+@pytest.mark.parametrize(
+    "how, start_method", [("import string", "spawn"), ("object", "fork"), ("drawn resets", "forkserver")]
+)
 def test_a_kernel_of_ones_own(how: str, start_method: str, pool_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import numba_kernels
 
     monkeypatch.setattr(kernels, "_registered", {})  # the registry is per process: undone after the test
-    kernels.register("Drift-v0", "numba_kernels:DRIFT" if how == "import string" else numba_kernels.DRIFT)
+    kernel = {"import string": "numba_kernels:DRIFT", "object": numba_kernels.DRIFT}.get(
+        how, "numba_kernels:DRIFT_DRAWN"
+    )
+    kernels.register("Drift-v0", kernel)
     assert "Drift-v0" in kernels.compiled_ids()
     speeds = [0.05, 0.1, 0.2, 0.3]
 
