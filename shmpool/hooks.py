@@ -294,8 +294,8 @@ class ObservationNoise:
 
     def _add_noise(self, ctx: HookContext, rows: np.ndarray | None) -> None:
         """Adds noise to the observations at ``rows`` (None: every row)."""
-        streams = self._streams or self._make_streams(ctx)
-        compiled = self._compiled
+        streams, compiled = self._streams, self._compiled
+        assert streams is not None  # made by on_launch
         if compiled is not None:
             function, observations, noise, std, every_row = compiled
             function(observations, noise, streams.index(ctx.global_step), std, every_row if rows is None else rows)
@@ -356,8 +356,8 @@ class ActionNoise:
 
     def before_step(self, ctx: HookContext) -> None:
         """Noise on this step's actions."""
-        streams = self._streams or self._make_streams(ctx)
-        actions, compiled = ctx.actions, self._compiled
+        streams, actions, compiled = self._streams, ctx.actions, self._compiled
+        assert streams is not None  # made by on_launch
         if compiled is not None:
             function, noise, std, cast = compiled
             rows = actions if actions.ndim == 2 else actions.reshape(len(actions), -1)  # a view: a fresh copy
@@ -401,23 +401,17 @@ class ActionDelay:
         """Declares the delay in steps (an int in ``[0, max_steps]``)."""
         return {self.param: Param(self.steps, low=0, high=self.max_steps, dtype="int64", bind=False)}
 
-    def _not_an_array(self) -> TypeError:
-        return TypeError(f"{self.name} needs an array action space (Box, Discrete, MultiDiscrete, MultiBinary)")
-
-    def _make_history(self, count: int, shape: tuple[int, ...], dtype: Any, episodes: np.ndarray) -> None:
-        self._history = np.zeros((count, self.max_steps + 1, *shape), dtype=dtype)
-        self._count = np.zeros(count, dtype=np.int64)
-        self._rows = np.arange(count)
-        self._episodes = episodes.copy()
-        self._new = np.zeros(count, dtype=np.bool_)
-
     def on_launch(self, ctx: HookContext) -> None:
         """Checks the space, makes the shift registers and, to run compiled, compiles now."""
         if not is_leaf(ctx.action_space):
-            raise self._not_an_array()
+            raise TypeError(f"{self.name} needs an array action space (Box, Discrete, MultiDiscrete, MultiBinary)")
         (leaf,) = leaves(ctx.action_space)
         count, width = len(ctx.env_ids), _width(leaf.shape)
-        self._make_history(count, leaf.shape, leaf.dtype, ctx.episode_indices)
+        self._history = np.zeros((count, self.max_steps + 1, *leaf.shape), dtype=leaf.dtype)
+        self._count = np.zeros(count, dtype=np.int64)
+        self._rows = np.arange(count)
+        self._episodes = ctx.episode_indices.copy()
+        self._new = np.zeros(count, dtype=np.bool_)
         misfit = None if leaf.dtype in _NUMBERS else f"actions of dtype {leaf.dtype}"
         functions = _compiled_functions(self, ctx, misfit)
         if functions is None:
@@ -431,17 +425,12 @@ class ActionDelay:
 
     def before_step(self, ctx: HookContext) -> None:
         """Records this step's actions and replaces them with the delayed ones."""
-        actions = ctx.actions
-        if not isinstance(actions, np.ndarray):
-            raise self._not_an_array()
-        compiled = self._compiled
+        actions, compiled = ctx.actions, self._compiled
         if compiled is not None:
             rows = actions if actions.ndim == 2 else actions.reshape(len(actions), -1)  # a view: a fresh copy
             compiled[0](rows, *compiled[1:])
             return
         episodes = ctx.episode_indices
-        if not self._history.size:
-            self._make_history(len(actions), actions.shape[1:], actions.dtype, episodes)
         # A shift register per env: column j holds the action of j steps ago; column ``count`` holds
         # the episode's first action, which stands in for actions older than the episode.
         history, count, new = self._history, self._count, self._new

@@ -185,6 +185,9 @@ class KernelSlice(Slot):
             and not self.same_step
             and (params is None or not params.per_episode)
         )
+        #: Episode ends (statistics, records) compiled too, with compiled autoresets and records that
+        #: hold no parameters or metrics; else in Python, env by env.
+        self._compiled_ends = self._drawn_resets and self._episodes.plain_ring is not None
         if self._drawn_resets:
             width = self.kernel.draw_width
             self.arrays["draws"] = np.zeros((count, RESETS_DRAWN_AHEAD, width))
@@ -223,9 +226,10 @@ class KernelSlice(Slot):
             self._lengths,
             self._ended,
         )
-        if self._drawn_resets:  # nothing ended or due for a reset: no change but the compiling
+        if self._drawn_resets:  # nothing due for a reset: no change but the compiling
             self._restart(0.0)
-            self._end_drawn_episodes(0)
+        if self._compiled_ends:  # nothing ended: likewise
+            self._end_episodes_compiled(0)
 
     def hook_engine(self) -> tuple[str, Any, np.ndarray | None]:
         """The numba engine, the slot's kernel and its state array."""
@@ -317,47 +321,37 @@ class KernelSlice(Slot):
         self.kernel.start(self._restarting, self._current_draws, self._matrix, self._state, self._obs)  # type: ignore[misc]
         return result
 
-    def _end_episodes(self, now: float) -> None:
-        """Publishes the statistics of the episodes marked in ``ended`` and marks their envs for a
-        reset, compiled."""
+    def _end_episodes_compiled(self, count: int) -> None:
+        """:meth:`_account`'s ``count`` episode ends under compiled autoresets, when their records
+        hold no parameters or metrics: the statistics, the resets to come and the records, compiled."""
+        episodes = self._episodes
+        ring = episodes.plain_ring
+        assert ring is not None
         self._slot.end_episodes(
             self._ended,
             self._returns,
             self._lengths,
             self._starts,
-            now,
+            time.perf_counter(),
             self._episode_return,
             self._episode_length,
             self._episode_time,
             self._needs_reset,
         )
-
-    def _end_drawn_episodes(self, count: int) -> None:
-        """:meth:`_account`'s ``count`` episode ends under compiled autoresets: the statistics, the
-        resets to come and, when they hold no parameters or metrics, the records, compiled."""
-        self._end_episodes(time.perf_counter())
-        episodes, step, episode_index = self._episodes, self.global_step, self._episode_index
-        ended, returns, lengths = self._ended, self._returns, self._lengths
-        terminations, truncations = self._terminations, self._truncations
-        ring = episodes.plain_ring
-        if ring is not None:
-            head = episodes.reserve(count)
-            self._slot.record_episodes(
-                ended, self.start, episode_index, step, returns, lengths, terminations, truncations, ring, head
-            )
-            episodes.publish(count)  # after the records: a reader trusts what the head covers
-            return
-        for index in np.flatnonzero(ended).tolist():
-            episodes.append(
-                self.start + index,
-                int(episode_index[index]),
-                step,
-                float(returns[index]),
-                int(lengths[index]),
-                bool(terminations[index]),
-                bool(truncations[index]),
-                None,
-            )
+        head = episodes.reserve(count)
+        self._slot.record_episodes(
+            self._ended,
+            self.start,
+            self._episode_index,
+            self.global_step,
+            self._returns,
+            self._lengths,
+            self._terminations,
+            self._truncations,
+            ring,
+            head,
+        )
+        episodes.publish(count)  # after the records: a reader trusts what the head covers
 
     def _remake(self, index: int) -> KernelEnv:
         return self._make(index)
@@ -374,25 +368,22 @@ class KernelSlice(Slot):
         )
         if not count:
             return 0
-        if self._drawn_resets:
-            self._end_drawn_episodes(count)
-            if self.hooks is not None:
-                self.hooks.on_reset([], lengths)  # type: ignore[arg-type]
-            return int(count)
-        rows = np.flatnonzero(ended).tolist()
         same_step_resets = []
-        for index in rows:
-            self.current_env = self.start + index
-            self._end_episode(index, self._terminations[index], self._truncations[index], None)
-            if self.same_step:
-                assert self._final_obs is not None
-                self._final_obs[index] = self._obs[index]
-                env, seed = self._begin_episode(index)
-                env.reset(seed=seed)
-                same_step_resets.append(index)
-            elif self.autoreset:
-                self._needs_reset[index] = True
-        self.current_env = None
+        if self._compiled_ends:
+            self._end_episodes_compiled(count)
+        else:
+            for index in np.flatnonzero(ended).tolist():
+                self.current_env = self.start + index
+                self._end_episode(index, self._terminations[index], self._truncations[index], None)
+                if self.same_step:
+                    assert self._final_obs is not None
+                    self._final_obs[index] = self._obs[index]
+                    env, seed = self._begin_episode(index)
+                    env.reset(seed=seed)
+                    same_step_resets.append(index)
+                elif self.autoreset:
+                    self._needs_reset[index] = True
+            self.current_env = None
         if self.hooks is not None:
             self.hooks.on_reset(same_step_resets, lengths)  # type: ignore[arg-type]
-        return len(rows)
+        return int(count)

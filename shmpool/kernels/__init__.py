@@ -210,10 +210,10 @@ class BatchKernel:
         slot.add_step(flags, numbers, flags, flags, numbers, counts, flags)
         values = np.zeros((1, 1))
         slot.accept_scalars(values, values, values, counts, numbers, numbers, flags, counts, counts, values, values)
-        slot.end_episodes(flags, numbers, counts, numbers, 0.0, numbers, counts, numbers, flags)
-        ring = np.zeros(1, episode_dtype(None, ()))
-        slot.record_episodes(flags, 0, counts, 0, numbers, counts, flags, flags, ring, 0)
-        if self.start is not None:
+        if self.start is not None:  # compiled autoresets and episode ends
+            slot.end_episodes(flags, numbers, counts, numbers, 0.0, numbers, counts, numbers, flags)
+            ring = np.zeros(1, episode_dtype(None, ()))
+            slot.record_episodes(flags, 0, counts, 0, numbers, counts, flags, flags, ring, 0)
             draws = np.zeros((1, 1, self.draw_width))
             episode = (numbers, counts, numbers, counts, counts, numbers, flags, flags)
             slot.restart(flags, flags, counts, draws, draws[0], 0.0, *episode)
