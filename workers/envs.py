@@ -99,6 +99,10 @@ class Slot:
         self._episode_return[index] = self._returns[index]
         self._episode_length[index] = self._lengths[index]
         self._episode_time[index] = round(time.perf_counter() - self._starts[index], 6)
+        self._record_episode(index, terminated, truncated, info)
+
+    def _record_episode(self, index: int, terminated: bool, truncated: bool, info: dict[str, Any] | None) -> None:
+        """Appends the record of env ``index``'s finished episode (its statistics as they are now)."""
         self._episodes.append(
             self.start + index,
             int(self._episode_index[index]),

@@ -185,9 +185,6 @@ class KernelSlice(Slot):
             and not self.same_step
             and (params is None or not params.per_episode)
         )
-        #: Episode ends (statistics, records) compiled too, with compiled autoresets and records that
-        #: hold no parameters or metrics; else in Python, env by env.
-        self._compiled_ends = self._drawn_resets and self._episodes.plain_ring is not None
         if self._drawn_resets:
             width = self.kernel.draw_width
             self.arrays["draws"] = np.zeros((count, RESETS_DRAWN_AHEAD, width))
@@ -226,9 +223,8 @@ class KernelSlice(Slot):
             self._lengths,
             self._ended,
         )
-        if self._drawn_resets:  # nothing due for a reset: no change but the compiling
+        if self._drawn_resets:  # nothing ended or due for a reset: no change but the compiling
             self._restart(0.0)
-        if self._compiled_ends:  # nothing ended: likewise
             self._end_episodes_compiled(0)
 
     def hook_engine(self) -> tuple[str, Any, np.ndarray | None]:
@@ -322,11 +318,8 @@ class KernelSlice(Slot):
         return result
 
     def _end_episodes_compiled(self, count: int) -> None:
-        """:meth:`_account`'s ``count`` episode ends under compiled autoresets, when their records
-        hold no parameters or metrics: the statistics, the resets to come and the records, compiled."""
-        episodes = self._episodes
-        ring = episodes.plain_ring
-        assert ring is not None
+        """:meth:`_account`'s ``count`` episode ends under compiled autoresets: the statistics and the
+        resets to come compiled, and the records too when they hold no parameters or metrics."""
         self._slot.end_episodes(
             self._ended,
             self._returns,
@@ -338,6 +331,12 @@ class KernelSlice(Slot):
             self._episode_time,
             self._needs_reset,
         )
+        episodes = self._episodes
+        ring = episodes.plain_ring
+        if ring is None:
+            for index in np.flatnonzero(self._ended).tolist():
+                self._record_episode(index, self._terminations[index], self._truncations[index], None)
+            return
         head = episodes.reserve(count)
         self._slot.record_episodes(
             self._ended,
@@ -369,7 +368,7 @@ class KernelSlice(Slot):
         if not count:
             return 0
         same_step_resets = []
-        if self._compiled_ends:
+        if self._drawn_resets:
             self._end_episodes_compiled(count)
         else:
             for index in np.flatnonzero(ended).tolist():
