@@ -46,7 +46,7 @@ from .layout import (
 )
 from .lifecycle import Lifecycle, plan_layout
 from .params import constructor_defaults
-from .profiling import TRAINER_PHASES, WORKER_PHASES, PhaseClock, per_step
+from .profiling import TRAINER_PHASES, PhaseClock, per_step, per_worker_step
 from .protocol import W_EVENTS_JOURNAL, W_PARAMS_JOURNAL, check_memory_model, interrupts_deferred
 from .registry import sweep_stale
 from .results import Results
@@ -217,16 +217,18 @@ class Pool(Channels, VectorEnv):
             )
 
     def phase_profile(self) -> dict[str, dict[str, float]]:
-        """Microseconds per step of each phase, ``{"trainer": {...}, "workers": {...}}`` (workers
-        averaged), over the steps since the last reset; needs ``launch(profile=True)``. Nested phases
-        (``infos``, ``episode stats``, ``whole step``) overlap the others, see :mod:`shmpool.profiling`."""
+        """Microseconds per step of each phase, ``{"trainer": {...}, "workers": {...}}``, over the
+        steps since the last reset; needs ``launch(profile=True)``. The trainer's are per ``step()``
+        (in async mode per ``send()``, its wait and results those of ``recv()``); the workers' are
+        per step of each worker, averaged over the workers. Nested phases (``infos``, ``episode
+        stats``, ``whole step``) overlap the others, see :mod:`shmpool.profiling`."""
         self._check_open()
         if not self.config.profile:
             raise ValueError(f"pool {self._name!r} was launched without profile=True")
         steps = self._global_step - self._profile_since
         return {
             "trainer": per_step(self._trainer_times, TRAINER_PHASES, steps),
-            "workers": per_step(self._views["profile"], WORKER_PHASES, steps),
+            "workers": per_worker_step(self._views["profile"]),
         }
 
     def _instrument(self, clock: PhaseClock) -> None:
@@ -235,7 +237,9 @@ class Pool(Channels, VectorEnv):
             (self, "_check_actions", "action check"),
             (self._lifecycle, "send", "command"),
             (self._waiter, "wait_done", "wait"),
+            (self._waiter, "wait_some", "wait"),  # recv's
             (self._results, "step", "results"),
+            (self._results, "batch", "results"),  # recv's
             (self._results, "_read_infos", "infos"),
             (self._results, "_add_episode_infos", "episode stats"),
         ):

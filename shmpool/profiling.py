@@ -65,3 +65,17 @@ def per_step(totals: np.ndarray, phases: Sequence[str], steps: int) -> dict[str,
     flat = totals.reshape(-1, len(phases), 2)
     nanoseconds = flat[:, :, 0].sum(axis=0) / max(1, len(flat))
     return {phase: float(nanoseconds[i]) / 1000.0 / max(1, steps) for i, phase in enumerate(phases)}
+
+
+def per_worker_step(totals: np.ndarray) -> dict[str, float]:
+    """Microseconds per step of each worker phase, from the workers' totals of shape ``(workers,
+    len(WORKER_PHASES), 2)``: each worker's time over its own steps (its calls of "whole step"),
+    averaged over the workers that stepped. Not over the pool's steps: in async mode a worker steps
+    only for the sends that include its slot."""
+    whole = WORKER_PHASES.index("whole step")
+    steps = totals[:, whole, 1]
+    stepped = steps > 0
+    if not stepped.any():
+        return dict.fromkeys(WORKER_PHASES, 0.0)
+    microseconds = (totals[stepped, :, 0] / steps[stepped, None]).mean(axis=0) / 1000.0
+    return {phase: float(microseconds[i]) for i, phase in enumerate(WORKER_PHASES)}

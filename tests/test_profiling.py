@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
@@ -71,3 +73,34 @@ def test_phase_profile_covers_the_steps_since_the_last_reset(pool_name: str) -> 
         for _ in range(20):
             pool.step(np.zeros(4, dtype=np.int64))
         assert pool.phase_profile()["workers"]["env loop"] > 0
+
+
+class _Sleeps(gym.Wrapper):
+    """Sleeps ``seconds`` in every step: a step time the profile must report."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+        self.seconds = seconds
+
+    def step(self, action):
+        time.sleep(self.seconds)
+        return self.env.step(action)
+
+
+def test_async_profile_counts_each_workers_own_steps(pool_name: str) -> None:
+    """With batches of one slot, each send steps one of the two workers: a worker's phases are per
+    step of that worker, not per send of the pool (which would halve them)."""
+    seconds = 0.002
+    with shmpool.launch(
+        lambda: _Sleeps(seconds), 2, num_workers=2, batch_size=1, name=pool_name, seed=0, profile=True
+    ) as pool:
+        pool.async_reset(seed=0)
+        for _ in range(40):
+            _, _, _, _, infos = pool.recv()
+            pool.send(np.zeros(1, dtype=np.int64), infos["env_id"])
+        profile = pool.phase_profile()
+    workers, trainer = profile["workers"], profile["trainer"]
+    # Most steps sleep (an autoreset step resets instead); per send it would be about half.
+    assert 0.75 * seconds * 1e6 <= workers["env loop"] < 2.5 * seconds * 1e6
+    assert workers["whole step"] >= workers["env loop"]
+    assert trainer["wait"] > 0 and trainer["results"] > 0  # recv's wait and results are timed too
