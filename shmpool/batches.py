@@ -17,10 +17,11 @@ finished (whatever their ids) and returns their rows, in worker order, with ``in
 ``send`` takes actions for whole RETURNED slots. Each worker's command has its own sequence number,
 so one worker can start a step while another is still on its previous one.
 
-On 2 cores this does not beat synchronous steps (see the README and ``bench.py --loop``): the
-trainer is a third runnable process beside two workers, and a wake-up costs about 17 us here, so
-the overlap it buys is lost to contention. ``trainer_slot=True`` with ``step`` is the faster choice
-there; batches pay where a core is free for the trainer.
+On 2 cores this does not beat synchronous steps (the README has the arithmetic, ``bench.py
+--loop`` the measurement): two half batches cost the policy more than one whole batch, and with
+both cores stepping envs the overlap has no idle core to fill, so its best case is a few percent,
+less than the wake-ups a third runnable process adds. ``trainer_slot=True`` with ``step`` is the
+faster choice there; batches pay where a core is free for the trainer.
 """
 
 from __future__ import annotations
