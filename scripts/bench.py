@@ -525,6 +525,68 @@ def whole_loop(settings: Settings) -> None:
         ours = results[f"shmpool sync ({settings.workers} workers)"]
         for label, rate in results.items():
             print(f"{env_id:<16} {num_envs:>8}  {label:<34} {rate:>10,.0f} {rate / sync:>7.2f} {rate / ours:>15.2f}")
+    for env_id, num_envs in measured:
+        print(best_cases(env_id, num_envs, settings.workers, settings.hidden))
+
+
+def _microseconds_per_call(function: Callable[[], Any], seconds: float = 0.3) -> float:
+    """The mean time of a call of ``function`` over ``seconds``, after a warm-up."""
+    for _ in range(50):
+        function()
+    calls, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        function()
+        calls += 1
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def best_cases(env_id: str, num_envs: int, workers: int, hidden: int) -> str:
+    """The arithmetic behind the --loop rows: the best whole-loop time per ``num_envs`` env steps of
+    shmpool sync and async (batches of half) on this machine's cores, with no wake-up and no idle
+    core, from the parts measured one by one (the policy alone; a worker's step and the trainer's
+    own share from ``launch(profile=True)``). What the measured rows lose against it is the cost of
+    handing work between processes."""
+    half, cores = num_envs // 2, len(os.sched_getaffinity(0))
+    env = gym.make(env_id)
+    policy = Policy(env.observation_space, env.action_space, hidden)
+    space = gym.vector.utils.batch_space(env.observation_space, num_envs)
+    space.seed(0)
+    observations = space.sample()
+    policy_half = _microseconds_per_call(lambda: policy(observations[:half]))
+    policy_all = _microseconds_per_call(lambda: policy(observations))
+    with shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, profile=True) as pool:
+        pool.reset(seed=0)
+        actions = _actions(pool.action_space, 64)
+        for step in range(300):
+            pool.step(actions[step % len(actions)])
+        profile = pool.phase_profile()
+    worker_step = profile["workers"]["whole step"]
+    trainer_sync = sum(profile["trainer"][phase] for phase in ("action check", "command", "results"))
+    with shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, batch_size=half, profile=True) as pool:
+        pool.async_reset(seed=0)
+        batch_actions = _actions(gym.vector.utils.batch_space(env.action_space, half), 64)
+        spent, start = 0.0, time.perf_counter()
+        for batch in range(300):
+            _, _, _, _, infos = pool.recv()
+            pool.send(batch_actions[batch % len(batch_actions)], infos["env_id"])
+        spent = (time.perf_counter() - start) * 1e6 / 300
+        trainer_async = spent - pool.phase_profile()["trainer"]["wait"]  # per send: recv and send, without the wait
+    env.close()
+    sync_best = policy_all + trainer_sync + worker_step
+    batches = num_envs // half
+    trainer_round = batches * (policy_half + trainer_async)
+    async_best = max(
+        trainer_round,  # the trainer handles every batch
+        worker_step + policy_half + trainer_async,  # a worker's batch goes through the trainer before it steps again
+        (trainer_round + workers * worker_step) / cores,  # all the work, spread over every core
+    )
+    return (
+        f"{env_id} x{num_envs}, {workers} workers, {cores} cores: best cases (no wake-up, no idle core) "
+        f"{sync_best:.0f} us sync, {async_best:.0f} us async per {num_envs} env steps, so async at most "
+        f"{sync_best / async_best:.2f}x sync; from the policy ({policy_half:.0f} us for {half} envs, "
+        f"{policy_all:.0f} us for {num_envs}), a worker's step ({worker_step:.0f} us) and the trainer's own "
+        f"share ({trainer_sync:.0f} us per step, {trainer_async:.0f} us per batch)"
+    )
 
 
 @contextmanager

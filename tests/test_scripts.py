@@ -118,6 +118,29 @@ def test_bench_quick_prints_a_table() -> None:
     assert any("3 built-in hooks cost" in line and "1,000 events/s cost" in line for line in lines)
 
 
+def test_bench_loop_prints_every_runner_and_the_best_cases() -> None:
+    result = subprocess.run(
+        [sys.executable, "scripts/bench.py", "--loop", "--quick", "--envs", "CartPole-v1", "--num-envs", "8"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    rows = [line for line in lines if line.startswith("CartPole-v1 ") and line.split()[1] == "8"]
+    assert [row[26:60].strip() for row in rows if "shmpool" in row] == [
+        "shmpool sync (2 workers)",
+        "shmpool async (B=4, 2 workers)",
+        "shmpool sync (trainer slot)",
+        "shmpool async (B=4, trainer slot)",
+    ]
+    best = next(line for line in lines if "best cases" in line)
+    sync_us, async_us = (float(best.split(" us " + kind)[0].split()[-1]) for kind in ("sync", "async"))
+    ratio = float(best.split("async at most ")[1].split("x")[0])
+    assert sync_us > 0 and async_us > 0 and ratio == pytest.approx(sync_us / async_us, abs=0.02)
+
+
 def test_demo_quick_runs_curriculum_and_plots(tmp_path: Path) -> None:
     plot = tmp_path / "demo.png"
     result = subprocess.run(
