@@ -110,7 +110,8 @@ class ParamBlock:
     def write(self, env_ids: int | Sequence[int] | slice | np.ndarray | None, **values: Any) -> None:
         """Validates ``values`` (bounds, shape, finite) and writes them for ``env_ids``, atomically per env.
 
-        ``env_ids``: an env id, a sequence or array of them, a slice, or None for every env. A
+        ``env_ids``: an env id, a sequence or array of them (row ``k`` of a value goes to env
+        ``env_ids[k]``; an env given twice takes its last row), a slice, or None for every env. A
         distribution's arguments are given as a dict, e.g. ``length={"low": 0.4, "high": 0.6}``.
         Raises ``ValueError`` naming the parameter, the env and the value; nothing is written then.
         """
@@ -128,6 +129,9 @@ class ParamBlock:
                 staged = []
                 for spec in specs:
                     staged.extend(self._stage(spec, ids, values[spec.name]))
+            last = None if env_ids is None else last_rows(ids)
+            if last is not None:  # an env given twice: its last row, each env's counter bumped once
+                rows, staged = ids[last], [(column, array[last]) for column, array in staged]
             self._seqlock.write(rows, staged)
 
     def _plain_values(self, specs: list[ParamSpec], values: dict[str, Any], count: int) -> list[np.ndarray] | None:
@@ -174,16 +178,27 @@ def named_specs(specs: Mapping[str, ParamSpec], names: Iterable[str]) -> list[Pa
 
 
 def env_rows(env_ids: Any, num_envs: int) -> np.ndarray:
-    """The sorted unique env ids that ``write`` takes ``env_ids`` (an id, ids, a slice; negative ids
-    count from the end) to mean: values are matched to envs in this order."""
+    """The env ids that ``write`` takes ``env_ids`` (an id, ids, a slice; negative ids count from the
+    end) to mean, in the order given: row ``k`` of a value goes to env ``env_ids[k]``, as with numpy's
+    ``array[env_ids] = values`` (an id given more than once takes its last row: see :func:`last_rows`)."""
     if isinstance(env_ids, slice):
         return np.arange(num_envs)[env_ids]
     ids = np.atleast_1d(np.asarray(env_ids))
-    if ids.dtype.kind not in "iu" or ids.ndim != 1:
+    if ids.ndim != 1 or (ids.dtype.kind not in "iu" and ids.size):
         raise ValueError(f"env_ids must be ints, a slice or None, got {env_ids!r:.100}")
+    ids = ids.astype(np.int64, copy=False)
     if ids.size and (ids.min() < -num_envs or ids.max() >= num_envs):
         raise ValueError(f"env_ids {ids.tolist()} out of range for num_envs={num_envs}")
-    return np.unique(ids % num_envs)
+    return ids % num_envs
+
+
+def last_rows(ids: np.ndarray) -> np.ndarray | None:
+    """For ids that repeat, the row of each id's last occurrence (ascending by id); None when every id
+    is given once. numpy leaves the winner of a repeated index unspecified: a write names it."""
+    unique, first_of_reversed = np.unique(ids[::-1], return_index=True)
+    if len(unique) == len(ids):
+        return None
+    return len(ids) - 1 - first_of_reversed
 
 
 def validate(

@@ -501,7 +501,8 @@ class ClusterParams:
         fleet = self._fleet
         ids = self._env_ids(env_ids)
         specs = named_specs(self.specs, values)
-        by_node = fleet.split(ids)
+        order = np.argsort(ids, kind="stable")
+        by_node = fleet.split(np.unique(ids))
         fleet.check_nodes(list(by_node), "params.write")
         # A dict that leaves some of a distribution's arguments out keeps the block's values for them:
         # those are needed to validate the write as a whole (each node checks again under its lock).
@@ -514,7 +515,8 @@ class ClusterParams:
         version = fleet.next_version()
         arguments = {}
         for index, local in by_node.items():
-            rows = np.searchsorted(ids, local + fleet.starts[index])
+            # Each env's row of the values: its last, if it was given twice (as ParamBlock.write).
+            rows = order[np.searchsorted(ids, local + fleet.starts[index], side="right", sorter=order) - 1]
             every = env_ids is None or len(local) == len(fleet.nodes[index].env_ids)
             part = {name: _rows_of(value, rows) for name, value in staged.items()}
             arguments[index] = (version, None if every else local, part)
@@ -522,8 +524,8 @@ class ClusterParams:
         return version
 
     def _env_ids(self, env_ids: Any) -> np.ndarray:
-        """Sorted unique global env ids, as ``ParamBlock.write`` takes them (so rows of values are
-        matched to the envs in ascending id order, as there)."""
+        """Global env ids in the order given, as ``ParamBlock.write`` takes them (row ``k`` of a
+        value goes to env ``env_ids[k]``)."""
         n = self._fleet.num_envs
         return np.arange(n) if env_ids is None else env_rows(env_ids, n)
 

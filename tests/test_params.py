@@ -273,6 +273,32 @@ def test_refused_raw_writes_keep_the_last_good_value(engine: str, pool_name: str
             pool.params.write(0, mass=1.0)
 
 
+def test_write_gives_each_env_its_own_row_in_the_order_the_ids_are_given(pool_name: str) -> None:
+    """Row k of a value goes to env env_ids[k], as numpy's ``array[env_ids] = values`` does, whatever
+    the order of the ids (negative ones count from the end); an env given twice takes its last row."""
+    params = {
+        "gravity": Param(9.8, low=1.0, high=20.0),
+        "length": Param(dist="uniform", default={"low": 0.5, "high": 0.5}, low=0.1, high=2.0),
+    }
+    with shmpool.launch("CartPole-v1", 5, num_workers=2, name=pool_name, params=params, seed=0) as pool:
+        pool.reset(seed=0)
+        pool.params.write([3, 1], gravity=np.array([13.0, 11.0]))
+        pool.params.write([-1, 0], gravity=[14.0, 10.0])
+        pool.params.write(slice(None, None, -2), length={"low": [0.4, 0.3, 0.2], "high": [1.4, 1.3, 1.2]})
+        expected = np.array([10.0, 11.0, 9.8, 13.0, 14.0])
+        np.testing.assert_array_equal(pool.params["gravity"], expected)
+        np.testing.assert_array_equal(pool.params["length"]["low"], [0.2, 0.5, 0.3, 0.5, 0.4])
+        np.testing.assert_array_equal(pool.params["length"]["high"], [1.2, 0.5, 1.3, 0.5, 1.4])
+        pool.step(np.zeros(5, dtype=np.int64))
+        np.testing.assert_array_equal(pool.get_attr("gravity"), expected)  # what the envs use
+        pool.params.write([1, 2, -4, 2], gravity=[10.0, 15.0, 12.0, 16.0])  # env 1 twice, env 2 twice: the last rows
+        expected[1:3] = 12.0, 16.0
+        np.testing.assert_array_equal(pool.params["gravity"], expected)
+        with pytest.raises(ValueError, match=r"params\['gravity'\]\[4\] = 30.0 rejected"):
+            pool.params.write([0, 4], gravity=[10.0, 30.0])  # the bad value is named by its own env
+        np.testing.assert_array_equal(pool.params["gravity"], expected)  # nothing written
+
+
 def test_bad_declarations_fail_at_launch(pool_name: str) -> None:
     with pytest.raises(AttributeError, match=r"has no 'not_there'.*never creates attributes"):
         shmpool.launch("CartPole-v1", 2, name=pool_name, params={"not_there": Param(1.0)})

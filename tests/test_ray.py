@@ -209,6 +209,11 @@ def test_a_write_reaches_exactly_those_envs_on_their_nodes(pool_name: str) -> No
         np.testing.assert_array_equal(observations, [[0, 0], [5, 0], [0, 0], [0, 0], [5, 2], [0, 0]])
         assert fleet.applied_version() == [version, later]
 
+        # Rows of values go to the ids in the order given, on whichever node each lives.
+        fleet.params.write([5, 0, 3, 5], b=[7.0, 8.0, 9.0, 6.0])  # env 5 twice: its last row
+        fleet.step(np.zeros(6, np.int64))
+        np.testing.assert_array_equal(fleet.applied["b"], [8, 0, 0, 9, 2, 6])
+
         # Validated once, before any node is written: env 0's good value does not land either.
         with pytest.raises(ValueError, match=r"params\['a'\]\[5\] = 99.0 rejected: outside \[-10.0, 10.0\]"):
             fleet.params.write([0, 5], a=[1.0, 99.0])
