@@ -137,6 +137,11 @@ class InfoWriter:
         return slot
 
 
+def _as_key(part: Any) -> Any:
+    """A path part read back from JSON as the dict key it was: JSON gives a tuple back as a list."""
+    return tuple(_as_key(item) for item in part) if isinstance(part, list) else part
+
+
 def _indices(rows: Any) -> np.ndarray:
     """A slice of rows (with a stop) as the array of its indices; an index array as itself."""
     return np.arange(rows.start, rows.stop) if isinstance(rows, slice) else rows
@@ -302,10 +307,11 @@ class InfoReader:
     def _decode(self, worker_id: int, slot: int) -> _Key:
         record = self._tables[worker_id, slot]
         try:
-            path = tuple(json.loads(bytes(record["path"]).decode()))
+            path = tuple(_as_key(part) for part in json.loads(bytes(record["path"]).decode()))
             if not path:
                 raise ValueError("empty path")
-        except ValueError:
+            hash(path)  # a JSON object (no key a worker writes) would be no dict key
+        except (ValueError, TypeError):
             return _Key(("?",), None, None, ())
         dtype_text = bytes(record["dtype"]).decode(errors="replace")
         if dtype_text:

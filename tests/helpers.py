@@ -95,6 +95,8 @@ class InfoEnv(gym.Env):
             info["odd"] = True
             info["vec"] = np.arange(3, dtype=np.float32) * self.t
             info["nested"] = {"depth": np.int32(self.t)}
+            info[("pair", 1)] = self.t  # keys that are not strings, as gymnasium allows
+            info[7] = {"seven": 0.5}
         if self.with_text:
             info["label"] = "text"
         return np.full(1, self.t / 10, np.float32), 1.0, self.t >= 4, False, info
