@@ -15,6 +15,7 @@ the segment is unpickled: a record is numbers and a bitmask.
 
 from __future__ import annotations
 
+import math
 import struct
 import sys
 import time
@@ -154,7 +155,14 @@ class EventSender:
                     f"payload has {array.size} numbers; launch(event_payload=...) allows {self.payload_size}"
                 )
             values = array.tolist()
-        if at_step is not None and (not isinstance(at_step, (int, np.integer)) or not 0 <= at_step <= _LAST_STEP):
+        if not all(map(math.isfinite, values)):  # a NaN pushed into an env's state never leaves it
+            raise ValueError(
+                f"{self._label}: the payload of an event for {hook!r} (envs {env_ids!r:.60}) must be finite, "
+                f"got {values!r:.80}"
+            )
+        if at_step is not None and (
+            not isinstance(at_step, (int, np.integer)) or isinstance(at_step, bool) or not 0 <= at_step <= _LAST_STEP
+        ):
             raise ValueError(f"at_step must be a non-negative int, got {at_step!r}")
         parts = [(worker, self._record(hook_index, values, at_step, mask)) for worker, mask in masks]
         workers = [worker for worker, _ in parts]

@@ -8,6 +8,7 @@ input, garbage records, and a send of record bytes that dies at any store.
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -159,6 +160,13 @@ BAD_SENDS: list[tuple[Callable[[EventSender], None], type[Exception], str]] = [
     (lambda s: s.send("Kick", [0], [1, 2, 3, 4]), ValueError, r"payload has 4 numbers; .* allows 3"),
     (lambda s: s.send("Kick", [0], np.zeros((2, 2))), ValueError, r"payload has 4 numbers; .* allows 3"),
     (lambda s: s.send("Kick", [0], ["x"]), ValueError, r"could not convert string to float"),
+    (
+        lambda s: s.send("Kick", [0], [1.0, math.nan]),
+        ValueError,
+        r"'Kick' \(envs \[0\]\) must be finite, got \[1.0, nan\]",
+    ),
+    (lambda s: s.send("Kick", [0], np.array([np.inf])), ValueError, r"must be finite, got \[inf\]"),
+    (lambda s: s.send("Kick", [0], at_step=True), ValueError, r"at_step must be a non-negative int, got True"),
     (lambda s: s.send("Kick", [0], at_step=-1), ValueError, r"at_step must be a non-negative int, got -1"),
     (lambda s: s.send("Kick", [0], at_step=1.0), ValueError, r"at_step must be a non-negative int, got 1.0"),
     (lambda s: s.send("Kick", [0], at_step=1 << 63), ValueError, r"at_step must be a non-negative int"),
