@@ -48,6 +48,7 @@ class Threshold:
         self.value: float | None = None
         self._recent: deque[float] = deque(maxlen=window)
         self.changes = 0
+        self._reapply = False
 
     def update(self, records: np.ndarray, params: ParamBlock) -> list[str]:
         """Feeds finished episodes; moves the parameter when the window's mean reaches the target."""
@@ -56,17 +57,22 @@ class Threshold:
             raise KeyError(f"Threshold needs a plain scalar parameter; the pool has {params.names}")
         if self.value is None:
             self.value = float(params[self.param][0])
+        elif self._reapply:  # resumed from a state: the pool (maybe a new one) takes its value first
+            params.write(None, **{self.param: self.value})
+        self._reapply = False
         log = []
         for score in scores(records, self.metric):
             self._recent.append(float(score))
             if len(self._recent) == self.window and np.mean(self._recent) >= self.target:
                 new = float(np.clip(self.value + self.step, spec.low, spec.high))
                 if new != self.value:  # at a bound nothing moves, and nothing is logged
+                    # Written first: if the write fails, nothing here changed and the same scores
+                    # move it at the next update.
+                    params.write(None, **{self.param: new})
                     mean = np.mean(self._recent)
                     log.append(f"{self.param}: {self.value:g} -> {new:g} (mean {self.metric} {mean:.3g})")
                     self.value = new
                     self.changes += 1
-                    params.write(None, **{self.param: new})
                 self._recent.clear()
         return log
 
@@ -81,10 +87,11 @@ class Threshold:
         }
 
     def load(self, state: dict[str, Any]) -> None:
-        """Resumes from ``state()``."""
+        """Resumes from ``state()``; the next ``update`` writes the value to the pool first."""
         self.value = state["value"]
         self._recent = deque(state["recent"], maxlen=self.window)
         self.changes = state["changes"]
+        self._reapply = self.value is not None
 
     def state_dict(self) -> dict[str, Any]:
         """Everything it depends on, settings included, as plain JSON data."""
@@ -142,6 +149,7 @@ class ADR:
         self.pinned: dict[int, tuple[str, str, float, int]] = {}  # env -> (param, side, value, records waited)
         self._random = random.Random(seed)
         self._hard: dict[str, tuple[float, float]] = {}  # name -> the parameter's hard bounds
+        self._dtypes: dict[str, np.dtype[Any]] = {}  # name -> how the block stores its values
         self._started = False
 
     # -- setup -------------------------------------------------------------------------------------
@@ -152,9 +160,14 @@ class ADR:
             spec = params.specs.get(name)
             if spec is None or spec.dist != "uniform" or spec.shape:
                 raise KeyError(f"ADR needs scalar dist='uniform' parameters; {name!r} is not one of {params.names}")
+            if not (np.isfinite(spec.low) and np.isfinite(spec.high)):
+                raise ValueError(
+                    f"ADR moves a boundary by delta times the parameter's hard range: {name!r} needs finite "
+                    f"bounds (Param(low=..., high=...)), has [{spec.low}, {spec.high}]"
+                )
             if name not in self.ranges:
-                middle = float((params[name]["low"][0] + params[name]["high"][0]) / 2)
-                self.nominal[name] = middle
+                nominal = (float(params[name]["low"][0]) + float(params[name]["high"][0])) / 2
+                self.nominal[name] = middle = self._stored(params, name, nominal)
                 self.ranges[name] = [middle, middle]
             for side in ("low", "high"):
                 self.buffers.setdefault(f"{name}:{side}", [])
@@ -162,6 +175,14 @@ class ADR:
         self._hard = {name: (float(params.specs[name].low), float(params.specs[name].high)) for name in names}
         params.write(None, **self._unpinned())
         self._started = True
+
+    def _stored(self, params: ParamBlock, name: str, value: float) -> float:
+        """``value`` as the block stores it (a float32 parameter rounds it): a pinned episode is
+        recognised by its record's value, which is the stored one."""
+        dtype = self._dtypes.get(name)
+        if dtype is None:
+            dtype = self._dtypes[name] = params[name]["low"].dtype
+        return float(dtype.type(value))
 
     def _unpinned(self) -> dict[str, dict[str, float]]:
         return {name: {"low": low, "high": high} for name, (low, high) in self.ranges.items()}
@@ -181,7 +202,7 @@ class ADR:
                 name, side, value, waited = pin
                 if float(record["params"][name]) == value:
                     if self.ranges[name][_SIDE[side]] == value:  # the boundary has not moved since
-                        changed |= self._score(name, side, float(score), log)
+                        changed |= self._score(name, side, float(score), log, params)
                 elif waited == 0:
                     # The env was already in its next episode when the pin was written: the pin
                     # applies to the episode after this one.
@@ -194,7 +215,7 @@ class ADR:
                 params.write(free, **self._unpinned())
         return log
 
-    def _score(self, name: str, side: str, score: float, log: list[str]) -> bool:
+    def _score(self, name: str, side: str, score: float, log: list[str], params: ParamBlock) -> bool:
         buffer = self.buffers[f"{name}:{side}"]
         buffer.append(score)
         if len(buffer) < self.buffer:
@@ -214,6 +235,7 @@ class ADR:
             low, high = (min(low + step, nominal), high) if side == "low" else (low, max(high - step, nominal))
         else:
             return False
+        low, high = self._stored(params, name, low), self._stored(params, name, high)
         if [low, high] == self.ranges[name]:
             return False
         log.append(

@@ -15,6 +15,7 @@ import pytest
 import shmpool
 from shmpool import Param
 from shmpool.curricula import ADR, Threshold
+from shmpool.errors import PoolClosedError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -142,3 +143,50 @@ def test_curriculum_script_attaches_steers_and_resumes(pool_name: str, tmp_path:
         assert "the pool has gone away" in output
     assert output.startswith("resumed from")  # the second run went on from the first one's ranges
     assert lows[0] > lows[1] > lows[2]
+
+
+def test_adr_widens_a_float32_parameter_as_far_as_a_float64_one(pool_name: str) -> None:
+    """Boundaries are kept as the block stores them, so a pinned float32 episode is recognised by
+    its record (a float64 boundary such as 0.425 never equals the float32 value drawn from it)."""
+    ranges = {}
+    for dtype in ("float64", "float32"):
+        params = {"length": Param(dist="uniform", default={"low": 0.5, "high": 0.5}, low=0.1, high=1.5, dtype=dtype)}
+        with shmpool.launch("CartPole-v1", 8, num_workers=1, name=f"{pool_name}{dtype}", params=params) as pool:
+            adr = ADR(delta=0.05, p_boundary=1.0, buffer=2, low_threshold=100, high_threshold=400, seed=0)
+            adr.update(records_for(pool, [], {}, 0.0), pool.params)
+            feed_boundaries(adr, pool, score=500.0, rounds=20)
+            ranges[dtype] = adr.ranges["length"]
+    low, high = ranges["float32"]
+    assert low < 0.5 - 0.07 * 3 and high > 0.5 + 0.07 * 3  # moved many times, not once
+    np.testing.assert_allclose(ranges["float32"], ranges["float64"], rtol=1e-5)
+
+
+def test_adr_needs_finite_hard_bounds(pool_name: str) -> None:
+    params = {"length": Param(dist="uniform", default={"low": 0.5, "high": 0.5}, when="reset")}
+    with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, params=params) as pool:
+        adr = ADR(low_threshold=100, high_threshold=400)
+        with pytest.raises(
+            ValueError, match=r"'length' needs finite bounds \(Param\(low=..., high=...\)\), has \[-inf"
+        ):
+            adr.update(records_for(pool, [], {}, 0.0), pool.params)
+
+
+def test_threshold_changes_only_with_the_write_and_reapplies_its_value_when_resumed(pool_name: str) -> None:
+    params = {"length": Param(0.5, low=0.1, high=0.9)}
+    curriculum = Threshold("length", step=0.1, target=100.0, window=2)
+    with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, params=params) as pool:
+        records = np.zeros(1, dtype=pool.episodes.dtype)
+        records["return"] = 150
+        assert curriculum.update(records, pool.params) == []  # one score of two
+    with pytest.raises(PoolClosedError):  # the pool closed under the curriculum: its write fails
+        curriculum.update(records, pool.params)
+    assert curriculum.value == 0.5 and curriculum.changes == 0  # so it did not move either
+    with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, params=params) as pool:
+        assert curriculum.update(records, pool.params) != []  # the window still holds the scores: it moves now
+        assert curriculum.value == pytest.approx(0.6) and pool.params["length"].tolist() == pytest.approx([0.6] * 2)
+        saved = json.loads(json.dumps(curriculum.state()))
+    with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, params=params) as pool:
+        resumed = Threshold("length", step=0.1, target=100.0, window=2)
+        resumed.load(saved)
+        assert resumed.update(records[:0], pool.params) == []
+        assert pool.params["length"].tolist() == pytest.approx([0.6] * 2)  # the new pool runs what it believes
