@@ -84,6 +84,11 @@ class LayoutMismatchError(ShmpoolError, ValueError):
     """A shared-memory object is not a shmpool segment of this layout version, or is damaged."""
 
 
+class SegmentNotReadyError(LayoutMismatchError):
+    """A segment with no header yet (empty, or its magic still zero): a pool being created, which
+    ``attach(timeout=...)`` waits for."""
+
+
 class PoolNotFoundError(ShmpoolError, FileNotFoundError):
     """No live pool has the given name."""
 

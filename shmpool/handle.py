@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import LayoutMismatchError, PoolClosedError, PoolNotFoundError
+from .errors import LayoutMismatchError, PoolClosedError, PoolNotFoundError, SegmentNotReadyError
 from .layout import CONTROL_WORDS, H_GLOBAL_STEP, H_STATE, STATE_CLOSING, Layout, header_words
 from .protocol import check_memory_model
 from .registry import list_pools
@@ -85,7 +85,8 @@ class PoolHandle(Channels):
 def attach(name: str, *, timeout: float | None = None) -> PoolHandle:
     """Finds the running pool called ``name`` and maps it, after validating its segment.
 
-    Waits up to ``timeout`` seconds for the pool to appear (None: do not wait). Raises
+    Waits up to ``timeout`` seconds for the pool to appear, and for a pool being launched to finish
+    its header (None: do not wait). Raises
     ``PoolNotFoundError`` (listing the pools that exist, or saying the owner is dead or in another pid
     namespace), ``LayoutMismatchError`` for a segment that is not a shmpool one of this layout version
     or is damaged in any way, and ``PermissionError`` for another user's pool. Nothing in the segment
@@ -99,17 +100,27 @@ def attach(name: str, *, timeout: float | None = None) -> PoolHandle:
     """
     check_memory_model()
     deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
+    while True:  # until the segment exists and has its header (a pool being launched gets both soon)
+        segment = None
         try:
             segment = Segment.open(name)
+            layout, header = Layout.read(segment.buffer)
             break
         except PoolNotFoundError:
             if deadline is None or time.monotonic() > deadline:
                 others = [record.name for record in list_pools() if record.alive]
                 raise PoolNotFoundError(f"no pool named {name!r}; running pools: {others or 'none'}") from None
-            time.sleep(0.05)
+        except SegmentNotReadyError:
+            if segment is not None:
+                segment.close()
+            if deadline is None or time.monotonic() > deadline:
+                raise
+        except BaseException:
+            if segment is not None:
+                segment.close()
+            raise
+        time.sleep(0.05)
     try:
-        layout, header = Layout.read(segment.buffer)
         _check_pool_meta(name, layout)
         if header.owner_pid_namespace != pid_namespace():
             raise PoolNotFoundError(

@@ -76,7 +76,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .errors import LayoutMismatchError
+from .errors import LayoutMismatchError, SegmentNotReadyError
 from .system import pid_namespace
 
 MAGIC = b"SHMPOOL\x00"
@@ -315,8 +315,11 @@ class Layout:
         """Validates magic, version and size and decodes the header words."""
         if len(buffer) < HEADER_BYTES:
             raise LayoutMismatchError(f"segment is {len(buffer)} bytes, smaller than a shmpool header")
-        if bytes(buffer[0:8]) != MAGIC:
-            raise LayoutMismatchError("not a shmpool segment (bad magic), or one still being created")
+        magic = bytes(buffer[0:8])
+        if magic != MAGIC:
+            if magic == bytes(8):  # written last by the creator: nothing there yet
+                raise SegmentNotReadyError("a shmpool segment still being created (no magic yet), or not one")
+            raise LayoutMismatchError("not a shmpool segment (bad magic)")
         version, size, pid, start, state = struct.unpack_from("<5q", buffer, H_VERSION * 8)
         (pid_namespace_id,) = struct.unpack_from("<q", buffer, H_OWNER_PIDNS * 8)
         if version != LAYOUT_VERSION:

@@ -146,11 +146,17 @@ class Lifecycle:
         self.call_pipes: list[Any] = []
         self.seq = 0
 
-    def create(self, layout: Layout) -> dict[str, np.ndarray]:
-        """Creates the segment (header written, magic last) and the doorbells; returns the field views."""
+    def create(
+        self, layout: Layout, initial_params: tuple[np.ndarray, np.ndarray] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Creates the segment and the doorbells; returns the field views. ``initial_params``: the
+        ``params`` and ``applied`` records, written before the header, whose magic comes last: a
+        process that attaches meanwhile waits, rather than writing params that these would overwrite."""
         segment = self.segment = Segment.create(self.name, layout.size)
-        layout.write_header(segment.buffer, owner_pid=self.owner_pid, owner_start_ticks=self.owner_start_ticks)
         self.views = layout.views(segment.buffer)
+        if initial_params is not None:
+            self.views["params"][:], self.views["applied"][:] = initial_params
+        layout.write_header(segment.buffer, owner_pid=self.owner_pid, owner_start_ticks=self.owner_start_ticks)
         self.header = header_words(segment.buffer)
         self.trainer_doorbell = Doorbell.create(doorbell_path(self.name, "t"))
         for worker_id in range(len(self.config.slots)):

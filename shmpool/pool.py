@@ -146,9 +146,7 @@ class Pool(Channels, VectorEnv):
         lifecycle = self._lifecycle = Lifecycle(config)
         self._finalizer = weakref.finalize(self, lifecycle.close)
         try:
-            views = self._views = lifecycle.create(layout)
-            if initial is not None:
-                views["params"][:], views["applied"][:] = initial
+            views = self._views = lifecycle.create(layout, initial)
             self._header = lifecycle.header
             assert lifecycle.segment is not None
             self._view = PoolView(self._name, lifecycle.segment, views, self._header, layout.meta, self._check_open)

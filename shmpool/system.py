@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import posix_ipc
 
-from .errors import LayoutMismatchError, PoolExistsError, PoolNotFoundError, ShmpoolError
+from .errors import LayoutMismatchError, PoolExistsError, PoolNotFoundError, SegmentNotReadyError, ShmpoolError
 
 SEGMENT_PREFIX = "shmpool-"
 SHM_DIR = "/dev/shm"
@@ -137,8 +137,8 @@ class Segment:
                 raise LayoutMismatchError(
                     f"segment {segment_path(name)!r} has mode {oct(stat.S_IMODE(info.st_mode))}; shmpool creates 0o600"
                 )
-            if info.st_size == 0:
-                raise LayoutMismatchError(f"segment {segment_path(name)!r} is empty")
+            if info.st_size == 0:  # created, not yet sized: its creator sizes it next
+                raise SegmentNotReadyError(f"segment {segment_path(name)!r} is empty (a pool being created?)")
             try:
                 buffer = mmap.mmap(fd, info.st_size)
             except (OSError, OverflowError, ValueError) as exc:

@@ -79,12 +79,13 @@ def test_slow_readers_count_what_they_lost(pool_name: str) -> None:
         np.testing.assert_array_equal(records["return"], records["length"])  # CartPole: 1 per step, never garbage
 
 
-def _fake_segment(name: str, content: bytes, uid: int | None = None) -> None:
-    shm = posix_ipc.SharedMemory(f"/shmpool-{name}", posix_ipc.O_CREX, mode=0o600, size=4096)
-    buffer = mmap.mmap(shm.fd, 4096)
+def _fake_segment(name: str, content: bytes, uid: int | None = None, size: int = 4096) -> None:
+    shm = posix_ipc.SharedMemory(f"/shmpool-{name}", posix_ipc.O_CREX, mode=0o600, size=size)
+    if size:
+        buffer = mmap.mmap(shm.fd, size)
+        buffer[: len(content)] = content
+        buffer.close()
     shm.close_fd()
-    buffer[: len(content)] = content
-    buffer.close()
     if uid is not None:
         os.chown(f"/dev/shm/shmpool-{name}", uid, -1)
 
@@ -94,6 +95,7 @@ def test_attach_failures_say_what_is_wrong(pool_name: str) -> None:
         shmpool.attach("nowhere-to-be-found")
     cases = [
         ("foreign", b"SOMETHING ELSE", None, shmpool.LayoutMismatchError, "not a shmpool segment"),
+        ("unready", b"", None, shmpool.LayoutMismatchError, "still being created"),
         (
             "version",
             MAGIC + struct.pack("<2q", LAYOUT_VERSION + 7, 4096),
@@ -230,6 +232,14 @@ def test_attach_with_a_timeout_waits_for_the_pool_to_appear(pool_name: str) -> N
     with pytest.raises(shmpool.PoolNotFoundError, match="no pool named"):
         shmpool.attach(pool_name, timeout=0.5)  # nothing appears: it gives up after its timeout
     assert 0.5 <= time.monotonic() - started < 10.0
+    _fake_segment(pool_name, b"SOMETHING ELSE")
+    try:
+        started = time.monotonic()
+        with pytest.raises(shmpool.LayoutMismatchError, match="bad magic"):
+            shmpool.attach(pool_name, timeout=30)  # not a pool being created: no waiting for it
+        assert time.monotonic() - started < 5.0
+    finally:
+        posix_ipc.unlink_shared_memory(f"/shmpool-{pool_name}")
     attacher = subprocess.Popen(
         [sys.executable, "-c", WAITING_ATTACHER, pool_name], stdout=subprocess.PIPE, text=True, env=ENV
     )
@@ -237,6 +247,14 @@ def test_attach_with_a_timeout_waits_for_the_pool_to_appear(pool_name: str) -> N
         assert attacher.stdout.readline().strip() == "attaching"
         time.sleep(0.5)
         assert attacher.poll() is None  # still waiting: no pool of that name yet
+        # A pool being created: first an empty segment, then one whose header is not written yet.
+        for size in (0, 4096):
+            _fake_segment(pool_name, b"", size=size)
+            try:
+                time.sleep(0.3)
+                assert attacher.poll() is None  # waits on: the pool is still being launched
+            finally:
+                posix_ipc.unlink_shared_memory(f"/shmpool-{pool_name}")
         with shmpool.launch("CartPole-v1", 3, num_workers=1, name=pool_name) as pool:
             output, _ = attacher.communicate(timeout=60)
             assert pool.num_envs == 3
