@@ -6,7 +6,9 @@ A state is plain data (dicts, lists, str, int, None and numpy arrays of numbers)
 * ``schema``: what must match for the state to fit a pool: env label, ``num_envs`` and each
   parameter's name (in order: its index keys the draws), dtype, shape, bounds, ``when`` and ``dist``.
 * ``params``: the parameter block, every env's value (a dict of arrays per argument for a ``dist``
-  parameter, e.g. a curriculum's ranges).
+  parameter, e.g. a curriculum's ranges). A value the workers refused (a raw store out of bounds)
+  is saved as what the env runs with instead (for a ``dist``, its drawn value as a distribution of
+  that one value), with a warning: the state loads, and it holds nothing the pool did not run.
 * ``episode_index``: each env's episode index (-1 before its first reset).
 * ``param_seed``: the seed of the draws.
 
@@ -18,10 +20,13 @@ what the saved pool would have drawn at its next one.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
+
+from .params import ParamSpec, bad_rows
 
 if TYPE_CHECKING:
     from .view import PoolView
@@ -57,12 +62,16 @@ def state_dict(view: PoolView) -> PoolState:
     params: dict[str, Any] = {}
     if view.params is not None:
         records = view.params.snapshot()
+        applied = view.params.applied
         for spec in view.specs:
             column = records[spec.name]
             if spec.dist:
                 params[spec.name] = {argument: column[argument].copy() for argument in spec.arguments}
             else:
                 params[spec.name] = column.copy()
+            refused = np.flatnonzero(bad_rows(spec, column))
+            if refused.size:
+                _save_what_runs(spec, params, refused, applied[spec.name], column)
     return {
         "version": STATE_VERSION,
         "schema": schema(view),
@@ -70,6 +79,27 @@ def state_dict(view: PoolView) -> PoolState:
         "params": params,
         "episode_index": view.episode_index.copy(),
     }
+
+
+def _save_what_runs(
+    spec: ParamSpec, params: dict[str, Any], rows: np.ndarray, running: np.ndarray, block: np.ndarray
+) -> None:
+    """Replaces in ``params`` the ``rows`` of ``spec`` that the block holds but the workers refused by
+    what those envs run with, and says so."""
+    saved, first = params[spec.name], int(rows[0])
+    held = {a: block[a][first].tolist() for a in spec.arguments} if spec.dist else block[first].tolist()
+    if spec.dist:  # the drawn value, as a distribution of that value alone
+        for argument in spec.arguments:
+            saved[argument][rows] = 0.0 if argument == "std" else running[rows]
+    else:
+        saved[rows] = running[rows]
+    warnings.warn(
+        f"state_dict: params[{spec.name!r}] of env(s) {rows.tolist()[:10]} hold(s) {held}, which the "
+        f"workers refused; the state saves what those envs run with instead ({running[first].tolist()} for "
+        f"env {first})",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def load_state_dict(view: PoolView, state: Mapping[str, Any], *, same_draws: bool = True) -> None:

@@ -178,6 +178,27 @@ def test_a_value_the_bounds_refuse_is_not_loaded(pool_name: str) -> None:
         assert pool.state_dict()["episode_index"].tolist() == [-1] * NUM_ENVS
 
 
+def test_a_value_the_workers_refused_is_saved_as_what_the_env_runs_with(pool_name: str) -> None:
+    """A raw store out of bounds stays in the block, but the env keeps running its last good value:
+    the checkpoint saves that value, so that it loads, and says so."""
+    with launch(pool_name, num_workers=1) as pool:
+        pool.reset(seed=0)
+        pool.params["c"][1] = 99.0  # refused by the worker at its next step: env 1 keeps 2.0
+        pool.params["a"]["low"][4] = 3.0  # low above high: refused, env 4 keeps drawing from [0, 1]
+        with pytest.warns(RuntimeWarning, match="rejected"):
+            pool.step(ONES)
+        assert pool.params["c"][1] == 99.0 and pool.applied["c"][1] == 2.0
+        drawn = float(pool.applied["a"][4])
+        with pytest.warns(RuntimeWarning, match=r"params\['c'\] of env\(s\) \[1\] hold\(s\) 99.0, which the workers"):
+            state = pool.state_dict()
+    assert state["params"]["c"].tolist() == [2.0] * NUM_ENVS
+    assert state["params"]["a"]["low"][4] == state["params"]["a"]["high"][4] == drawn
+    with launch(pool_name, num_workers=2) as fresh:
+        fresh.load_state_dict(state)  # loads: nothing in it was refused
+        fresh.reset(seed=0)
+        assert fresh.applied["c"].tolist() == [2.0] * NUM_ENVS and fresh.applied["a"][4] == drawn
+
+
 # -- curricula ------------------------------------------------------------------------------------
 
 CURRICULUM_PARAMS = {
