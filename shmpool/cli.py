@@ -134,7 +134,10 @@ def _parse_envs(text: str | None, num_envs: int) -> Any:
         return None
     if ":" in text:
         start, _, stop = text.partition(":")
-        return slice(int(start) if start else None, int(stop) if stop else None)
+        bounds = [int(start) if start else None, int(stop) if stop else None]
+        if any(bound is not None and not -num_envs <= bound <= num_envs for bound in bounds):
+            raise ValueError(f"--envs {text} is outside the pool's {num_envs} envs (0:{num_envs})")
+        return slice(*bounds)
     return [int(part) for part in text.split(",")]
 
 
@@ -155,7 +158,11 @@ def command_set(name: str, assignments: list[str], envs: str | None) -> int:
             values[param] = number
     with attach(name) as handle:
         ids = _parse_envs(envs, handle.num_envs)
-        handle.params.write(ids, **values)
+        try:
+            params = handle.params
+        except AttributeError as exc:  # a pool launched without params: said as an error, not a traceback
+            raise ValueError(str(exc)) from None
+        params.write(ids, **values)
         print(f"wrote {values} to envs {envs or 'all'} of {name}")
     return 0
 

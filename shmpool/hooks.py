@@ -508,6 +508,9 @@ class Perturb:
     its state) or, with a ``kick`` function ``kick(env, amounts)``, does whatever that does: for
     MuJoCo envs ``shmpool.mujoco.Push("torso")`` applies a force for one step (``dims=3``) or
     changes the body's velocity. A kick with a ``clear(env)`` method is cleared after the step.
+    An env whose step is a reset (the step after its episode ended, with next-step autoreset) is
+    not kicked, by ``every`` or by an event: it takes no physics step to push, and a push carried
+    into its new episode would land where nobody sent it.
 
     ``compiled`` applies to ``engine="numba"`` only: there the default kick of a kernel that declares
     its ``velocities`` runs compiled, over the slot's state array in one call (None or True; True

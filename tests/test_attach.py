@@ -192,8 +192,15 @@ def test_cli_show_set_watch_against_a_live_pool(engine: str, pool_name: str) -> 
         assert pool.params["masscart"]["high"].tolist() == [2.0, 1.5, 1.5, 2.0]
         refused = run("-m", "shmpool", "set", pool_name, "length=9")
         assert refused.returncode == 2 and "params['length'][0] = 9.0 rejected: outside [0.1, 2.0]" in refused.stderr
+        ordered = run("-m", "shmpool", "set", pool_name, "length=0.3,0.2", "--envs", "3,1")
+        assert ordered.returncode == 0 and pool.params["length"].tolist() == [0.5, 0.2, 0.8, 0.3]
+        beyond = run("-m", "shmpool", "set", pool_name, "length=0.3", "--envs", "0:9")
+        assert beyond.returncode == 2 and "--envs 0:9 is outside the pool's 4 envs" in beyond.stderr
         watched = run("-m", "shmpool", "watch", pool_name, "--count", "2", "--interval", "0.1")
         assert watched.returncode == 0 and watched.stdout.count("env steps/s") == 2 and "masscart" in watched.stdout
+    with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name) as pool:
+        nothing = run("-m", "shmpool", "set", pool_name, "length=0.3")
+        assert nothing.returncode == 2 and "was launched without params" in nothing.stderr
 
 
 def test_episode_metrics_read_the_info_keys_at_each_episodes_last_step(pool_name: str) -> None:
