@@ -118,6 +118,8 @@ class ParamBlock:
         self._check_open()
         ids = self._env_ids(env_ids)
         specs = named_specs(self.specs, values)
+        if not len(ids):  # no env (an empty list or slice): nothing to check or write
+            return
         rows = slice(None) if env_ids is None else ids  # every env: plain views are cheaper than indexing
         plain = self._plain_values(specs, values, len(ids))
         with self._lock.hold(WRITE_LOCK_TIMEOUT, self._check_open):

@@ -297,6 +297,9 @@ def test_write_gives_each_env_its_own_row_in_the_order_the_ids_are_given(pool_na
         with pytest.raises(ValueError, match=r"params\['gravity'\]\[4\] = 30.0 rejected"):
             pool.params.write([0, 4], gravity=[10.0, 30.0])  # the bad value is named by its own env
         np.testing.assert_array_equal(pool.params["gravity"], expected)  # nothing written
+        pool.params.write([], gravity=np.array([]))  # no env: nothing to do
+        pool.params.write(slice(0, 0), gravity=12.0)
+        np.testing.assert_array_equal(pool.params["gravity"], expected)
 
 
 def test_bad_declarations_fail_at_launch(pool_name: str) -> None:
