@@ -240,8 +240,9 @@ def unbatch_infos(infos: Mapping[str, Any], num_envs: int) -> list[dict[str, Any
     Nested dicts are split the same way; numpy scalars become Python numbers, as most envs report them.
     """
     per_env: list[dict[str, Any]] = [{} for _ in range(num_envs)]
+    masks = {f"_{key}" for key in infos}  # keys need not be text (a tuple, an int): their masks are
     for key, values in infos.items():
-        if key.startswith("_") and key[1:] in infos:
+        if key in masks:
             continue  # the mask of another key
         mask = infos.get(f"_{key}")
         if isinstance(values, Mapping):

@@ -269,7 +269,7 @@ def env_row(infos: dict, row: int) -> dict:
     out = {}
     for key, value in infos.items():
         mask = infos.get(f"_{key}")
-        if key.startswith("_") or key == "env_id" or (mask is not None and not mask[row]):
+        if str(key).startswith("_") or key == "env_id" or (mask is not None and not mask[row]):
             continue
         if isinstance(value, dict):
             out[key] = env_row(value, row)
