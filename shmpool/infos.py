@@ -296,9 +296,9 @@ class InfoReader:
             self._overflow_warned[worker_id] = overflow
             warnings.warn(
                 f"worker {worker_id} saw {overflow} info key(s) beyond its table of {self._tables.shape[1]} keys "
-                f"(each dtype and shape that a key's values take counts as one; or with a path over "
-                f"{MAX_PATH_BYTES} bytes); they are left out of info. "
-                f"Raise launch(info_keys=...).",
+                f"(each dtype and shape that a key's values take counts as one), or with a path over "
+                f"{MAX_PATH_BYTES} bytes as JSON; they are left out of info. Raise launch(info_keys=...) for "
+                f"the first; shorten the key for the second.",
                 RuntimeWarning,
                 stacklevel=4,
             )
