@@ -129,7 +129,9 @@ def _add_option(parser: Any, settings_field: dataclasses.Field, hint: Any, doc: 
         options.update(type=hint)
     if default is dataclasses.MISSING:
         options.update(required=True)
-    parser.add_argument("--" + settings_field.name.replace("_", "-"), **options)
+    # A trailing underscore only dodges a Python keyword (async_): the flag is --async.
+    flag = "--" + settings_field.name.rstrip("_").replace("_", "-")
+    parser.add_argument(flag, dest=settings_field.name, **options)
 
 
 def _shown(default: Any, hint: Any) -> str:

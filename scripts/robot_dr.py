@@ -11,6 +11,7 @@ the ranges of the values applied and the throughput.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -47,6 +48,8 @@ class Settings:
     """random actions, or a sine wave per env and joint."""
     seed: int = 0
     """seed of the pool, the actions and the sine phases."""
+    quick: bool = False
+    """a short run: 1.5 s with 4 envs, a push every 5 steps."""
 
 
 def parse_settings(argv: list[str] | None = None) -> Settings:
@@ -57,6 +60,8 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
 def main(argv: list[str] | None = None) -> None:
     """Runs the randomized pool and prints what was applied."""
     settings = parse_settings(argv)
+    if settings.quick:
+        settings = dataclasses.replace(settings, seconds=1.5, num_envs=4, push_every=5)
     smj.log_to_python()  # MuJoCo's warnings to logging, not to MUJOCO_LOG.TXT (workers: worker_init below)
     params = smj.scale_randomization(settings.body, settings.floor)
     push = hooks.Perturb(settings.push_force, every=settings.push_every, kick=smj.Push(settings.body), dims=3)

@@ -330,7 +330,8 @@ class InfoReader:
             self._warned.add(("left out", path))
             warnings.warn(
                 f"info key {'/'.join(map(str, path))!r} is not a number, bool or numeric array of at most "
-                f"{self._values.shape[2]} bytes; shmpool leaves it out of info (nothing is pickled per step)",
+                f"{self._values.shape[2]} bytes; shmpool leaves it out of info (nothing is pickled per step; "
+                f"launch(info_bytes=...) makes room for larger arrays)",
                 RuntimeWarning,
                 stacklevel=5,
             )
