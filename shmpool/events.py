@@ -127,7 +127,8 @@ class EventSender:
         at_step: int | None = None,
         timeout: float | None = 0.0,
     ) -> None:
-        """Queues a one-shot event for ``hook`` (its name) concerning ``env_ids`` (None: every env).
+        """Queues a one-shot event for ``hook`` (its name) concerning ``env_ids`` (ids, a slice, or
+        None: every env).
 
         It is delivered once, in send order, to that hook's ``ctx.events`` at the next step, or at
         global step ``at_step``. ``payload``: up to ``event_payload`` numbers. When a ring is full,
@@ -194,6 +195,8 @@ class EventSender:
             return self._every_env
         if type(env_ids) is int or isinstance(env_ids, np.integer):  # one env: the common event
             plain: Any = [int(env_ids)]
+        elif isinstance(env_ids, slice):  # as params.write takes them
+            plain = list(range(self.num_envs))[env_ids]
         elif isinstance(env_ids, np.ndarray) and env_ids.ndim == 1:
             plain = env_ids.tolist()
         else:

@@ -75,7 +75,12 @@ def expected(
     env_ids: Any, payload: Any, hook: int = 0, step: int = 0
 ) -> list[tuple[int, int, list[int], list[float], int]]:
     """The reference: the numpy reading of ``env_ids`` and ``payload``."""
-    ids = np.arange(NUM_ENVS) if env_ids is None else np.unique(np.atleast_1d(np.asarray(env_ids)))
+    if env_ids is None:
+        ids = np.arange(NUM_ENVS)
+    elif isinstance(env_ids, slice):
+        ids = np.unique(np.arange(NUM_ENVS)[env_ids])
+    else:
+        ids = np.unique(np.atleast_1d(np.asarray(env_ids)))
     values = [] if payload is None else np.asarray(payload, dtype=np.float64).ravel().tolist()
     return [
         (worker, hook, [int(i) for i in ids if start <= i < stop], values, step)
@@ -95,6 +100,9 @@ ENV_IDS = [
     [0, 5, 68, 102],
     np.array([3, 100], dtype=np.uint8),
     list(range(0, 103, 1)),  # more than the few that plain ints take: numpy's path
+    slice(1, 5),
+    slice(None, None, 20),
+    slice(-3, None),
     None,
 ]
 PAYLOADS = [None, [], [0.5], [1, 2.5, -3], (7.0, 8.0), np.array([0.25, 0.5]), 4.0, ["1.5"], [True], np.float32(0.1)]
@@ -154,6 +162,7 @@ BAD_SENDS: list[tuple[Callable[[EventSender], None], type[Exception], str]] = [
     (lambda s: s.send("Kick", True), ValueError, r"env_ids must be one or more env ids .* got True"),
     (lambda s: s.send("Kick", [1.0]), ValueError, r"env_ids must be one or more env ids"),
     (lambda s: s.send("Kick", []), ValueError, r"env_ids must be one or more env ids .* got \[\]"),
+    (lambda s: s.send("Kick", slice(200, None)), ValueError, r"env ids .* got slice\(200, None, None\)"),
     (lambda s: s.send("Kick", [[1]]), ValueError, r"env_ids must be one or more env ids .* got \[\[1\]\]"),
     (lambda s: s.send("Kick", 103), ValueError, r"env_ids \[103\] out of range for num_envs=103"),
     (lambda s: s.send("Kick", [5, -1, 5]), ValueError, r"env_ids \[-1, 5\] out of range for num_envs=103"),
