@@ -164,11 +164,22 @@ class Batches:
             slot_set = self._slot_sets[chosen] = SlotSet(self._slots, chosen)
         # Read before anything changes: Ctrl-C here leaves the batch queued for the next recv.
         results = self._results.batch(slot_set, [self._was_reset[k] for k in chosen])
-        with interrupts_deferred():  # queue and states change together
-            for _ in range(needed):
-                self._state[ready.popleft()] = RETURNED
-            self._returned = slot_set
-        return results
+        taken: list[int] = []
+        returned = self._returned
+        try:
+            with interrupts_deferred():  # queue and states change together
+                taken = [ready.popleft() for _ in range(needed)]
+                for worker_id in taken:
+                    self._state[worker_id] = RETURNED
+                self._returned = slot_set
+            return results
+        except KeyboardInterrupt:  # held back to the block's end, or just after: nobody got the batch
+            with interrupts_deferred():
+                for worker_id in reversed(taken):
+                    self._state[worker_id] = READY
+                    ready.appendleft(worker_id)
+                self._returned = returned
+            raise
 
     def _deadline(self, busy: dict[int, int]) -> float | None:
         """When the first of the ``busy`` workers passes the pool's ``timeout`` (None: no timeout).

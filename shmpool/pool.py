@@ -59,6 +59,27 @@ from .waiting import Waiter
 CLOSE_WAIT = 5.0
 
 
+def _weakly(pool: Pool) -> tuple[Callable[[], None], Callable[[], bool]]:
+    """``pool._check_open`` and whether it is closing, for the parts the pool holds, through a weak
+    reference: a part that held the pool itself would make a cycle, and a pool that nothing else
+    refers to would then be released only by the cyclic garbage collector, some time later, instead
+    of at once (its name stays taken until then)."""
+    this = weakref.ref(pool)
+    name = pool._name
+
+    def check_open() -> None:
+        alive = this()
+        if alive is None:
+            raise PoolClosedError(f"pool {name!r} is closed (released when no reference to it was left)")
+        alive._check_open()
+
+    def closing() -> bool:
+        alive = this()
+        return alive is None or alive._closing
+
+    return check_open, closing
+
+
 def launch(env: Any, num_envs: int | None = None, **options: Any) -> Pool:
     """Starts worker processes that together run ``num_envs`` copies of ``env``; returns the pool.
 
@@ -149,9 +170,10 @@ class Pool(Channels, VectorEnv):
             views = self._views = lifecycle.create(layout, initial)
             self._header = lifecycle.header
             assert lifecycle.segment is not None
-            self._view = PoolView(self._name, lifecycle.segment, views, self._header, layout.meta, self._check_open)
+            check_open, closing = _weakly(self)
+            self._view = PoolView(self._name, lifecycle.segment, views, self._header, layout.meta, check_open)
             self._action_views = [views[leaf.field_name("actions")] for leaf in leaves(self.single_action_space)]
-            self._waiter = Waiter(config, lifecycle, lambda: self._closing)
+            self._waiter = Waiter(config, lifecycle, closing)
             self._results = Results(
                 config, views, self._waiter.words, self.single_observation_space, observation_leaves
             )
@@ -165,7 +187,8 @@ class Pool(Channels, VectorEnv):
             lifecycle.start_workers(self.single_observation_space, self.single_action_space)
             self._waiter.wait_ready()
         except BaseException:
-            self._finalizer()
+            with interrupts_deferred():  # a second Ctrl-C must not cut the cleanup short (as close())
+                self._finalizer()
             raise
         lifecycle.mark_running()
         self._usable = True
@@ -397,14 +420,15 @@ class Pool(Channels, VectorEnv):
         ``actions``, one row per env id in that order; returns at once."""
         with self._calls:
             self._enter()
-            try:
-                sent = self._batches.send(actions, env_ids, self._lifecycle.next_seq)
-            except ShmpoolError as error:
-                self._broken = error
-                raise
-            self._global_step += 1
-            self._header[H_GLOBAL_STEP] = self._global_step  # type: ignore[index]
-            self._after_step(sent)
+            with interrupts_deferred():  # a send that went out is counted, whenever Ctrl-C comes
+                try:
+                    sent = self._batches.send(actions, env_ids, self._lifecycle.next_seq)
+                except ShmpoolError as error:
+                    self._broken = error
+                    raise
+                self._global_step += 1
+                self._header[H_GLOBAL_STEP] = self._global_step  # type: ignore[index]
+                self._after_step(sent)
 
     def _after_step(self, env_steps: int) -> None:
         """Counts ``env_steps`` for ``stats``; every 64 steps (or sends) publishes the rate and rolls
@@ -519,7 +543,11 @@ class Pool(Channels, VectorEnv):
             seq = self._lifecycle.next_seq()
             messages = [encode((seq, part), f"the arguments of {what}") for part in by_worker]
             local, local_id = self._lifecycle.local, self._lifecycle.local_id
-            with interrupts_deferred():  # a request half-written to a pipe could not be sent again
+            # A request half-written to a pipe could not be sent again; and the trainer's own slot
+            # (the last) runs its part in here too: a Ctrl-C held back until after the call is
+            # pending must find that part done, or finishing the call would wait for it forever.
+            # (Its envs' code runs with Ctrl-C held back anyway: the slot marks the call done only if run.)
+            with interrupts_deferred():
                 self._run(CMD_CALL, f"call {what}", seq)
                 for worker_id, message in enumerate(messages):
                     if worker_id == local_id:
@@ -528,7 +556,7 @@ class Pool(Channels, VectorEnv):
                         self._lifecycle.send_call(worker_id, message)
                     except OSError:  # its end of the pipe is gone: the worker died while idle
                         pass  # the wait below names it (WorkerDiedError)
-            local_answer = local.call(seq, by_worker[-1]) if local is not None else None  # the last slot
+                local_answer = local.call(seq, by_worker[-1]) if local is not None else None
             answers = self._finish(f"call {what}")
             if local is not None:
                 answers.append(local_answer)

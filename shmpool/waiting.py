@@ -188,7 +188,7 @@ class Waiter:
                     exitcode=process.exitcode,
                 )
         if deadline is not None and monotonic() > deadline:
-            stuck = [k for k in range(len(processes)) if not finished(k)]
+            stuck = [k for k in range(len(self._slots)) if not finished(k)]
             raise PoolTimeoutError(
                 f"pool {self._name!r}: worker(s) {stuck} did not finish {phase} within {limit} s "
                 f"(envs {', '.join(f'{self._slots[k][0]}..{self._slots[k][1] - 1}' for k in stuck)}); "

@@ -16,6 +16,7 @@ import pytest
 from helpers import CountingEnv
 
 import shmpool
+import shmpool.batches
 import shmpool.hooks
 from shmpool.errors import PoolTimeoutError, WorkerDiedError, WorkerError
 
@@ -337,6 +338,40 @@ def test_ctrl_c_in_recv_loses_no_batch(pool_name: str) -> None:
             got.append(tuple(infos["env_id"].tolist()))
             assert (observations[:, 0] != 0).all()  # a step's observations, not the reset's
         assert sorted(got) == sorted(sent)
+
+
+@pytest.mark.parametrize("nth", [1, 2])
+def test_a_ctrl_c_held_back_inside_recv_loses_no_batch(
+    pool_name: str, monkeypatch: pytest.MonkeyPatch, nth: int
+) -> None:
+    """A Ctrl-C that arrives while recv changes its queue is raised when that block ends: in the first
+    block (marking the finished worker ready) or the second (handing its batch out), the batch
+    stays queued for the next recv. A real SIGINT, sent at that moment from inside the block."""
+    uses = iter(range(1, 100))
+
+    class CtrlCInside(shmpool.batches.interrupts_deferred):  # type: ignore[misc]
+        def __enter__(self) -> None:
+            super().__enter__()
+            if next(uses) == nth:
+                os.kill(os.getpid(), signal.SIGINT)
+
+    with shmpool.launch("CartPole-v1", 4, num_workers=2, batch_size=2, name=pool_name) as pool:
+        pool.async_reset(seed=0)
+        *_, infos = pool.recv()
+        pool.send(np.zeros(2, dtype=np.int64), infos["env_id"])
+        *_, infos = pool.recv()
+        pool.send(np.zeros(2, dtype=np.int64), infos["env_id"])
+        time.sleep(0.2)  # both slots done, neither marked ready yet
+        monkeypatch.setattr(shmpool.batches, "interrupts_deferred", CtrlCInside)
+        with pytest.raises(KeyboardInterrupt):
+            pool.recv()
+        monkeypatch.undo()
+        returned = []
+        for _ in range(4):
+            *_, infos = pool.recv()
+            returned.append(tuple(infos["env_id"].tolist()))
+            pool.send(np.zeros(2, dtype=np.int64), infos["env_id"])
+        assert sorted(set(returned)) == [(0, 1), (2, 3)]  # both slots keep coming back
 
 
 class SlowThird(CountingEnv):

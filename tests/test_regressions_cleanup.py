@@ -13,6 +13,7 @@ it removes itself, and crash tests run the victim in a subprocess with hard time
 
 from __future__ import annotations
 
+import gc
 import json
 import mmap
 import os
@@ -30,6 +31,7 @@ import helpers
 import pytest
 
 import shmpool
+import shmpool.hooks
 from shmpool.layout import H_OWNER_PIDNS, H_SIZE, H_TABLE_LENGTH, H_TABLE_OFFSET, HEADER_BYTES
 from shmpool.registry import sweep_stale
 
@@ -439,3 +441,31 @@ def test_malformed_segments_raise_layout_mismatch_and_are_skipped(pool_name: str
                 path = os.path.join(SHM, f"shmpool-{pool_name}-{index}")
                 if os.path.lexists(path):
                     os.unlink(path)
+
+
+def test_a_pool_nothing_refers_to_is_released_at_once(pool_name: str) -> None:
+    """No part of a pool refers back to it: dropping the last reference releases it there and then,
+    without waiting for the cyclic garbage collector (so its name is free again at once)."""
+    gc.disable()  # a cycle would now keep it for good
+    try:
+        pool = shmpool.launch(
+            "CartPole-v1",
+            4,
+            num_workers=2,
+            name=pool_name,
+            params={"length": shmpool.Param(low=0.1, high=1.0)},
+            hooks=[shmpool.hooks.ObservationNoise(0.1)],
+            batch_size=2,
+            profile=True,
+        )
+        pool.reset(seed=0)
+        pool.step([0, 1, 0, 1])
+        params = pool.params
+        del pool
+        assert not os.path.exists(f"/dev/shm/shmpool-{pool_name}")
+        with pytest.raises(shmpool.PoolClosedError, match="is closed"):
+            params.write(None, length=0.5)
+        with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name) as again:
+            assert again.num_envs == 2
+    finally:
+        gc.enable()

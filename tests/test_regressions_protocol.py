@@ -7,6 +7,7 @@ subprocess, so that a SIGSEGV fails the test instead of killing the test run.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -722,3 +723,25 @@ def test_a_handle_of_a_closed_pool_never_locks_a_new_pool_of_the_same_name(pool_
 def test_env_family_modules_are_attributes_of_shmpool() -> None:
     assert shmpool.classic_control.__name__ == "shmpool.classic_control"
     assert shmpool.adapters.__name__ == "shmpool.adapters"
+
+
+def _slow_to_build_in_workers(trainer: int) -> helpers.CountingEnv:
+    if os.getpid() != trainer:  # the trainer's probe env is quick
+        time.sleep(8.0)
+    return helpers.CountingEnv()
+
+
+def test_a_second_ctrl_c_while_a_failed_launch_cleans_up_leaves_no_worker_behind(pool_name: str) -> None:
+    """The first Ctrl-C stops the launch while the workers build their envs; the second comes while
+    the launch stops them again. That cleanup runs to its end, as close() does, and then the
+    Ctrl-C is raised: no worker outlives the segment it was started for."""
+    main = threading.main_thread().ident
+    timers = [threading.Timer(delay, signal.pthread_kill, (main, signal.SIGINT)) for delay in (0.5, 0.7)]
+    for timer in timers:
+        timer.start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        shmpool.launch([functools.partial(_slow_to_build_in_workers, os.getpid())] * 2, num_workers=2, name=pool_name)
+    for timer in timers:
+        timer.join()
+    assert time.monotonic() - started < 6.0  # close's grace, then SIGTERM: not the constructors' 8 s

@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -101,3 +102,31 @@ def test_ctrl_c_waits_for_the_trainer_slot_and_keeps_lockstep(pool_name: str) ->
         assert time.monotonic() - started >= 0.15  # the slot's two steps ran to their end first
         observations, *_ = pool.step(np.ones(4, dtype=np.int64))
         assert observations[:, 0].tolist() == [2.0] * 4 and pool.global_step == 2
+
+
+def _interrupt_the_trainer(env: gym.Env, payload: bytes, trainer: int, marker: str) -> int:
+    """In the first worker process to get here, Ctrl-C to the trainer, which is still sending the
+    others their part (the marker file makes it one Ctrl-C, not one per worker)."""
+    if os.getpid() != trainer:
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return len(payload)
+        os.kill(trainer, signal.SIGINT)
+    return len(payload)
+
+
+def test_ctrl_c_during_a_control_call_leaves_the_trainer_slot_usable(pool_name: str, tmp_path: Path) -> None:
+    """The trainer's slot runs its part of a call under the same held-back Ctrl-C as the sends: a
+    Ctrl-C raised after them finds the call pending with that part done, and the next call finishes
+    it instead of waiting for the slot forever."""
+    with shmpool.launch("CartPole-v1", 3, num_workers=3, trainer_slot=True, name=pool_name, timeout=20.0) as pool:
+        pool.reset(seed=0)
+        big = b"x" * 30_000_000  # worker 0 reads its part and signals while the trainer writes worker 1's
+        with pytest.raises(KeyboardInterrupt):
+            pool.env_apply(_interrupt_the_trainer, [0, 1, 2], args=(big, os.getpid(), str(tmp_path / "sent")))
+        started = time.monotonic()
+        assert list(pool.get_attr("gravity")) == [9.8] * 3
+        assert time.monotonic() - started < 5.0
+        observations, *_ = pool.step(np.ones(3, dtype=np.int64))
+        assert observations.shape == (3, 4)
