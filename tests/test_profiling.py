@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
+from test_scripts import bench_lines
 
 import shmpool
 from shmpool.profiling import TRAINER_PHASES, WORKER_PHASES
@@ -48,15 +47,7 @@ def test_phase_profile_needs_profile_at_launch(pool_name: str) -> None:
 
 
 def test_bench_profile_prints_the_phase_table() -> None:
-    result = subprocess.run(
-        [sys.executable, "scripts/bench.py", "--profile", "--envs", "CartPole-v1", "--num-envs", "8", "--quick"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    lines = result.stdout.splitlines()
+    lines = bench_lines("--profile")
     assert "us per step" in lines[0]
     assert lines[1].split()[1:] == ["plain", "3", "built-in", "hooks", "3", "params", "written/step"]
     worker_rows = {line[8:28].strip(): line.split()[-3:] for line in lines[2:] if line.startswith("worker")}

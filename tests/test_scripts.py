@@ -87,16 +87,21 @@ def test_scripts_document_their_options(script: str) -> None:
     assert "(default: " in result.stdout
 
 
-def test_bench_quick_prints_a_table() -> None:
+def bench_lines(*options: str) -> list[str]:
+    """What ``scripts/bench.py --quick --envs CartPole-v1 --num-envs 8 OPTIONS`` prints, line by line."""
     result = subprocess.run(
-        [sys.executable, "scripts/bench.py", "--quick", "--envs", "CartPole-v1", "--num-envs", "8"],
+        [sys.executable, "scripts/bench.py", "--quick", "--envs", "CartPole-v1", "--num-envs", "8", *options],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=240,
     )
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout.splitlines()
+
+
+def test_bench_quick_prints_a_table() -> None:
+    lines = bench_lines()
     assert "x Async" in lines[0] and "x Sync" in lines[0]
     runners = [line for line in lines[2:] if line.startswith("CartPole-v1") and line.split()[1].isdigit()]
     labels = [
@@ -119,15 +124,7 @@ def test_bench_quick_prints_a_table() -> None:
 
 
 def test_bench_loop_prints_every_runner_and_the_best_cases() -> None:
-    result = subprocess.run(
-        [sys.executable, "scripts/bench.py", "--loop", "--quick", "--envs", "CartPole-v1", "--num-envs", "8"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+    lines = bench_lines("--loop")
     rows = [line for line in lines if line.startswith("CartPole-v1 ") and line.split()[1] == "8"]
     assert [row[26:60].strip() for row in rows if "shmpool" in row] == [
         "shmpool sync (2 workers)",
