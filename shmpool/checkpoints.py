@@ -8,7 +8,9 @@ A state is plain data (dicts, lists, str, int, None and numpy arrays of numbers)
 * ``params``: the parameter block, every env's value (a dict of arrays per argument for a ``dist``
   parameter, e.g. a curriculum's ranges). A value the workers refused (a raw store out of bounds)
   is saved as what the env runs with instead (for a ``dist``, its drawn value as a distribution of
-  that one value), with a warning: the state loads, and it holds nothing the pool did not run.
+  that one value), with a warning: the state loads, and it holds nothing the pool did not run. An
+  env that has drawn nothing yet is saved as NaN arguments, and loading keeps the pool's own value
+  there (its launch value, the same as the saved pool's).
 * ``episode_index``: each env's episode index (-1 before its first reset).
 * ``param_seed``: the seed of the draws.
 
@@ -88,15 +90,20 @@ def _save_what_runs(
     what those envs run with, and says so."""
     saved, first = params[spec.name], int(rows[0])
     held = {a: block[a][first].tolist() for a in spec.arguments} if spec.dist else block[first].tolist()
-    if spec.dist:  # the drawn value, as a distribution of that value alone
+    if spec.dist:  # the drawn value, as a distribution of that value alone (NaN: nothing drawn yet)
+        drawn = np.isfinite(running[rows].reshape(len(rows), -1)).all(axis=1)
         for argument in spec.arguments:
-            saved[argument][rows] = 0.0 if argument == "std" else running[rows]
+            saved[argument][rows] = np.where(drawn, 0.0, np.nan) if argument == "std" else running[rows]
     else:
         saved[rows] = running[rows]
+    instead = (
+        f"{running[first].tolist()} for env {first}"
+        if np.isfinite(running[first]).all()
+        else f"env {first} has drawn nothing yet: loading keeps the pool's own value there"
+    )
     warnings.warn(
         f"state_dict: params[{spec.name!r}] of env(s) {rows.tolist()[:10]} hold(s) {held}, which the "
-        f"workers refused; the state saves what those envs run with instead ({running[first].tolist()} for "
-        f"env {first})",
+        f"workers refused; the state saves what those envs run with instead ({instead})",
         RuntimeWarning,
         stacklevel=3,
     )
@@ -139,11 +146,40 @@ def load_state_dict(view: PoolView, state: Mapping[str, Any], *, same_draws: boo
         values = state["params"]
         if not isinstance(values, Mapping) or set(values) != {spec.name for spec in view.specs}:
             raise ValueError(f"the state's params must hold exactly {[spec.name for spec in view.specs]}")
+        arrays = {name: _as_arrays(value) for name, value in values.items()}
+        _keep_what_was_never_drawn(view, arrays)
         # One write: validated as a whole before anything lands, then atomic per env.
-        view.params.write(None, **{name: _as_arrays(value) for name, value in values.items()})
+        view.params.write(None, **arrays)
     # A single aligned store per env. Workers only advance these during a command, so between the
     # trainer's calls (or before its first reset) the next reset of each env continues from here.
     view.episode_index[:] = indices
+
+
+def _keep_what_was_never_drawn(view: PoolView, arrays: dict[str, Any]) -> None:
+    """Puts the pool's own values in the rows of ``dist`` parameters that the state saved as all NaN
+    (an env that had drawn nothing when the workers refused its value: see the module docstring)."""
+    block = view.params
+    assert block is not None  # called only for a pool with params
+    current = None
+    for spec in view.specs:
+        value = arrays[spec.name]
+        if not spec.dist or not isinstance(value, Mapping) or set(value) != set(spec.arguments):
+            continue
+        rows = np.ones(len(view.episode_index), dtype=np.bool_)
+        for argument in spec.arguments:
+            column = np.asarray(value[argument], dtype=np.float64)
+            if column.shape[:1] != rows.shape:
+                rows[:] = False  # a malformed state: write() names it
+                break
+            rows &= np.isnan(column.reshape(len(column), -1)).all(axis=1)
+        if rows.any():
+            current = block.snapshot() if current is None else current
+            arrays[spec.name] = {
+                argument: np.where(
+                    rows.reshape((-1,) + (1,) * len(spec.shape)), current[spec.name][argument], value[argument]
+                )
+                for argument in spec.arguments
+            }
 
 
 def _as_arrays(value: Any) -> Any:

@@ -210,7 +210,7 @@ class EventSender:
                     worker = bisect_right(starts, env) - 1
                     bits[worker] = bits.get(worker, 0) | 1 << (env - starts[worker])
                 return [(worker, bits[worker].to_bytes(self._mask_bytes, "little")) for worker in sorted(bits)]
-        ids = np.atleast_1d(np.asarray(env_ids))
+        ids = np.atleast_1d(np.asarray(plain if isinstance(env_ids, slice) else env_ids))
         if ids.size > 1:
             ids = np.unique(ids)
         if ids.dtype.kind not in "iu" or ids.ndim != 1 or not ids.size:

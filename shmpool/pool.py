@@ -456,14 +456,15 @@ class Pool(Channels, VectorEnv):
         saying which env each row is."""
         with self._calls:
             self._enter()
+            # Before the batch is handed out, not after: a Ctrl-C (or a warning made an error) in
+            # between would lose it. A refusal in this batch's step is then warned at the next recv.
+            if self.config.param_specs:
+                self._results.warn_refusals()
             try:
-                results = self._batches.recv()
+                return self._batches.recv()
             except ShmpoolError as error:
                 self._broken = error
                 raise
-            if self.config.param_specs:
-                self._results.warn_refusals()
-            return results
 
     # -- control calls (gymnasium's vector API; see shmpool.calls) -------------------------------------
 

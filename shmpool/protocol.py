@@ -201,10 +201,12 @@ class _Descriptor:
     def __init__(self) -> None:
         self.value = -1
 
-    def close(self) -> None:
+    # ``os.close`` bound now: a pool collected while the interpreter exits runs this after the
+    # module's globals are gone.
+    def close(self, _close: Callable[[int], None] = os.close) -> None:
         if self.value >= 0:
             fd, self.value = self.value, -1
-            os.close(fd)
+            _close(fd)
 
     def __del__(self) -> None:
         self.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import warnings
 from typing import Any
 
 import helpers
@@ -189,14 +190,34 @@ def test_a_value_the_workers_refused_is_saved_as_what_the_env_runs_with(pool_nam
             pool.step(ONES)
         assert pool.params["c"][1] == 99.0 and pool.applied["c"][1] == 2.0
         drawn = float(pool.applied["a"][4])
-        with pytest.warns(RuntimeWarning, match=r"params\['c'\] of env\(s\) \[1\] hold\(s\) 99.0, which the workers"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             state = pool.state_dict()
+    said = sorted(str(warning.message) for warning in caught)
+    assert len(said) == 2
+    assert "params['a'] of env(s) [4] hold(s) {'low': 3.0, 'high': 1.0}, which the workers refused" in said[0]
+    assert "params['c'] of env(s) [1] hold(s) 99.0" in said[1] and "(2.0 for env 1)" in said[1]
     assert state["params"]["c"].tolist() == [2.0] * NUM_ENVS
     assert state["params"]["a"]["low"][4] == state["params"]["a"]["high"][4] == drawn
     with launch(pool_name, num_workers=2) as fresh:
         fresh.load_state_dict(state)  # loads: nothing in it was refused
         fresh.reset(seed=0)
         assert fresh.applied["c"].tolist() == [2.0] * NUM_ENVS and fresh.applied["a"][4] == drawn
+
+
+def test_a_refused_value_of_an_env_that_has_drawn_nothing_loads_as_the_pools_own(pool_name: str) -> None:
+    """Before its first reset an env has drawn nothing: the state marks that env's refused record
+    as not saved (NaN), and the pool that loads it keeps its own launch value there."""
+    with launch(pool_name, num_workers=1) as pool:
+        pool.params["a"]["low"][2] = 3.0  # low above high, before any reset
+        with pytest.warns(RuntimeWarning, match="env 2 has drawn nothing yet: loading keeps the pool's own value"):
+            state = pool.state_dict()
+    assert np.isnan(state["params"]["a"]["low"][2]) and np.isnan(state["params"]["a"]["high"][2])
+    with launch(pool_name, num_workers=2) as fresh:
+        fresh.params.write([2], a={"low": 0.25, "high": 0.75})  # shows which value the load keeps
+        fresh.load_state_dict(state)
+        assert fresh.params["a"]["low"].tolist() == [0.0, 0.0, 0.25, 0.0, 0.0, 0.0]
+        assert fresh.params["a"]["high"].tolist() == [1.0, 1.0, 0.75, 1.0, 1.0, 1.0]
 
 
 # -- curricula ------------------------------------------------------------------------------------

@@ -103,6 +103,7 @@ ENV_IDS = [
     slice(1, 5),
     slice(None, None, 20),
     slice(-3, None),
+    slice(None, None, -1),  # more than 64: numpy's path
     None,
 ]
 PAYLOADS = [None, [], [0.5], [1, 2.5, -3], (7.0, 8.0), np.array([0.25, 0.5]), 4.0, ["1.5"], [True], np.float32(0.1)]
