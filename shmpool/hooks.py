@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -571,9 +571,13 @@ class Perturb:
         return None
 
     def on_launch(self, ctx: HookContext) -> None:
-        """With ``engine="numba"``, to kick compiled: makes the arrays and compiles now."""
-        if ctx.engine != "numba":
-            return  # envs are Python objects: kicked one by one, whatever ``compiled`` says
+        """Finds each env's default kick now (an env with none fails the launch, not a step hours
+        later); with ``engine="numba"``, to kick compiled, makes the arrays and compiles now."""
+        if ctx.engine != "numba":  # envs are Python objects: kicked one by one, whatever ``compiled`` says
+            if self.kick is None:
+                for row, env in enumerate(ctx.envs):
+                    self._default_kick(row, env)
+            return
         functions = _compiled_functions(self, ctx, self._misfit(ctx.kernel))
         if functions is None:
             return
@@ -656,6 +660,15 @@ class Resample:
         if every < 1:
             raise ValueError(f"Resample(every=...) must be >= 1, got {every}")
         self.names, self.every, self.name = list(params), every, name or "Resample"
+
+    def on_launch(self, ctx: HookContext) -> None:
+        """Checks that every name is a ``dist`` parameter of the pool: a typo fails the launch, not
+        the step at which the first redraw is due."""
+        fields: Mapping[str, Any] = {} if ctx.params is None else (ctx.params.dtype.fields or {})
+        dists = [name for name, (dtype, *_) in fields.items() if dtype.names]
+        unknown = [name for name in self.names if name not in dists]
+        if unknown:
+            raise KeyError(f"{self.name}: {unknown} are not dist parameters of this pool; those are {dists}")
 
     def before_step(self, ctx: HookContext) -> None:
         """Redraws for the envs whose step count is a multiple of ``every``."""

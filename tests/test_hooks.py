@@ -177,13 +177,11 @@ def test_perturb_finds_each_envs_kick_once_and_again_for_a_remade_env() -> None:
     assert pickle.loads(pickle.dumps(perturb))._defaults == {}  # shipped without the per-env kicks
 
 
-def test_perturb_without_a_kick_on_an_env_of_unknown_velocities_fails_clearly(pool_name: str) -> None:
-    with shmpool.launch(helpers.PairEnv, 2, num_workers=1, name=pool_name, hooks=[hooks.Perturb(1.0)]) as pool:
-        pool.reset(seed=0)
-        pool.events.send("Perturb", [1])
-        with pytest.raises(shmpool.WorkerError, match="failed in hook 'Perturb'") as caught:
-            pool.step([0, 0])
-        assert "no default kick for PairEnv" in caught.value.__cause__.text
+def test_perturb_without_a_kick_on_an_env_of_unknown_velocities_fails_the_launch(pool_name: str) -> None:
+    """At launch, not at the first kick (which an event may send hours into a run)."""
+    with pytest.raises(shmpool.WorkerError, match="failed in hook 'Perturb'.* during launch") as caught:
+        shmpool.launch(helpers.PairEnv, 2, num_workers=1, name=pool_name, hooks=[hooks.Perturb(1.0)])
+    assert "no default kick for PairEnv" in caught.value.__cause__.text
 
 
 def test_reset_event_resets_in_place_of_the_step(pool_name: str) -> None:
@@ -218,6 +216,11 @@ def test_resample_redraws_dist_params(pool_name: str) -> None:
         # Redrawn before steps 2 and 4 of the episode (step counts 2, 4): a new value every two steps.
         assert values[0].tolist() == values[1].tolist()
         assert values[1].tolist() != values[2].tolist() and values[2].tolist() == values[3].tolist()
+    with pytest.raises(shmpool.WorkerError, match="failed in hook 'Resample'.* during launch") as caught:
+        shmpool.launch(
+            "CartPole-v1", 2, num_workers=1, name=pool_name, params=params, hooks=[hooks.Resample(["mascart"], every=2)]
+        )
+    assert "['mascart'] are not dist parameters of this pool; those are ['masscart']" in caught.value.__cause__.text
 
 
 def test_hooks_see_param_writes_of_the_same_step(pool_name: str) -> None:
