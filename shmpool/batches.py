@@ -91,11 +91,12 @@ class Batches:
         """Sends the reset the pool has just prepared in the segment (flags, seeds, options) to every
         worker, once :meth:`discard` has ended what was in flight; ``recv`` returns its observations
         batch by batch."""
-        self._issue(seq, CMD_RESET, list(range(len(self._slots))))
+        with interrupts_deferred():  # as send's caller holds it: see _issue
+            self._issue(seq, CMD_RESET, list(range(len(self._slots))))
 
     def send(self, actions: Any, env_ids: Any, seq: Callable[[], int]) -> int:
         """Writes ``actions`` (one row per env id) and starts the step of the envs' workers; returns
-        how many envs it sent."""
+        how many envs it sent. Call it with Ctrl-C held back (``Pool.send`` does)."""
         returned = self._returned
         if returned is not None and (env_ids is None or env_ids is returned.env_id):
             # The ids the last recv handed out (read-only, so unchanged): checked when they were made.
@@ -145,7 +146,7 @@ class Batches:
             self._next_check = now + TRAINER_POLL_INTERVAL
             self._check_in_flight(now)
         if len(ready) < needed:
-            busy = {k: self._seq[k] for k, state in enumerate(self._state) if state == BUSY}
+            busy = self._busy()
             if len(ready) + len(busy) < needed:
                 raise RuntimeError(
                     f"recv needs {self.batch_size} envs in flight, but only "
@@ -181,6 +182,10 @@ class Batches:
                 self._returned = returned
             raise
 
+    def _busy(self) -> dict[int, int]:
+        """The workers with a command in flight: worker id -> the sequence number of that command."""
+        return {k: self._seq[k] for k, state in enumerate(self._state) if state == BUSY}
+
     def _deadline(self, busy: dict[int, int]) -> float | None:
         """When the first of the ``busy`` workers passes the pool's ``timeout`` (None: no timeout).
         Worked out again after every wait: a worker that finished long ago but was not collected
@@ -191,7 +196,7 @@ class Batches:
     def _check_in_flight(self, now: float) -> None:
         """Raises if a worker in flight died, or has been stepping for longer than the pool's
         ``timeout``, whether or not other workers have results ready."""
-        busy = {k: self._seq[k] for k, state in enumerate(self._state) if state == BUSY}
+        busy = self._busy()
         if busy:
             self._waiter.check_pending(busy, self._sent_at, "recv", now)
 
@@ -205,7 +210,7 @@ class Batches:
 
     def settle(self) -> None:
         """Waits until no worker is stepping (before a control call); their results stay for recv."""
-        busy = {k: self._seq[k] for k, state in enumerate(self._state) if state == BUSY}
+        busy = self._busy()
         while busy:
             self._mark_ready(self._waiter.wait_some(busy, "a batch in flight", self._deadline(busy)), busy)
         self._waiter.raise_failures("a batch in flight")
@@ -222,14 +227,16 @@ class Batches:
         self.in_flight = False
 
     def _issue(self, seq: int, command: int, workers: Sequence[int]) -> None:
-        with interrupts_deferred():  # the states must say exactly which workers got the command
-            self._lifecycle.send(seq, command, workers)
-            sent_at = monotonic()
-            for worker_id in workers:
-                self._state[worker_id], self._seq[worker_id] = BUSY, seq
-                self._sent_at[worker_id] = sent_at
-                self._was_reset[worker_id] = command == CMD_RESET
-            self.in_flight = True
+        """Sends ``command`` and marks its workers busy. Call it with Ctrl-C held back
+        (``interrupts_deferred``): the states must say exactly which workers got the command.
+        ``Pool.send`` holds it over the whole send, which also counts the step."""
+        self._lifecycle.send(seq, command, workers)
+        sent_at = monotonic()
+        for worker_id in workers:
+            self._state[worker_id], self._seq[worker_id] = BUSY, seq
+            self._sent_at[worker_id] = sent_at
+            self._was_reset[worker_id] = command == CMD_RESET
+        self.in_flight = True
 
 
 _STATE_NAMES = {IDLE: "not started", BUSY: "still stepping", READY: "not yet returned by recv", RETURNED: ""}

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -662,13 +662,9 @@ class Resample:
         self.names, self.every, self.name = list(params), every, name or "Resample"
 
     def on_launch(self, ctx: HookContext) -> None:
-        """Checks that every name is a ``dist`` parameter of the pool: a typo fails the launch, not
-        the step at which the first redraw is due."""
-        fields: Mapping[str, Any] = {} if ctx.params is None else (ctx.params.dtype.fields or {})
-        dists = [name for name, (dtype, *_) in fields.items() if dtype.names]
-        unknown = [name for name in self.names if name not in dists]
-        if unknown:
-            raise KeyError(f"{self.name}: {unknown} are not dist parameters of this pool; those are {dists}")
+        """Checks that every name is a ``dist`` parameter of the pool (a redraw of no env: the one
+        check there is), so that a typo fails the launch, not the step of the first redraw."""
+        ctx.resample(self.names, np.zeros(0, dtype=np.int64))
 
     def before_step(self, ctx: HookContext) -> None:
         """Redraws for the envs whose step count is a multiple of ``every``."""

@@ -197,6 +197,8 @@ def env_rows(env_ids: Any, num_envs: int) -> np.ndarray:
 def last_rows(ids: np.ndarray) -> np.ndarray | None:
     """For ids that repeat, the row of each id's last occurrence (ascending by id); None when every id
     is given once. numpy leaves the winner of a repeated index unspecified: a write names it."""
+    if len(ids) < 2:  # one env (a curriculum's per-episode write): nothing can repeat
+        return None
     unique, first_of_reversed = np.unique(ids[::-1], return_index=True)
     if len(unique) == len(ids):
         return None

@@ -220,7 +220,7 @@ def test_resample_redraws_dist_params(pool_name: str) -> None:
         shmpool.launch(
             "CartPole-v1", 2, num_workers=1, name=pool_name, params=params, hooks=[hooks.Resample(["mascart"], every=2)]
         )
-    assert "['mascart'] are not dist parameters of this pool; those are ['masscart']" in caught.value.__cause__.text
+    assert "'mascart' is not a dist parameter of this pool; those are ['masscart']" in caught.value.__cause__.text
 
 
 def test_hooks_see_param_writes_of_the_same_step(pool_name: str) -> None:
