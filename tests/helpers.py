@@ -456,3 +456,17 @@ class TerminateAfter:
 
     def after_step(self, ctx) -> None:
         ctx.terminations[ctx.stepped & (ctx.observations[:, 0] >= self.steps)] = True
+
+
+class HalfTimeLimit(gym.wrappers.TimeLimit):
+    """A TimeLimit subclass that truncates at half its limit: a pool must step it, not pass over it
+    as it passes over gymnasium's own TimeLimit."""
+
+    def step(self, action):  # type: ignore[no-untyped-def]
+        observation, reward, terminated, truncated, info = super().step(action)
+        return observation, reward, terminated, truncated or 2 * self._elapsed_steps >= self._max_episode_steps, info
+
+
+def pendulum_with_half_limit() -> gym.Env:
+    """Pendulum-v1 with gymnasium's own wrappers, under a :class:`HalfTimeLimit` of 20 steps."""
+    return HalfTimeLimit(gym.make("Pendulum-v1", max_episode_steps=40), 20)

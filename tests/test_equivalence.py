@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gymnasium as gym
+import helpers
 import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
@@ -214,3 +215,46 @@ def test_the_launch_seed_seeds_each_envs_first_reset_masked_or_not(pool_name: st
         second, _ = pool.reset(options={"reset_mask": np.array([False, True, False, True])})
         assert pool.np_random_seed == (10, 11, 12, 13)
         np.testing.assert_array_equal(np.where([[True], [False], [True], [False]], first, second), expected)
+
+
+@pytest.mark.parametrize("trainer_slot", [False, True])
+def test_gymnasiums_own_wrappers_keep_their_state_and_a_limit_changed_midway_holds(
+    trainer_slot: bool, pool_name: str
+) -> None:
+    """Workers step an env under the wrappers gymnasium.make puts on it once its checker has
+    checked: each TimeLimit's count must still be what stepping through it gives, and a limit
+    changed midway (a curriculum of episode lengths) must hold from the next step, as in Sync."""
+    kwargs = {"max_episode_steps": 40}
+    reference = SyncVectorEnv([lambda: gym.make("Pendulum-v1", **kwargs) for _ in range(NUM_ENVS)])
+    rng = np.random.default_rng(3)
+    with shmpool.launch(
+        "Pendulum-v1", NUM_ENVS, num_workers=2, env_kwargs=kwargs, name=pool_name, trainer_slot=trainer_slot
+    ) as pool:
+        assert_same(pool.reset(seed=11), reference.reset(seed=11), "reset")
+        truncations_seen = 0
+        for t in range(90):
+            if t == 30:
+                limits = [25, 60, 5, 40, 33]
+                pool.set_attr("_max_episode_steps", limits)
+                reference.set_attr("_max_episode_steps", limits)
+            actions = rng.uniform(-2, 2, (NUM_ENVS, 1)).astype(np.float32)
+            ours, theirs = pool.step(actions), reference.step(actions)
+            assert_same(ours[:4], theirs[:4], f"step {t}")
+            truncations_seen += int(theirs[3].sum())
+            assert pool.get_attr("_elapsed_steps") == reference.get_attr("_elapsed_steps"), f"step {t}"
+        assert truncations_seen >= 8  # the limits, old and new, were reached several times
+        assert pool.get_attr("checked_step") == reference.get_attr("checked_step") == (True,) * NUM_ENVS
+    reference.close()
+
+
+def test_a_wrapper_subclass_is_stepped_not_passed_over(pool_name: str) -> None:
+    """A subclass of gymnasium's TimeLimit with its own step (here: truncating at half its limit)
+    is stepped as it is: only gymnasium's exact wrapper classes are passed over."""
+    reference = SyncVectorEnv([helpers.pendulum_with_half_limit for _ in range(NUM_ENVS)])
+    actions = np.zeros((NUM_ENVS, 1), dtype=np.float32)
+    with shmpool.launch(helpers.pendulum_with_half_limit, NUM_ENVS, num_workers=2, name=pool_name) as pool:
+        assert_same(pool.reset(seed=5), reference.reset(seed=5), "reset")
+        for t in range(25):
+            assert_same(pool.step(actions)[:4], reference.step(actions)[:4], f"step {t}")
+            assert pool.get_attr("_elapsed_steps") == reference.get_attr("_elapsed_steps"), f"step {t}"
+    reference.close()

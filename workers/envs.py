@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium
 import numpy as np
 from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 from gymnasium.vector import AutoresetMode
+from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker, TimeLimit
 
 from shmpool.config import WorkerConfig, factory_of, make_env
 from shmpool.episodes import EpisodeWriter
@@ -174,6 +176,12 @@ class EnvSlice(Slot):
         self._truncation_row = [False] * count
         self._stepped = [False] * count
         self._step_infos: list[dict[str, Any] | None] = [None] * count
+        #: Per env: what the loop steps (see :func:`direct_step`), and the ``TimeLimit`` whose count
+        #: the loop keeps when it steps under it (None: the stepped callable counts, if anything does).
+        self._steppers: list[Any] = [None] * count
+        self._limits: list[Any] = [None] * count  # TimeLimit or None
+        #: The envs stepped through all their wrappers until their checker has done its checks.
+        self._undirected: set[int] = set()
 
     def build(self) -> None:
         """Makes the slot's envs and checks their spaces against the pool's."""
@@ -207,6 +215,8 @@ class EnvSlice(Slot):
                 )
         if self._params is not None:
             self._params.attach_env(local, env)
+        self._steppers[local], self._limits[local] = env.step, None
+        self._undirected.add(local)
         return env
 
     def close(self) -> None:
@@ -278,40 +288,55 @@ class EnvSlice(Slot):
         """Steps (or resets, where due) every env and writes its results to the slot's rows."""
         info, needs_reset = self._info, self._needs_reset
         rewards, terminations, truncations = self._reward_row, self._termination_row, self._truncation_row
-        stepped, step_infos = self._stepped, self._step_infos
+        stepped, step_infos, steppers, limits = self._stepped, self._step_infos, self._steppers, self._limits
         write_observation = self._obs_writer.write
         # The common case checked inline (a call per env costs more than the check): an array of
         # exactly the leaf's shape and dtype; anything else goes through the checking writer.
         exact_view, exact_shape, exact_dtype = self._obs_writer.exact or (None, None, None)
-        env_id = self.start
         env_info: dict[str, Any] | None
-        for index, env in enumerate(self.envs):
-            self.current_env = env_id
-            if needs_reset[index]:
-                env, seed = self._begin_episode(index)
-                observation, env_info = env.reset(seed=seed)
-                rewards[index], terminations[index], truncations[index] = 0.0, False, False
-                needs_reset[index], stepped[index] = False, False
-                if env_info:
-                    info.add(index, env_info)
-            else:
-                observation, rewards[index], terminations[index], truncations[index], env_info = env.step(
-                    actions[index]
-                )
-                stepped[index], step_infos[index] = True, env_info
-            if (
-                observation.__class__ is np.ndarray
-                and observation.shape == exact_shape
-                and observation.dtype is exact_dtype
-                and exact_view is not None
-            ):
-                exact_view[index] = observation
-            else:
-                write_observation(index, observation)  # raises for one that does not fit the space
-            env_id += 1
+        index = 0
+        try:  # the failing env is named from the loop's index: a store per env would cost more
+            for index, env in enumerate(self.envs):
+                if needs_reset[index]:
+                    env, seed = self._begin_episode(index)
+                    observation, env_info = env.reset(seed=seed)
+                    rewards[index], terminations[index], truncations[index] = 0.0, False, False
+                    needs_reset[index], stepped[index] = False, False
+                    if env_info:
+                        info.add(index, env_info)
+                else:
+                    limit, action = limits[index], actions[index]
+                    observation, rewards[index], terminations[index], truncated, env_info = steppers[index](action)
+                    if limit is not None:  # TimeLimit.step's own work (see direct_step)
+                        elapsed = limit._elapsed_steps = limit._elapsed_steps + 1
+                        if elapsed >= limit._max_episode_steps:
+                            truncated = True
+                    truncations[index], stepped[index], step_infos[index] = truncated, True, env_info
+                if (
+                    observation.__class__ is np.ndarray
+                    and observation.shape == exact_shape
+                    and observation.dtype is exact_dtype
+                    and exact_view is not None
+                ):
+                    exact_view[index] = observation
+                else:
+                    write_observation(index, observation)  # raises for one that does not fit the space
+        except BaseException:
+            self.current_env = self.start + index
+            raise
         self._rewards[:] = rewards
         self._terminations[:] = terminations
         self._truncations[:] = truncations
+        if self._undirected:
+            self._direct()
+
+    def _direct(self) -> None:
+        """Steps the envs whose checker has now done its checks under gymnasium's standard wrappers."""
+        for index in list(self._undirected):
+            direct = direct_step(self.envs[index])
+            if direct is not None:
+                self._steppers[index], self._limits[index] = direct
+                self._undirected.discard(index)
 
     def _account(self, changed: bool) -> int:
         """Adds the step to each env's episode, ends the episodes that finished (resetting them now
@@ -355,3 +380,33 @@ class EnvSlice(Slot):
         if self.hooks is not None:
             self.hooks.on_reset(same_step_resets, lengths)
         return episodes_ended
+
+
+def direct_step(env: gymnasium.Env) -> tuple[Callable[[Any], Any], TimeLimit | None] | None:
+    """What to step instead of ``env.step``: the step of what lies under the wrappers that
+    ``gymnasium.make`` puts on top of every env, and the ``TimeLimit`` among them (whose count and
+    truncation the caller then keeps), with the same results and the same wrapper state. None while
+    the ``PassiveEnvChecker`` has checks left (its first two steps) or before the first reset.
+
+    Why: those three wrappers cost 0.3 us per env step together, 7% of CartPole-v1's step (4.4 us
+    through them, 4.1 us under them, measured with ``timeit`` on this project's 2-core machine),
+    and a worker makes 16 to 64 such calls per step. Only these exact classes are passed over
+    (never a subclass or another wrapper: the walk stops at the first other object, whose own
+    ``step`` is then called), and ``TimeLimit``'s limit is read at every step, so that a changed
+    ``_max_episode_steps`` holds.
+    """
+    limit: Any = None
+    layer: Any = env
+    while True:
+        kind = type(layer)
+        if kind is TimeLimit and limit is None:
+            limit = layer
+        elif kind is OrderEnforcing:
+            if not layer.has_reset:
+                return None
+        elif kind is PassiveEnvChecker:
+            if not (layer.checked_step and layer.checked_data_reuse):
+                return None
+        else:
+            return layer.step, limit
+        layer = layer.env
