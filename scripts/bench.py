@@ -170,15 +170,34 @@ def with_updates(
 
 EVENT_SENDER = """
 import sys, time, shmpool
+# argv: pool name, events per second, "send" or "idle", seconds to send for (0: until killed)
 with shmpool.attach(sys.argv[1], timeout=30) as handle:
     print("attached", flush=True)
-    start, sent, send = time.perf_counter(), 0, sys.argv[3] == "send"
-    while True:
+    start, sent, send, spent, cpu = time.perf_counter(), 0, sys.argv[3] == "send", 0, 0
+    seconds = float(sys.argv[4])
+    while not seconds or time.perf_counter() < start + seconds:
         sent += 1
         if send:
+            began, began_cpu = time.perf_counter_ns(), time.thread_time_ns()
             handle.events.send("Perturb", [sent % handle.num_envs], [0.0], timeout=None)
+            spent, cpu = spent + time.perf_counter_ns() - began, cpu + time.thread_time_ns() - began_cpu
         time.sleep(max(0.0, start + sent / float(sys.argv[2]) - time.perf_counter()))
+    print(sent if send else 0, spent, cpu, flush=True)  # events sent, nanoseconds in send(): wall, CPU
 """
+
+
+def start_event_sender(pool_name: str, rate: int, send: bool = True, seconds: float = 0.0) -> subprocess.Popen[str]:
+    """A process that attaches to the pool and sends ``rate`` Perturb events per second for
+    ``seconds`` (0: until killed; ``send=False``: it wakes as often but sends nothing), then prints
+    how many it sent and the nanoseconds its ``send()`` calls took (wall clock, then its CPU time: on
+    2 cores the sender is a third process, preempted mid-send). Returns once it has attached."""
+    sender = subprocess.Popen(
+        [sys.executable, "-c", EVENT_SENDER, pool_name, str(rate), "send" if send else "idle", str(seconds)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    sender.stdout.readline()  # type: ignore[union-attr]
+    return sender
 
 
 @contextmanager
@@ -188,13 +207,8 @@ def with_event_sender(
     """A pool that receives ``rate`` events per second from another process while it steps (with
     ``send=False`` the process wakes as often but sends nothing: what the wake-ups alone cost)."""
     with vector(make, num_envs) as (step, actions, env_steps):
-        sender = subprocess.Popen(
-            [sys.executable, "-c", EVENT_SENDER, step.__self__.name, str(rate), "send" if send else "idle"],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        sender = start_event_sender(step.__self__.name, rate, send)
         try:
-            sender.stdout.readline()  # type: ignore[union-attr]
             yield step, actions, env_steps
         finally:
             sender.kill()
@@ -347,16 +361,25 @@ def three_hooks(compiled: bool | None = None) -> list[Any]:
     ]
 
 
+#: The profile's variants with a Perturb hook, without and with events from another process.
+KICKED, EVENTS = "Perturb, no events", "Perturb, 1,000 events/s"
+
+
 def phase_profile(settings: Settings) -> None:
-    """Prints microseconds per step of every phase, for each variant of one configuration."""
+    """Prints microseconds per step of every phase, for each variant of one configuration, and
+    (CartPole-v1) what one event costs the workers and the sender."""
     env_id, num_envs = settings.envs[0], settings.num_envs[0]
     variants: dict[str, dict[str, Any]] = {"plain": {}}
     if env_id.startswith("CartPole"):
         variants["3 built-in hooks"] = {"hooks": three_hooks()}
         variants["3 params written/step"] = {"params": {name: shmpool.Param(low=0.01, high=100.0) for name in UPDATED}}
+        variants[KICKED] = variants[EVENTS] = {"hooks": [shmpool.hooks.Perturb()]}
     rng = np.random.default_rng(0)
     updates = [{name: rng.uniform(low, high, num_envs) for name, (low, high) in UPDATED.items()} for _ in range(32)]
+    seconds = settings.windows * settings.window_seconds
     columns: dict[str, dict[str, dict[str, float]]] = {}
+    steps_of: dict[str, int] = {}
+    sent = spent = cpu = 0
     for label, options in variants.items():
         print(f"profiling {env_id} x{num_envs}: {label}", file=sys.stderr, flush=True)
         with shmpool.launch(
@@ -364,14 +387,17 @@ def phase_profile(settings: Settings) -> None:
         ) as pool:
             pool.reset(seed=0)
             actions = _actions(pool.action_space, 64)
-            deadline = time.perf_counter() + settings.windows * settings.window_seconds
+            sender = start_event_sender(pool.name, 1000, seconds=seconds) if label == EVENTS else None
+            deadline = time.perf_counter() + seconds
             steps = 0
-            while time.perf_counter() < deadline:
+            while (time.perf_counter() < deadline) if sender is None else (sender.poll() is None or steps % 64):
                 if "params" in options:
                     pool.params.write(None, **updates[steps % len(updates)])
                 pool.step(actions[steps % len(actions)])
                 steps += 1
-            columns[label] = pool.phase_profile()
+            if sender is not None:  # the last events were delivered by the steps after it ended
+                sent, spent, cpu = map(int, sender.communicate()[0].split())
+            columns[label], steps_of[label] = pool.phase_profile(), steps
     labels = list(columns)
     print(
         f"{env_id} x{num_envs}, {settings.workers} workers, {settings.engine} engine: us per step "
@@ -385,6 +411,28 @@ def phase_profile(settings: Settings) -> None:
                 f"{side[:-1] if side == 'workers' else side:<8}{name:<20}"
                 + "".join(f"{columns[label][side][phase]:>24.1f}" for label in labels)
             )
+    if sent:
+        without, events = columns[KICKED]["workers"], columns[EVENTS]["workers"]
+        print(event_costs(without, events, steps_of[EVENTS], settings.workers, sent, spent, cpu))
+
+
+def event_costs(
+    without: dict[str, float], events: dict[str, float], steps: int, workers: int, sent: int, wall_ns: int, cpu_ns: int
+) -> str:
+    """The line on what one event cost: the workers' extra time in each phase over a run of ``steps``
+    (per worker step, ``events`` against ``without``) shared among the ``sent`` events, and the
+    sender's mean ``send()`` (wall clock and CPU time)."""
+
+    def per_event(*phases: str) -> float:
+        extra = sum(events[phase] - without[phase] for phase in phases)  # us per step of one worker
+        return extra * workers * steps / sent
+
+    return (
+        f"events: {sent} sent; per event {per_event('events'):.1f} us of worker time to deliver (events phase), "
+        f"{per_event('before_step', 'after_step'):.1f} us in the hook (the kick), "
+        f"{per_event('whole step'):.1f} us of worker step in all; "
+        f"send() takes the sender {wall_ns / sent / 1000:.1f} us ({cpu_ns / sent / 1000:.1f} us of CPU time)"
+    )
 
 
 class Policy:

@@ -538,7 +538,7 @@ class Perturb:
         self.compiled = _checked_compiled("Perturb", compiled)
         self._compiled: tuple[Any, ...] | None = None  # the compiled functions and their arrays
         self._streams: EnvStreams | None = None
-        self._kicked = np.zeros(0, dtype=np.int64)
+        self._kicked: list[int] = []  # the rows kicked this step (a kick with ``clear`` is cleared after it)
         self._defaults: dict[int, tuple[Any, Callable[[np.ndarray], None]]] = {}  # row -> (env, its kick)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -621,28 +621,50 @@ class Perturb:
         if compiled is not None:
             self._kick_compiled(ctx, compiled, ctx.step_counts, ctx.resetting)
             return
+        if self.every is None:  # kicked by events only: none, nothing to do; a few, no slot-wide arrays
+            if ctx.events:
+                self._kick(ctx, *self._sent(ctx))
+            return
         strength = np.array(ctx.applied[self.param], dtype=np.float64)  # type: ignore[index]
-        due = np.zeros(len(ctx.env_ids), dtype=np.bool_)
-        if self.every is not None:
-            due |= (ctx.step_counts > 0) & (ctx.step_counts % self.every == 0)
+        due = (ctx.step_counts > 0) & (ctx.step_counts % self.every == 0)
         for event in ctx.events:
             rows = ctx.rows(event.env_ids)
             due[rows] = True
             if event.payload.size:
                 strength[rows] = event.payload[0]
         due &= ~ctx.resetting
-        if not due.any():
+        self._kick(ctx, np.flatnonzero(due).tolist(), strength)
+
+    def _sent(self, ctx: HookContext) -> tuple[list[int], dict[int, Any]]:
+        """The rows that this step's events address (not resetting), ascending, and the strength of
+        each: the last payload sent to it, else its parameter's value."""
+        strength: dict[int, Any] = {}
+        start, default = int(ctx.env_ids[0]), ctx.applied[self.param]  # type: ignore[index]
+        for event in ctx.events:
+            payload = event.payload
+            for env_id in event.env_ids.tolist():
+                row = env_id - start
+                if payload.size:
+                    strength[row] = payload[0]
+                elif row not in strength:
+                    strength[row] = default[row]
+        resetting = ctx._lists[1]  # the flags as the worker keeps them: an array of them costs more here
+        return [row for row in sorted(strength) if not resetting[row]], strength
+
+    def _kick(self, ctx: HookContext, rows: list[int], strength: Any) -> None:
+        """Kicks the envs at ``rows`` (ascending), each by ``strength[row]`` times its random signs."""
+        if not rows:
             return
         if self._streams is None:
             self._streams = EnvStreams(ctx.seed, self.name, ctx.env_ids, (self.dims,), "uniform")
-        signs = np.where(self._streams.at(ctx.global_step) < 0.5, -1.0, 1.0)
-        self._kicked = np.flatnonzero(due)
-        kick = self.kick
-        for row in self._kicked:
+        draws, kick = self._streams.at(ctx.global_step), self.kick
+        for row in rows:
+            amounts = strength[row] * np.where(draws[row] < 0.5, -1.0, 1.0)
             if kick is None:
-                self._default_kick(int(row), ctx.envs[row])(strength[row] * signs[row])
+                self._default_kick(row, ctx.envs[row])(amounts)
             else:
-                kick(ctx.envs[row], strength[row] * signs[row])
+                kick(ctx.envs[row], amounts)
+        self._kicked = rows
 
     def after_step(self, ctx: HookContext) -> None:
         """Ends kicks that last one step (a MuJoCo force) once that step is done."""
@@ -650,7 +672,7 @@ class Perturb:
         if clear is not None and len(self._kicked):
             for row in self._kicked:
                 clear(ctx.envs[row])
-            self._kicked = self._kicked[:0]
+            self._kicked = []
 
 
 class Resample:

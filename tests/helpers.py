@@ -470,3 +470,8 @@ class HalfTimeLimit(gym.wrappers.TimeLimit):
 def pendulum_with_half_limit() -> gym.Env:
     """Pendulum-v1 with gymnasium's own wrappers, under a :class:`HalfTimeLimit` of 20 steps."""
     return HalfTimeLimit(gym.make("Pendulum-v1", max_episode_steps=40), 20)
+
+
+def count_kick(env: gym.Env, amounts: np.ndarray) -> None:
+    """A Perturb kick that only counts its calls, on the env (read back with ``get_attr("kicks")``)."""
+    env.unwrapped.kicks = getattr(env.unwrapped, "kicks", 0) + 1

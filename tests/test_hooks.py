@@ -138,6 +138,27 @@ def test_perturb_kicks_on_events_and_on_schedule(pool_name: str) -> None:
         reference.close()
 
 
+@pytest.mark.parametrize("every", [None, 1000])
+def test_perturb_does_not_kick_an_env_whose_step_is_a_reset(every: int | None, pool_name: str) -> None:
+    """An event for an env whose step is its autoreset (its episode ended the step before) kicks
+    nothing: there is no physics step to push, and the push must not land in the new episode."""
+    perturb = hooks.Perturb(0.1, every=every, kick=helpers.count_kick)
+    with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, hooks=[perturb], seed=0) as pool:
+        pool.reset(seed=0)
+        pool.events.send("Perturb", [0, 1])
+        pool.step(np.zeros(2, dtype=np.int64))
+        assert pool.get_attr("kicks") == (1, 1)
+        for _ in range(2000):  # until a step that ends env 0's episode and not env 1's
+            _, _, terminations, truncations, _ = pool.step(np.zeros(2, dtype=np.int64))
+            if (terminations | truncations).tolist() == [True, False]:
+                break
+        else:
+            pytest.fail("env 0's episode never ended alone")
+        pool.events.send("Perturb", [1, 0])
+        pool.step(np.zeros(2, dtype=np.int64))  # env 0 resets, env 1 steps
+        assert pool.get_attr("kicks") == (1, 2)
+
+
 def kick_context(envs: list, strength: float) -> SimpleNamespace:
     """The parts of a HookContext that Perturb reads, for one step in which every env is kicked."""
     count = len(envs)

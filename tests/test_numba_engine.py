@@ -128,6 +128,9 @@ def hooked_run(env_id: str, engine: str, name: str, chain: list, steps: int = 12
         for t in range(steps):
             if t == 10:
                 pool.events.send("Perturb", [1, 4], payload=[0.7])
+                pool.events.send("Perturb", [4, 0])  # env 4 keeps 0.7; env 0 takes its parameter's strength
+            if 30 <= t < 90:  # env 3 at every step, its resets included
+                pool.events.send("Perturb", [3])
             if t == 20:
                 pool.events.send("Reset", [2, 5])
             observations, rewards, terminations, truncations, _ = pool.step(pool.action_space.sample())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -49,10 +50,15 @@ def test_phase_profile_needs_profile_at_launch(pool_name: str) -> None:
 def test_bench_profile_prints_the_phase_table() -> None:
     lines = bench_lines("--profile")
     assert "us per step" in lines[0]
-    assert lines[1].split()[1:] == ["plain", "3", "built-in", "hooks", "3", "params", "written/step"]
-    worker_rows = {line[8:28].strip(): line.split()[-3:] for line in lines[2:] if line.startswith("worker")}
+    header = "plain | 3 built-in hooks | 3 params written/step | Perturb, no events | Perturb, 1,000 events/s"
+    assert lines[1][28:].split() == header.replace("|", "").split()
+    worker_rows = {line[8:28].strip(): line[28:].split() for line in lines[2:] if line.startswith("worker")}
     assert float(worker_rows["env loop"][0]) > 0
     assert float(worker_rows["params sync"][2]) > float(worker_rows["params sync"][0])  # writes cost the workers
+    assert float(worker_rows["events"][4]) > float(worker_rows["events"][3])  # events cost the workers
+    (events,) = [line for line in lines if line.startswith("events: ")]
+    sent, *costs = re.findall(r"\d+\.?\d*", events.replace("1,000", ""))
+    assert int(sent) > 100 and len(costs) == 5, events  # sent; deliver, hook, step, send wall, send CPU
 
 
 def test_phase_profile_covers_the_steps_since_the_last_reset(pool_name: str) -> None:
