@@ -388,14 +388,15 @@ def phase_profile(settings: Settings) -> None:
             pool.reset(seed=0)
             actions = _actions(pool.action_space, 64)
             sender = start_event_sender(pool.name, 1000, seconds=seconds) if label == EVENTS else None
-            deadline = time.perf_counter() + seconds
-            steps = 0
-            while (time.perf_counter() < deadline) if sender is None else (sender.poll() is None or steps % 64):
+            deadline, steps, last = time.perf_counter() + seconds, 0, -1
+            while steps != last:
                 if "params" in options:
                     pool.params.write(None, **updates[steps % len(updates)])
                 pool.step(actions[steps % len(actions)])
                 steps += 1
-            if sender is not None:  # the last events were delivered by the steps after it ended
+                if last < 0 and ((time.perf_counter() >= deadline) if sender is None else sender.poll() is not None):
+                    last = steps if sender is None else steps + 8  # 8 more steps deliver the last events sent
+            if sender is not None:
                 sent, spent, cpu = map(int, sender.communicate()[0].split())
             columns[label], steps_of[label] = pool.phase_profile(), steps
     labels = list(columns)

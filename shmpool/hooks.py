@@ -394,7 +394,8 @@ class ActionDelay:
         self._history = np.zeros(0)
         self._count = np.zeros(0, dtype=np.int64)
         self._episodes = np.zeros(0, dtype=np.int64)  # each env's episode index at its last action
-        self._new = np.zeros(0, dtype=np.bool_)
+        self._episodes_seen = b""  # the same as bytes
+        self._delay = np.zeros(0, dtype=np.int64)  # each env's delay: its column of ``applied``, found at launch
         self._compiled: tuple[Any, ...] | None = None  # the compiled function and its arrays
 
     def params(self) -> dict[str, Param]:
@@ -411,14 +412,14 @@ class ActionDelay:
         self._count = np.zeros(count, dtype=np.int64)
         self._rows = np.arange(count)
         self._episodes = ctx.episode_indices.copy()
-        self._new = np.zeros(count, dtype=np.bool_)
+        self._episodes_seen = self._episodes.tobytes()
+        self._delay = ctx.applied[self.param]  # type: ignore[index]
         misfit = None if leaf.dtype in _NUMBERS else f"actions of dtype {leaf.dtype}"
         functions = _compiled_functions(self, ctx, misfit)
         if functions is None:
             return
         history = self._history.reshape(count, self.max_steps + 1, width)
-        delay = ctx.applied[self.param]  # type: ignore[index]
-        arguments = (history, self._count, self._episodes, ctx.episode_indices, delay, self.max_steps)
+        arguments = (history, self._count, self._episodes, ctx.episode_indices, self._delay, self.max_steps)
         # A step's actions are a fresh (envs, width) array of the leaf's dtype: compiled for that now.
         functions.action_delay(np.zeros((0, width), leaf.dtype), *arguments)
         self._compiled = (functions.action_delay, *arguments)
@@ -433,17 +434,20 @@ class ActionDelay:
         episodes = ctx.episode_indices
         # A shift register per env: column j holds the action of j steps ago; column ``count`` holds
         # the episode's first action, which stands in for actions older than the episode.
-        history, count, new = self._history, self._count, self._new
+        history, count = self._history, self._count
         # An env whose episode changed since its last action (however it reset, whichever hook asked
-        # and in whatever order) starts afresh: this action is its episode's first.
-        np.not_equal(episodes, self._episodes, out=new)
-        if new.any():
+        # and in whatever order) starts afresh: this action is its episode's first. (Compared as
+        # bytes: most steps start no episode, and this is a third of an array compare and any().)
+        seen = episodes.tobytes()
+        if seen != self._episodes_seen:
+            new = episodes != self._episodes
             count[new] = 0
             self._episodes[new] = episodes[new]
+            self._episodes_seen = seen
         history[:, 1:] = history[:, :-1]
         history[:, 0] = actions
-        actions[...] = history[self._rows, np.minimum(ctx.applied[self.param], count)]  # type: ignore[index]
-        np.minimum(count + 1, self.max_steps, out=count)
+        actions[...] = history[self._rows, np.minimum(self._delay, count)]
+        count += 1  # past max_steps too: the delay, at most max_steps, caps the column it picks
 
 
 class RewardScale:
@@ -457,6 +461,7 @@ class RewardScale:
     ) -> None:
         self.scale, self.param, self.name = scale, param, name or "RewardScale"
         self.compiled = _checked_compiled("RewardScale", compiled)
+        self._scale = np.zeros(0)  # each env's scale: its column of ``applied``, found at launch
         self._compiled: tuple[Any, ...] | None = None  # the compiled function and its arrays
 
     def params(self) -> dict[str, Param]:
@@ -465,11 +470,11 @@ class RewardScale:
 
     def on_launch(self, ctx: HookContext) -> None:
         """To run compiled, compiles now."""
+        self._scale = ctx.applied[self.param]  # type: ignore[index]
         functions = _compiled_functions(self, ctx, None)
         if functions is not None:
-            scale = ctx.applied[self.param]  # type: ignore[index]
-            functions.reward_scale(ctx.rewards[:0], scale)  # compiles (or loads) it now; no rows: changes nothing
-            self._compiled = (functions.reward_scale, scale)
+            functions.reward_scale(ctx.rewards[:0], self._scale)  # compiles (or loads) it now; no rows: changes nothing
+            self._compiled = (functions.reward_scale, self._scale)
 
     def after_step(self, ctx: HookContext) -> None:
         """Scales this step's rewards."""
@@ -477,7 +482,7 @@ class RewardScale:
         if compiled is not None:
             compiled[0](ctx.rewards, compiled[1])
         else:
-            ctx.rewards *= ctx.applied[self.param]  # type: ignore[index]
+            ctx.rewards *= self._scale
 
 
 def default_kick(env: Any) -> Callable[[np.ndarray], None]:
@@ -538,7 +543,7 @@ class Perturb:
         self.compiled = _checked_compiled("Perturb", compiled)
         self._compiled: tuple[Any, ...] | None = None  # the compiled functions and their arrays
         self._streams: EnvStreams | None = None
-        self._kicked: list[int] = []  # the rows kicked this step (a kick with ``clear`` is cleared after it)
+        self._kicked: list[int] = []  # the rows last kicked: a kick with ``clear`` is cleared after its step
         self._defaults: dict[int, tuple[Any, Callable[[np.ndarray], None]]] = {}  # row -> (env, its kick)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -642,13 +647,13 @@ class Perturb:
         start, default = int(ctx.env_ids[0]), ctx.applied[self.param]  # type: ignore[index]
         for event in ctx.events:
             payload = event.payload
-            for env_id in event.env_ids.tolist():
+            for env_id in event.env_ids.tolist():  # the slot's own envs: the reader keeps no other
                 row = env_id - start
                 if payload.size:
                     strength[row] = payload[0]
                 elif row not in strength:
                     strength[row] = default[row]
-        resetting = ctx._lists[1]  # the flags as the worker keeps them: an array of them costs more here
+        resetting = ctx.resetting
         return [row for row in sorted(strength) if not resetting[row]], strength
 
     def _kick(self, ctx: HookContext, rows: list[int], strength: Any) -> None:

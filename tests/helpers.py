@@ -475,3 +475,34 @@ def pendulum_with_half_limit() -> gym.Env:
 def count_kick(env: gym.Env, amounts: np.ndarray) -> None:
     """A Perturb kick that only counts its calls, on the env (read back with ``get_attr("kicks")``)."""
     env.unwrapped.kicks = getattr(env.unwrapped, "kicks", 0) + 1
+
+
+class FailsItsAutoreset(CountingEnv):
+    """A CountingEnv of 3 steps whose second reset (its first autoreset, inside a step) raises, in
+    the env first reset with seed 3."""
+
+    def __init__(self) -> None:
+        super().__init__(length=3)
+        self.resets = 0
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):  # type: ignore[no-untyped-def]
+        self.resets += 1
+        if self.resets == 2 and self.seed_used == 3:
+            raise ValueError("the autoreset exploded on purpose")
+        return super().reset(seed=seed, options=options)
+
+
+def scale_reward_under_time_limit(env: gym.Env) -> None:
+    """Puts a wrapper multiplying rewards by 10 right under the env's outermost wrapper (its TimeLimit)."""
+    env.env = gym.wrappers.TransformReward(env.env, lambda reward: 10.0 * reward)
+
+
+def double_reward_step(env: gym.Env) -> None:
+    """Patches the env's own ``step`` (as instrumentation does) to double its reward."""
+    step = env.step
+
+    def doubled(action):  # type: ignore[no-untyped-def]
+        observation, reward, terminated, truncated, info = step(action)
+        return observation, 2.0 * reward, terminated, truncated, info
+
+    env.step = doubled

@@ -258,3 +258,22 @@ def test_a_wrapper_subclass_is_stepped_not_passed_over(pool_name: str) -> None:
             assert_same(pool.step(actions)[:4], reference.step(actions)[:4], f"step {t}")
             assert pool.get_attr("_elapsed_steps") == reference.get_attr("_elapsed_steps"), f"step {t}"
     reference.close()
+
+
+@pytest.mark.parametrize("trainer_slot", [False, True])
+def test_wrappers_and_steps_changed_by_a_control_call_are_stepped(trainer_slot: bool, pool_name: str) -> None:
+    """A wrapper put under an env's TimeLimit, or a step patched on the env, by ``env_apply`` after
+    the workers have started stepping under gymnasium's wrappers: the next step goes through it."""
+    reference = SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(2)])
+    actions = np.zeros(2, dtype=np.int64)
+    with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, trainer_slot=trainer_slot) as pool:
+        assert_same(pool.reset(seed=0), reference.reset(seed=0), "reset")
+        for change in (helpers.scale_reward_under_time_limit, helpers.double_reward_step):
+            for _ in range(3):  # past the checker's two steps: the workers step under the wrappers
+                assert_same(pool.step(actions)[:4], reference.step(actions)[:4], "step")
+            pool.env_apply(change)
+            for env in reference.envs:
+                change(env)
+            for t in range(3):
+                assert_same(pool.step(actions)[:4], reference.step(actions)[:4], f"{change.__name__}, step {t}")
+    reference.close()

@@ -45,6 +45,16 @@ def test_env_raising_in_step_names_worker_env_and_traceback(pool_name: str) -> N
     pool.close()  # idempotent
 
 
+def test_env_raising_in_its_autoreset_inside_a_step_is_named(pool_name: str) -> None:
+    with shmpool.launch(helpers.FailsItsAutoreset, 4, num_workers=2, name=pool_name) as pool:
+        pool.reset(seed=0)  # env 3, the second env of worker 1, fails at its autoreset
+        with pytest.raises(WorkerError) as caught:
+            for _ in range(5):
+                pool.step(np.zeros(4, dtype=np.int64))
+        assert (caught.value.worker_id, caught.value.env_id) == (1, 3)
+        assert "the autoreset exploded on purpose" in caught.value.__cause__.text
+
+
 def test_env_raising_in_reset_and_in_constructor(pool_name: str) -> None:
     with shmpool.launch(lambda: helpers.CountingEnv(raise_in_reset=True), 3, num_workers=3, name=pool_name) as pool:
         with pytest.raises(WorkerError, match="during reset.*reset exploded on purpose") as caught:

@@ -28,7 +28,8 @@ class Slot:
     are made, stepped and reset (:class:`EnvSlice`: gymnasium envs one by one;
     ``shmpool.workers.kernels.KernelSlice``: a compiled kernel over the slot).
 
-    ``current_env`` is the env id being worked on, so a failure can name it.
+    ``current_env`` is the env id that a failure happened in (or is being worked on), so that the
+    failure can name it.
     """
 
     #: Per env of the slot, set by each kind: the episode's return, length and start time so far.
@@ -116,6 +117,9 @@ class Slot:
             info,
         )
 
+    def after_call(self) -> None:
+        """Called after a control call has run user code on the envs (nothing to redo here)."""
+
     def resample(self, names: list[str], rows: np.ndarray) -> None:
         """Draws new values of the named ``dist`` parameters for the envs at ``rows`` (hooks ask)."""
         if self._params is None:
@@ -176,12 +180,13 @@ class EnvSlice(Slot):
         self._truncation_row = [False] * count
         self._stepped = [False] * count
         self._step_infos: list[dict[str, Any] | None] = [None] * count
-        #: Per env: what the loop steps (see :func:`direct_step`), and the ``TimeLimit`` whose count
+        #: Per env: what the loop steps (see :func:`inner_step`), and the ``TimeLimit`` whose count
         #: the loop keeps when it steps under it (None: the stepped callable counts, if anything does).
         self._steppers: list[Any] = [None] * count
         self._limits: list[Any] = [None] * count  # TimeLimit or None
-        #: The envs stepped through all their wrappers until their checker has done its checks.
-        self._undirected: set[int] = set()
+        #: The envs stepped through all their wrappers (``env.step``) until :func:`inner_step` finds
+        #: what lies under them: after they are made, and after a control call.
+        self._through_wrappers: set[int] = set()
 
     def build(self) -> None:
         """Makes the slot's envs and checks their spaces against the pool's."""
@@ -215,9 +220,19 @@ class EnvSlice(Slot):
                 )
         if self._params is not None:
             self._params.attach_env(local, env)
-        self._steppers[local], self._limits[local] = env.step, None
-        self._undirected.add(local)
+        self._step_through_wrappers(local, env)
         return env
+
+    def _step_through_wrappers(self, local: int, env: gymnasium.Env) -> None:
+        self._steppers[local], self._limits[local] = env.step, None
+        self._through_wrappers.add(local)
+
+    def after_call(self) -> None:
+        """Steps every env through all its wrappers again (until :func:`inner_step` looks anew): a
+        control call (``env_apply``, ``call``, ``set_attr``) may have wrapped one, replaced a layer or
+        patched a ``step``."""
+        for local, env in enumerate(self.envs):
+            self._step_through_wrappers(local, env)
 
     def close(self) -> None:
         """Closes every env, ignoring errors (the worker is exiting)."""
@@ -307,7 +322,7 @@ class EnvSlice(Slot):
                 else:
                     limit, action = limits[index], actions[index]
                     observation, rewards[index], terminations[index], truncated, env_info = steppers[index](action)
-                    if limit is not None:  # TimeLimit.step's own work (see direct_step)
+                    if limit is not None:  # TimeLimit.step's own work (see inner_step)
                         elapsed = limit._elapsed_steps = limit._elapsed_steps + 1
                         if elapsed >= limit._max_episode_steps:
                             truncated = True
@@ -327,16 +342,16 @@ class EnvSlice(Slot):
         self._rewards[:] = rewards
         self._terminations[:] = terminations
         self._truncations[:] = truncations
-        if self._undirected:
-            self._direct()
+        if self._through_wrappers:
+            self._find_inner_steps()
 
-    def _direct(self) -> None:
+    def _find_inner_steps(self) -> None:
         """Steps the envs whose checker has now done its checks under gymnasium's standard wrappers."""
-        for index in list(self._undirected):
-            direct = direct_step(self.envs[index])
-            if direct is not None:
-                self._steppers[index], self._limits[index] = direct
-                self._undirected.discard(index)
+        for index in list(self._through_wrappers):
+            found = inner_step(self.envs[index])
+            if found is not None:
+                self._steppers[index], self._limits[index] = found
+                self._through_wrappers.discard(index)
 
     def _account(self, changed: bool) -> int:
         """Adds the step to each env's episode, ends the episodes that finished (resetting them now
@@ -382,23 +397,26 @@ class EnvSlice(Slot):
         return episodes_ended
 
 
-def direct_step(env: gymnasium.Env) -> tuple[Callable[[Any], Any], TimeLimit | None] | None:
+def inner_step(env: gymnasium.Env) -> tuple[Callable[[Any], Any], TimeLimit | None] | None:
     """What to step instead of ``env.step``: the step of what lies under the wrappers that
     ``gymnasium.make`` puts on top of every env, and the ``TimeLimit`` among them (whose count and
     truncation the caller then keeps), with the same results and the same wrapper state. None while
-    the ``PassiveEnvChecker`` has checks left (its first two steps) or before the first reset.
+    the ``PassiveEnvChecker`` has checks left (the env's first two steps) or before the first reset.
 
     Why: those three wrappers cost 0.3 us per env step together, 7% of CartPole-v1's step (4.4 us
     through them, 4.1 us under them, measured with ``timeit`` on this project's 2-core machine),
-    and a worker makes 16 to 64 such calls per step. Only these exact classes are passed over
-    (never a subclass or another wrapper: the walk stops at the first other object, whose own
-    ``step`` is then called), and ``TimeLimit``'s limit is read at every step, so that a changed
-    ``_max_episode_steps`` holds.
+    and a worker makes 16 to 64 such calls per step. Only these exact classes, with their own
+    ``step``, are passed over: the walk stops at any other object (a subclass, another wrapper, a
+    layer whose ``step`` was patched on the instance), whose ``step`` is then called. The caller
+    looks again after anything that may change the layers (:meth:`EnvSlice.after_call`), and reads
+    ``TimeLimit``'s limit at every step, so that a changed ``_max_episode_steps`` holds.
     """
     limit: Any = None
     layer: Any = env
     while True:
         kind = type(layer)
+        if "step" in getattr(layer, "__dict__", ()):  # patched on the instance: what it does is its own
+            return layer.step, limit
         if kind is TimeLimit and limit is None:
             limit = layer
         elif kind is OrderEnforcing:

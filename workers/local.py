@@ -58,6 +58,7 @@ class LocalSlot:
             raise RuntimeError("the trainer's slot has no envs")
         with interrupts_deferred():  # marked done only if run: a call cut short is not run again
             _, results, failure = decode(run_requests(envs.envs, envs.start, seq, requests))
+            envs.after_call()
             self._last_seq = seq
             self._worker.publish_done(seq)
         return results, failure

@@ -370,6 +370,7 @@ class Worker:
                 break
             if request_seq == seq:
                 answer = run_requests(envs.envs, envs.start, seq, requests)
+                envs.after_call()
                 break
         pipe.send_bytes(answer)
         self.publish_done(seq)
