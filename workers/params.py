@@ -394,7 +394,7 @@ class _ScalarColumns:
     ) -> None:
         self.specs = specs
         self.others = others
-        self.columns = np.array(offsets)
+        self.columns = _columns(offsets)
         self.width = width
         self.good = good.view(np.float64).reshape(len(good), width)  # the applier's accepted values
         self._snapshot: tuple[np.ndarray | None, np.ndarray] = (None, self.good)
@@ -409,7 +409,7 @@ class _ScalarColumns:
         fields = [applied.dtype.fields[s.name] for s in self.step_specs]  # type: ignore[index]
         plain = applied.dtype.itemsize % 8 == 0 and all(d == np.float64 and o % 8 == 0 for d, o, *_ in fields)
         self._applied = applied
-        self._applied_columns = np.array([o // 8 for _, o, *_ in fields], dtype=np.int64) if plain else None
+        self._applied_columns = _columns([o // 8 for _, o, *_ in fields]) if plain else None
         if plain:
             self._applied_matrix = applied.view(np.float64).reshape(len(applied), applied.dtype.itemsize // 8)
 
@@ -436,7 +436,8 @@ class _ScalarColumns:
         return cls(scalar, [s for s in specs if s not in scalar], offsets, record.itemsize // 8, good, applied)
 
     def matrix(self, records: np.ndarray) -> np.ndarray:
-        """A copy of the scalar columns of ``records``: an ``(envs, len(specs))`` float64 array."""
+        """The scalar columns of ``records`` (a view when they are adjacent, else a copy: callers do
+        not write to it): an ``(envs, len(specs))`` float64 array."""
         return records.view(np.float64).reshape(len(records), self.width)[:, self.columns]
 
     def snapshot_matrix(self, snapshot: np.ndarray) -> np.ndarray:
@@ -466,6 +467,16 @@ class _ScalarColumns:
             return
         for column, spec in enumerate(self.step_specs):
             self._applied[spec.name][:] = values[:, column]
+
+
+def _columns(indices: list[int]) -> slice | np.ndarray:
+    """What picks the columns ``indices`` of a matrix: a slice when they are adjacent and in order
+    (the common record, all of whose fields are scalars), for a view and plain copies instead of
+    fancy indexing, 1 us less per use in a curriculum's per-step sync; else an index array."""
+    first = indices[0] if indices else 0
+    if indices == list(range(first, first + len(indices))):
+        return slice(first, first + len(indices))
+    return np.array(indices, dtype=np.int64)
 
 
 def _attribute_setter(names: list[str]) -> Callable[[list[Any], np.ndarray], None] | None:
