@@ -361,8 +361,9 @@ def three_hooks(compiled: bool | None = None) -> list[Any]:
     ]
 
 
-#: The profile's variants with a Perturb hook, without and with events from another process.
-KICKED, EVENTS = "Perturb, no events", "Perturb, 1,000 events/s"
+#: The profile's variants with a Perturb hook and another process waking 1,000 times a second:
+#: sending nothing (what its wake-ups cost on 2 cores), and sending an event each time.
+KICKED, EVENTS = "Perturb, 1,000 wake-ups/s", "Perturb, 1,000 events/s"
 
 
 def phase_profile(settings: Settings) -> None:
@@ -387,7 +388,9 @@ def phase_profile(settings: Settings) -> None:
         ) as pool:
             pool.reset(seed=0)
             actions = _actions(pool.action_space, 64)
-            sender = start_event_sender(pool.name, 1000, seconds=seconds) if label == EVENTS else None
+            sender = (
+                start_event_sender(pool.name, 1000, label == EVENTS, seconds) if label in (KICKED, EVENTS) else None
+            )
             deadline, steps, last = time.perf_counter() + seconds, 0, -1
             while steps != last:
                 if "params" in options:
@@ -397,20 +400,22 @@ def phase_profile(settings: Settings) -> None:
                 if last < 0 and ((time.perf_counter() >= deadline) if sender is None else sender.poll() is not None):
                     last = steps if sender is None else steps + 8  # 8 more steps deliver the last events sent
             if sender is not None:
-                sent, spent, cpu = map(int, sender.communicate()[0].split())
+                report = sender.communicate()[0].split()  # the idle one's says it sent nothing
+                if label == EVENTS:
+                    sent, spent, cpu = map(int, report)
             columns[label], steps_of[label] = pool.phase_profile(), steps
     labels = list(columns)
     print(
         f"{env_id} x{num_envs}, {settings.workers} workers, {settings.engine} engine: us per step "
         "(nested phases in parentheses)"
     )
-    print(f"{'phase':<28}" + "".join(f"{label:>24}" for label in labels))
+    print(f"{'phase':<28}" + "".join(f"{label:>27}" for label in labels))
     for side in ("trainer", "workers"):
         for phase in columns[labels[0]][side]:
             name = f"({phase})" if phase in NESTED else phase
             print(
                 f"{side[:-1] if side == 'workers' else side:<8}{name:<20}"
-                + "".join(f"{columns[label][side][phase]:>24.1f}" for label in labels)
+                + "".join(f"{columns[label][side][phase]:>27.1f}" for label in labels)
             )
     if sent:
         without, events = columns[KICKED]["workers"], columns[EVENTS]["workers"]
@@ -421,8 +426,8 @@ def event_costs(
     without: dict[str, float], events: dict[str, float], steps: int, workers: int, sent: int, wall_ns: int, cpu_ns: int
 ) -> str:
     """The line on what one event cost: the workers' extra time in each phase over a run of ``steps``
-    (per worker step, ``events`` against ``without``) shared among the ``sent`` events, and the
-    sender's mean ``send()`` (wall clock and CPU time)."""
+    (per worker step, ``events`` against ``without``: the same wake-ups without events) shared among
+    the ``sent`` events, and the sender's mean ``send()`` (wall clock and CPU time)."""
 
     def per_event(*phases: str) -> float:
         extra = sum(events[phase] - without[phase] for phase in phases)  # us per step of one worker

@@ -50,7 +50,7 @@ def test_phase_profile_needs_profile_at_launch(pool_name: str) -> None:
 def test_bench_profile_prints_the_phase_table() -> None:
     lines = bench_lines("--profile")
     assert "us per step" in lines[0]
-    header = "plain | 3 built-in hooks | 3 params written/step | Perturb, no events | Perturb, 1,000 events/s"
+    header = "plain | 3 built-in hooks | 3 params written/step | Perturb, 1,000 wake-ups/s | Perturb, 1,000 events/s"
     assert lines[1][28:].split() == header.replace("|", "").split()
     worker_rows = {line[8:28].strip(): line[28:].split() for line in lines[2:] if line.startswith("worker")}
     assert float(worker_rows["env loop"][0]) > 0
