@@ -16,6 +16,7 @@ from pathlib import Path
 import helpers
 import numpy as np
 import pytest
+from gymnasium.vector import AutoresetMode
 
 import shmpool
 from shmpool import PoolBrokenError, PoolClosedError, PoolTimeoutError, RemoteTraceback, WorkerDiedError, WorkerError
@@ -45,8 +46,9 @@ def test_env_raising_in_step_names_worker_env_and_traceback(pool_name: str) -> N
     pool.close()  # idempotent
 
 
-def test_env_raising_in_its_autoreset_inside_a_step_is_named(pool_name: str) -> None:
-    with shmpool.launch(helpers.FailsItsAutoreset, 4, num_workers=2, name=pool_name) as pool:
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_env_raising_in_its_autoreset_inside_a_step_is_named(mode: AutoresetMode, pool_name: str) -> None:
+    with shmpool.launch(helpers.FailsItsAutoreset, 4, num_workers=2, name=pool_name, autoreset_mode=mode) as pool:
         pool.reset(seed=0)  # env 3, the second env of worker 1, fails at its autoreset
         with pytest.raises(WorkerError) as caught:
             for _ in range(5):

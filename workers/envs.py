@@ -368,30 +368,33 @@ class EnvSlice(Slot):
         else:
             rewards, terminations, truncations = self._reward_row, self._termination_row, self._truncation_row
         episodes_ended, same_step_resets = 0, []
-        for index, did_step in enumerate(stepped):
-            if not did_step:
-                continue
+        index = 0
+        try:  # the failing env is named from the loop's index, as in _run_envs
+            for index, did_step in enumerate(stepped):
+                if not did_step:
+                    continue
+                returns[index] += float(rewards[index])
+                lengths[index] += 1
+                env_info = step_infos[index]
+                if terminations[index] or truncations[index]:
+                    episodes_ended += 1
+                    self._end_episode(index, terminations[index], truncations[index], env_info)
+                    if self.same_step:
+                        for live, final in zip(observations, self._final_obs):
+                            final[index] = live[index]
+                        if env_info:
+                            info.add(index, env_info, ("final_info",))
+                        env, seed = self._begin_episode(index)
+                        observation, env_info = env.reset(seed=seed)
+                        self._obs_writer.write(index, observation)
+                        same_step_resets.append(index)
+                    elif self.autoreset:
+                        needs_reset[index] = True
+                if env_info:
+                    info.add(index, env_info)
+        except BaseException:
             self.current_env = self.start + index
-            returns[index] += float(rewards[index])
-            lengths[index] += 1
-            env_info = step_infos[index]
-            if terminations[index] or truncations[index]:
-                episodes_ended += 1
-                self._end_episode(index, terminations[index], truncations[index], env_info)
-                if self.same_step:
-                    for live, final in zip(observations, self._final_obs):
-                        final[index] = live[index]
-                    if env_info:
-                        info.add(index, env_info, ("final_info",))
-                    env, seed = self._begin_episode(index)
-                    observation, env_info = env.reset(seed=seed)
-                    self._obs_writer.write(index, observation)
-                    same_step_resets.append(index)
-                elif self.autoreset:
-                    needs_reset[index] = True
-            if env_info:
-                info.add(index, env_info)
-        self.current_env = None
+            raise
         if self.hooks is not None:
             self.hooks.on_reset(same_step_resets, lengths)
         return episodes_ended
