@@ -13,8 +13,10 @@ lowest env that reported it; other envs' values are assigned into it. A value th
 (gymnasium raises) is left out, and a float assigned into an int array (gymnasium truncates it) is
 kept truncated; the trainer warns once per key about either.
 
-Numbers, bools and numeric arrays of at most ``info_bytes`` bytes travel; other values (strings,
-objects) are left out, and the trainer warns once per key. Records beyond ``info_keys`` per worker
+Numbers, bools and numeric arrays of at most ``info_bytes`` bytes travel; a record's ``batch`` says
+how gymnasium batches them (numpy bools, which are no ``np.number``, into an object array) and marks
+an empty nested dict, of which only the mask travels. Other values (strings, objects) are left out,
+and the trainer warns once per key. Records beyond ``info_keys`` per worker
 are counted and warned about the same way.
 """
 
@@ -31,26 +33,36 @@ from .layout import CTL_INFO_KEYS, CTL_INFO_OVERFLOW, decode_dtype
 
 Path = tuple[Any, ...]
 MAX_PATH_BYTES = 120
-INFO_KEY_DTYPE = np.dtype([("path", f"S{MAX_PATH_BYTES}"), ("dtype", "S8"), ("ndim", "<i8"), ("shape", "<i8", (4,))])
+INFO_KEY_DTYPE = np.dtype(
+    [("path", f"S{MAX_PATH_BYTES}"), ("dtype", "S8"), ("ndim", "<i8"), ("shape", "<i8", (4,)), ("batch", "<i8")]
+)
+
+#: How gymnasium's vector envs batch a key's values (a key record's ``batch``): into an array of their
+#: dtype; into an object array (numpy scalars that are no ``np.number``: ``np.bool_``), the values
+#: traveling as their dtype; or, for an empty nested dict, into a dict (nothing travels but the mask).
+BATCH_TYPED, BATCH_OBJECTS, BATCH_DICT = 0, 1, 2
 
 
-def info_format(value: Any, max_bytes: int) -> tuple[np.dtype[Any], tuple[int, ...]] | None:
-    """The dtype and shape a key is stored with, as gymnasium would batch it; None if it cannot travel."""
+def info_format(value: Any, max_bytes: int) -> tuple[np.dtype[Any], tuple[int, ...], int] | None:
+    """The dtype and shape a key's value is stored with, and how gymnasium would batch it; None if it
+    cannot travel."""
     if isinstance(value, bool):
-        return np.dtype(np.bool_), ()
+        return np.dtype(np.bool_), (), BATCH_TYPED
     if isinstance(value, int):
-        return np.dtype(np.int64), ()
+        return np.dtype(np.int64), (), BATCH_TYPED
     if isinstance(value, float):
-        return np.dtype(np.float64), ()
-    if isinstance(value, (np.number, np.bool_)):
-        return value.dtype, ()
+        return np.dtype(np.float64), (), BATCH_TYPED
+    if isinstance(value, np.number):
+        return value.dtype, (), BATCH_TYPED
+    if isinstance(value, np.bool_):
+        return value.dtype, (), BATCH_OBJECTS
     if (
         isinstance(value, np.ndarray)
         and value.dtype.kind in "biuf"
         and 0 < value.nbytes <= max_bytes
         and value.ndim <= 4
     ):
-        return value.dtype, value.shape
+        return value.dtype, value.shape, BATCH_TYPED
     return None
 
 
@@ -70,8 +82,9 @@ class InfoWriter:
         self._control = control  # this worker's control row
         # (path, type) of a scalar or (path, dtype, shape) of an array -> its record (-1: none left)
         self._slots: dict[tuple[Any, ...], int] = {}
-        self._records: dict[tuple[Path, str, tuple[int, ...]], int] = {}  # (path, dtype, shape) -> record
-        self._views: list[np.ndarray | None] = []
+        #: (path, dtype, shape, batch) -> record
+        self._records: dict[tuple[Path, str, tuple[int, ...], int], int] = {}
+        self._views: list[np.ndarray | None] = []  # None: a value left out, or an empty dict
         self.dirty = False  # whether any env of the slot reported info since begin()
 
     def begin(self) -> None:
@@ -85,7 +98,7 @@ class InfoWriter:
         self.dirty = True
         for key, value in info.items():
             path = (*prefix, key)
-            if isinstance(value, dict):
+            if isinstance(value, dict) and value:
                 self.add(local_index, value, path)
                 continue
             # A scalar's type fixes its dtype; an array's dtype and shape are checked on every value,
@@ -94,21 +107,24 @@ class InfoWriter:
             slot = self._slots.get(kind)
             if slot is None:
                 slot = self._register(kind, path, value)
-            view = self._views[slot] if slot >= 0 else None
-            if view is None:
+            if slot < 0:
                 continue
-            try:
-                view[local_index] = value
-            except (OverflowError, TypeError, ValueError):
-                # An int beyond int64: reported like any value that cannot travel, not dropped quietly.
-                self._register((path, None), path, None)
+            view = self._views[slot]
+            if view is not None:
+                try:
+                    view[local_index] = value
+                except (OverflowError, TypeError, ValueError):
+                    # An int beyond int64: reported like any value that cannot travel, not dropped quietly.
+                    self._register((path, None), path, None)
+                    continue
+            elif type(value) is not dict:  # left out (an empty dict travels as its mask alone)
                 continue
             self._mask[local_index, slot] = True
 
     def _register(self, kind: tuple[Any, ...], path: Path, value: Any) -> int:
         fmt = info_format(value, self._values.shape[2])
         if fmt is not None:
-            same = self._records.get((path, fmt[0].str, fmt[1]))
+            same = self._records.get((path, fmt[0].str, *fmt[1:]))
             if same is not None:  # another type stored alike (an int subclass): one record for both
                 self._slots[kind] = same
                 return same
@@ -124,14 +140,16 @@ class InfoWriter:
         record["path"] = encoded
         if fmt is None:
             record["dtype"] = b""
+            record["batch"] = BATCH_DICT if type(value) is dict else BATCH_TYPED
             self._views.append(None)
         else:
-            dtype, shape = fmt
+            dtype, shape, batch = fmt
             record["dtype"] = dtype.str.encode()
             record["ndim"] = len(shape)
             record["shape"][: len(shape)] = shape
+            record["batch"] = batch
             self._views.append(typed_view(self._values, slot, dtype, shape))
-            self._records[(path, dtype.str, shape)] = slot
+            self._records[(path, dtype.str, shape, batch)] = slot
         self._slots[kind] = slot
         self._control[CTL_INFO_KEYS] = slot + 1  # publish after the record is complete
         return slot
@@ -148,10 +166,17 @@ def _indices(rows: Any) -> np.ndarray:
 
 
 class _Key:
-    __slots__ = ("path", "view", "dtype", "shape")
+    __slots__ = ("path", "view", "dtype", "shape", "batch")
 
-    def __init__(self, path: Path, view: np.ndarray | None, dtype: np.dtype[Any] | None, shape: tuple[int, ...]):
-        self.path, self.view, self.dtype, self.shape = path, view, dtype, shape
+    def __init__(
+        self,
+        path: Path,
+        view: np.ndarray | None,
+        dtype: np.dtype[Any] | None,
+        shape: tuple[int, ...],
+        batch: int = BATCH_TYPED,
+    ):
+        self.path, self.view, self.dtype, self.shape, self.batch = path, view, dtype, shape, batch
 
 
 class InfoReader:
@@ -198,7 +223,7 @@ class InfoReader:
         count = stop - start
         for slot in present.tolist():
             key = keys[slot]
-            if key.view is None:
+            if key.view is None and key.batch != BATCH_DICT:
                 continue
             if reported[slot] == count:  # every env of the slot: slices, no index arrays
                 self._put(infos, key, slice(start, stop), slice(first, first + count), rows)
@@ -219,7 +244,16 @@ class InfoReader:
                 return
         name = key.path[-1]
         array = container.get(name)
-        if array is None:
+        if key.batch == BATCH_DICT:  # an empty nested info: a dict, as gymnasium's recursion leaves it
+            if array is None:
+                container[name] = {}
+            elif not isinstance(array, dict):
+                self._warn_once("nesting", key.path, "is a dict in some envs' infos and a value in others'")
+                return
+        elif array is None and key.batch == BATCH_OBJECTS:
+            array = container[name] = np.full(rows, None, dtype=object)
+            array[target] = list(key.view[source])  # type: ignore[index]  # a list keeps the numpy scalars
+        elif array is None:
             array = container[name] = np.zeros((rows, *key.shape), key.dtype)
             array[target] = key.view[source]  # type: ignore[index]
         elif type(array) is np.ndarray and array.dtype == key.dtype and array.shape[1:] == key.shape:
@@ -313,8 +347,11 @@ class InfoReader:
             hash(path)  # a JSON object (no key a worker writes) would be no dict key
         except (ValueError, TypeError):
             return _Key(("?",), None, None, ())
+        batch = int(record["batch"])
+        if batch == BATCH_DICT:
+            return _Key(path, None, None, (), BATCH_DICT)
         dtype_text = bytes(record["dtype"]).decode(errors="replace")
-        if dtype_text:
+        if dtype_text and batch in (BATCH_TYPED, BATCH_OBJECTS):
             try:
                 dtype = decode_dtype(dtype_text)
                 ndim = int(record["ndim"])
@@ -323,7 +360,7 @@ class InfoReader:
                     raise ValueError(f"bad shape {shape}")
                 if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize <= self._values.shape[2]:
                     view = typed_view(self._values, slot, dtype, shape)
-                    return _Key(path, view, dtype, shape)
+                    return _Key(path, view, dtype, shape, batch)
             except (LayoutMismatchError, ValueError, TypeError):
                 pass
         if ("left out", path) not in self._warned:  # once per key, whichever workers report it

@@ -73,7 +73,8 @@ def explode_here(t: int) -> None:
 
 
 class InfoEnv(gym.Env):
-    """Reports numeric infos (nested too) on some steps, and a string that shmpool must leave out."""
+    """Reports numeric infos (nested too, and an empty dict) on some steps, and a string that
+    shmpool must leave out."""
 
     def __init__(self, with_text: bool = False) -> None:
         self.observation_space = spaces.Box(-1, 1, (1,), np.float32)
@@ -97,6 +98,8 @@ class InfoEnv(gym.Env):
             info["nested"] = {"depth": np.int32(self.t)}
             info[("pair", 1)] = self.t  # keys that are not strings, as gymnasium allows
             info[7] = {"seven": 0.5}
+            info["reached"] = np.bool_(self.t > 2)  # gymnasium batches numpy bools into object arrays
+            info["empty"] = {}  # an empty nested info is kept, as an empty dict
         if self.with_text:
             info["label"] = "text"
         return np.full(1, self.t / 10, np.float32), 1.0, self.t >= 4, False, info
