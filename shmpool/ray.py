@@ -484,7 +484,8 @@ class ClusterParams:
 
     def write(self, env_ids: int | Sequence[int] | slice | np.ndarray | None, **values: Any) -> int:
         """Validates ``values`` once, then writes each node's rows into its block (atomically per env,
-        as ``ParamBlock.write``); returns the write's version (see ``ClusterPool.applied_version``).
+        as ``ParamBlock.write``); returns the write's version (see ``ClusterPool.applied_version``;
+        0 for a write of no env, which every node has applied).
 
         ``env_ids`` are global: an env id, a sequence or array of them, a slice, or None for every env.
         A distribution's arguments are given as a dict, e.g. ``length={"low": 0.4, "high": 0.6}``.
@@ -501,6 +502,8 @@ class ClusterParams:
         fleet = self._fleet
         ids = self._env_ids(env_ids)
         specs = named_specs(self.specs, values)
+        if not len(ids):  # no env (an empty list or slice): nothing to write, no version to wait for
+            return 0
         order = np.argsort(ids, kind="stable")
         by_node = fleet.split(np.unique(ids))
         fleet.check_nodes(list(by_node), "params.write")

@@ -232,6 +232,9 @@ def test_a_write_reaches_exactly_those_envs_on_their_nodes(pool_name: str) -> No
         observations = fleet.step(np.zeros(6, np.int64))[0]
         np.testing.assert_array_equal(observations[:, 0], [0, 5, -1, -1, 5, 0])
         assert fleet.applied_version() == [third, third]
+        # A write of no env writes nothing and takes no version: there is nothing to wait for.
+        assert fleet.params.write([], a=3.0) == fleet.params.write(slice(6, None), a=3.0) == 0
+        assert fleet.params.write([2], a=0.5) == third + 1
 
 
 def test_episode_records_come_from_every_node(pool_name: str) -> None:
