@@ -117,7 +117,7 @@ class InfoWriter:
                     # An int beyond int64: reported like any value that cannot travel, not dropped quietly.
                     self._register((path, None), path, None)
                     continue
-            elif type(value) is not dict:  # left out (an empty dict travels as its mask alone)
+            elif not isinstance(value, dict):  # left out (an empty dict travels as its mask alone)
                 continue
             self._mask[local_index, slot] = True
 
@@ -140,7 +140,7 @@ class InfoWriter:
         record["path"] = encoded
         if fmt is None:
             record["dtype"] = b""
-            record["batch"] = BATCH_DICT if type(value) is dict else BATCH_TYPED
+            record["batch"] = BATCH_DICT if isinstance(value, dict) else BATCH_TYPED
             self._views.append(None)
         else:
             dtype, shape, batch = fmt
@@ -272,10 +272,13 @@ class InfoReader:
             return target[:0]
         view = key.view
         assert view is not None and key.dtype is not None
-        kept = []
+        kept, objects = [], array.dtype == object
         for env_id, row in zip(source.tolist(), target.tolist()):
+            value = view[env_id]
+            if objects and type(value) is np.ndarray:  # held as an object: a copy, not a view of the segment
+                value = value.copy()
             try:
-                array[row] = view[env_id]
+                array[row] = value
             except (OverflowError, TypeError, ValueError):
                 self._warn_once(
                     "fit",

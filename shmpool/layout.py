@@ -83,8 +83,8 @@ MAGIC = b"SHMPOOL\x00"
 #: 3: the owner's pid namespace word, no owner-uid or worker-pid words, the writers' words and undo
 #: journals, event tickets. 4: 256-bit reset seeds (gymnasium takes any non-negative int). 5: the params
 #: generation word (readers copy the block without the per-row counters unless a write is in flight).
-#: 6: the episode rings' reserved words, and the reset's global step.
-LAYOUT_VERSION = 6
+#: 6: the episode rings' reserved words, and the reset's global step. 7: the info key records' ``batch``.
+LAYOUT_VERSION = 7
 HEADER_WORDS = 16
 HEADER_BYTES = HEADER_WORDS * 8
 ALIGNMENT = 64

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import time
 from typing import Any
@@ -509,3 +510,27 @@ def double_reward_step(env: gym.Env) -> None:
         return observation, 2.0 * reward, terminated, truncated, info
 
     env.step = doubled
+
+
+class MixedInfoEnv(gym.Env):
+    """Infos whose kinds differ between envs (``index``): ``"bool_then_array"``, a numpy bool in env 0
+    and an int array in env 1 under one key (gymnasium then holds the array in an object array);
+    ``"empty_ordered_dict"``, an empty ``OrderedDict`` (gymnasium keeps it as an empty dict)."""
+
+    def __init__(self, scenario: str, index: int) -> None:
+        self.observation_space = spaces.Box(-1, 1, (1,), np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.scenario, self.index, self.t = scenario, index, 0
+
+    def _info(self) -> dict[str, Any]:
+        if self.scenario == "bool_then_array":
+            return {"k": np.bool_(self.t % 2 == 0)} if self.index == 0 else {"k": np.array([self.t, self.t])}
+        return {"d": collections.OrderedDict(), "n": self.t}
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):  # type: ignore[no-untyped-def]
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), self._info()
+
+    def step(self, action):  # type: ignore[no-untyped-def]
+        self.t += 1
+        return np.zeros(1, np.float32), 1.0, False, False, self._info()

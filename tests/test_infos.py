@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import warnings
+
 import helpers
 import numpy as np
 import pytest
@@ -81,3 +84,23 @@ def test_a_left_out_info_key_warns_once_whatever_the_number_of_workers(pool_name
         with pytest.warns(RuntimeWarning) as caught:
             pool.step([0, 1, 0, 1])
     assert len([w for w in caught if "'big'" in str(w.message)]) == 1
+
+
+@pytest.mark.parametrize("scenario", ["bool_then_array", "empty_ordered_dict"])
+def test_infos_of_kinds_that_differ_between_envs_match_sync_and_stay_put(scenario: str, pool_name: str) -> None:
+    """A numpy bool in env 0 and an array in env 1 under one key make an object array (its array held
+    as a copy, which later steps leave alone); an empty dict of any dict type stays an empty dict."""
+    fns = [functools.partial(helpers.MixedInfoEnv, scenario, index) for index in range(2)]
+    reference = SyncVectorEnv(fns)
+    with shmpool.launch(fns, 2, num_workers=1, name=pool_name) as pool, warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing is left out
+        assert_same(pool.reset(seed=0)[1], reference.reset(seed=0)[1], "reset")
+        kept = []
+        for t in range(3):
+            actions = np.zeros(2, np.int64)
+            ours, theirs = pool.step(actions)[4], reference.step(actions)[4]
+            assert_same(ours, theirs, f"step {t}")
+            kept.append((ours, theirs))
+        for t, (ours, theirs) in enumerate(kept):
+            assert_same(ours, theirs, f"step {t}, read after the last step")
+    reference.close()
