@@ -16,8 +16,8 @@ kept truncated; the trainer warns once per key about either.
 Numbers, bools and numeric arrays of at most ``info_bytes`` bytes travel; a record's ``batch`` says
 how gymnasium batches them (numpy bools, which are no ``np.number``, into an object array) and marks
 an empty nested dict, of which only the mask travels. Other values (strings, objects) are left out,
-and the trainer warns once per key. Records beyond ``info_keys`` per worker
-are counted and warned about the same way.
+and the trainer warns once per key. Records beyond ``info_keys`` per worker are counted and warned
+about the same way.
 """
 
 from __future__ import annotations
