@@ -619,7 +619,7 @@ def best_cases(env_id: str, num_envs: int, workers: int, hidden: int) -> str:
     with shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, batch_size=half, profile=True) as pool:
         pool.async_reset(seed=0)
         batch_actions = _actions(gym.vector.utils.batch_space(env.action_space, half), 64)
-        spent, start = 0.0, time.perf_counter()
+        start = time.perf_counter()
         for batch in range(300):
             _, _, _, _, infos = pool.recv()
             pool.send(batch_actions[batch % len(batch_actions)], infos["env_id"])

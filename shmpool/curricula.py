@@ -149,7 +149,6 @@ class ADR:
         self.pinned: dict[int, tuple[str, str, float, int]] = {}  # env -> (param, side, value, records waited)
         self._random = random.Random(seed)
         self._hard: dict[str, tuple[float, float]] = {}  # name -> the parameter's hard bounds
-        self._dtypes: dict[str, np.dtype[Any]] = {}  # name -> how the block stores its values
         self._started = False
 
     # -- setup -------------------------------------------------------------------------------------
@@ -179,10 +178,7 @@ class ADR:
     def _stored(self, params: ParamBlock, name: str, value: float) -> float:
         """``value`` as the block stores it (a float32 parameter rounds it): a pinned episode is
         recognised by its record's value, which is the stored one."""
-        dtype = self._dtypes.get(name)
-        if dtype is None:
-            dtype = self._dtypes[name] = params[name]["low"].dtype
-        return float(dtype.type(value))
+        return float(params[name]["low"].dtype.type(value))
 
     def _unpinned(self) -> dict[str, dict[str, float]]:
         return {name: {"low": low, "high": high} for name, (low, high) in self.ranges.items()}

@@ -626,23 +626,20 @@ class Perturb:
         if compiled is not None:
             self._kick_compiled(ctx, compiled, ctx.step_counts, ctx.resetting)
             return
-        if self.every is None:  # kicked by events only: none, nothing to do; a few, no slot-wide arrays
-            if ctx.events:
-                self._kick(ctx, *self._sent(ctx))
+        if self.every is None and not ctx.events:  # kicked by events only, and none came: nothing to do
             return
-        strength = np.array(ctx.applied[self.param], dtype=np.float64)  # type: ignore[index]
-        due = (ctx.step_counts > 0) & (ctx.step_counts % self.every == 0)
-        for event in ctx.events:
-            rows = ctx.rows(event.env_ids)
-            due[rows] = True
-            if event.payload.size:
-                strength[rows] = event.payload[0]
-        due &= ~ctx.resetting
-        self._kick(ctx, np.flatnonzero(due).tolist(), strength)
+        strength = self._sent(ctx)
+        if self.every is not None:
+            counts = ctx.step_counts
+            default = ctx.applied[self.param]  # type: ignore[index]
+            for row in np.flatnonzero((counts > 0) & (counts % self.every == 0)).tolist():
+                strength.setdefault(row, default[row])
+        resetting = ctx.resetting
+        self._kick(ctx, [row for row in sorted(strength) if not resetting[row]], strength)
 
-    def _sent(self, ctx: HookContext) -> tuple[list[int], dict[int, Any]]:
-        """The rows that this step's events address (not resetting), ascending, and the strength of
-        each: the last payload sent to it, else its parameter's value."""
+    def _sent(self, ctx: HookContext) -> dict[int, Any]:
+        """The rows that this step's events address, each with its strength: the last payload sent to
+        it, else its parameter's value."""
         strength: dict[int, Any] = {}
         start, default = int(ctx.env_ids[0]), ctx.applied[self.param]  # type: ignore[index]
         for event in ctx.events:
@@ -653,10 +650,9 @@ class Perturb:
                     strength[row] = payload[0]
                 elif row not in strength:
                     strength[row] = default[row]
-        resetting = ctx.resetting
-        return [row for row in sorted(strength) if not resetting[row]], strength
+        return strength
 
-    def _kick(self, ctx: HookContext, rows: list[int], strength: Any) -> None:
+    def _kick(self, ctx: HookContext, rows: list[int], strength: dict[int, Any]) -> None:
         """Kicks the envs at ``rows`` (ascending), each by ``strength[row]`` times its random signs."""
         if not rows:
             return
