@@ -11,7 +11,9 @@ A state is plain data (dicts, lists, str, int, None and numpy arrays of numbers)
   that one value), with a warning: the state loads, and it holds nothing the pool did not run. An
   env that has drawn nothing yet is saved as NaN arguments, and loading keeps the pool's own value
   there (its launch value, the same as the saved pool's).
-* ``episode_index``: each env's episode index (-1 before its first reset).
+* ``episode_index``: each env's episode index (-1 before its first reset). A loaded one must lie in
+  ``[-1, MAX_EPISODE_INDEX)`` (2**62), whatever its dtype, so that the resets after a load cannot
+  overflow the int64 counter; a pool's own counters, counted from -1, never come near it.
 * ``param_seed``: the seed of the draws.
 
 Draws are a pure function of (seed, env id, episode index, parameter index, step in the episode;
@@ -35,6 +37,10 @@ if TYPE_CHECKING:
 
 #: Bumped when the state's shape changes; a state of another version is refused by name.
 STATE_VERSION = 1
+
+#: A loaded episode index must be below this: the workers' int64 counters then have 2**62 resets of
+#: room before they could overflow (numpy would wrap them to -2**63, with a warning in the worker).
+MAX_EPISODE_INDEX = 1 << 62
 
 
 class PoolState(TypedDict):
@@ -113,13 +119,15 @@ def load_state_dict(view: PoolView, state: Mapping[str, Any], *, same_draws: boo
     """Writes ``state`` into the pool: parameters through the validated, atomic ``write()`` (workers
     pick them up at their next step or reset), then episode indices.
 
-    Raises ``ValueError`` naming what differs (schema fields, the draw seed unless ``same_draws`` is
-    False, a malformed state) before anything is written, and as ``ParamBlock.write`` does for a
-    value the pool's bounds refuse.
+    Every field is checked before anything is written, so a state either loads whole or not at all.
+    Raises ``ValueError`` naming the field and its value: what differs from the pool (schema fields,
+    the draw seed unless ``same_draws`` is False), a malformed field (a seed that is not an integer,
+    a ``dist`` parameter lacking an argument, an episode index outside ``[-1, MAX_EPISODE_INDEX)``),
+    or a value the pool's bounds refuse (as ``ParamBlock.write`` does).
     """
-    if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
-        version = state.get("version") if isinstance(state, Mapping) else type(state).__name__
-        raise ValueError(f"not a shmpool pool state of version {STATE_VERSION} (got version {version!r})")
+    version = state.get("version") if isinstance(state, Mapping) else type(state).__name__
+    if not isinstance(state, Mapping) or isinstance(version, bool) or not _same(version, STATE_VERSION):
+        raise ValueError(f"not a shmpool pool state of version {STATE_VERSION} (got version {version!r:.60})")
     missing = [key for key in PoolState.__annotations__ if key not in state]
     if missing:
         raise ValueError(f"the pool state lacks {missing}")
@@ -129,30 +137,111 @@ def load_state_dict(view: PoolView, state: Mapping[str, Any], *, same_draws: boo
             f"cannot load this state into pool {view.name!r}: it was saved from a pool that differs in "
             f"{'; '.join(differences)}. Launch the pool with the same env, num_envs and params"
         )
+    seed = _param_seed(state["param_seed"])
     has_draws = any(spec.dist for spec in view.specs)
-    if same_draws and has_draws and int(state["param_seed"]) != view.param_seed:
+    if same_draws and has_draws and seed != view.param_seed:
         raise ValueError(
-            f"cannot load this state into pool {view.name!r}: param_seed differs (state {state['param_seed']}, "
-            f"pool {view.param_seed}), so its draws would not continue; launch with seed={state['param_seed']}, "
+            f"cannot load this state into pool {view.name!r}: param_seed differs (state {seed}, "
+            f"pool {view.param_seed}), so its draws would not continue; launch with seed={seed}, "
             f"or pass same_draws=False to load the values alone"
         )
-    indices = np.asarray(state["episode_index"])
-    if indices.shape != view.episode_index.shape or indices.dtype.kind not in "iu" or (indices < -1).any():
-        raise ValueError(
-            f"the state's episode_index must be {len(view.episode_index)} integers >= -1, "
-            f"got {indices.dtype} of shape {indices.shape}"
-        )
+    indices = _episode_indices(state["episode_index"], len(view.episode_index))
+    arrays = _param_arrays(view, state["params"])
     if view.params is not None:
-        values = state["params"]
-        if not isinstance(values, Mapping) or set(values) != {spec.name for spec in view.specs}:
-            raise ValueError(f"the state's params must hold exactly {[spec.name for spec in view.specs]}")
-        arrays = {name: _as_arrays(value) for name, value in values.items()}
         _keep_what_was_never_drawn(view, arrays)
-        # One write: validated as a whole before anything lands, then atomic per env.
+        # One write: validated as a whole before anything lands, then atomic per env. Every dist
+        # parameter holds all its arguments (checked above), so nothing is merged with the pool's own.
         view.params.write(None, **arrays)
     # A single aligned store per env. Workers only advance these during a command, so between the
     # trainer's calls (or before its first reset) the next reset of each env continues from here.
     view.episode_index[:] = indices
+
+
+def _same(a: Any, b: Any) -> bool:
+    """``a == b`` for values of a state, which may be of any type: one whose ``==`` is not a plain
+    truth (a numpy array) or raises counts as different, where a bare ``!=`` would raise."""
+    try:
+        return bool(a == b)
+    except Exception:  # any type's __eq__ or __bool__ can raise; each means "not the same"
+        return False
+
+
+def _param_seed(value: Any) -> int:
+    """The state's ``param_seed`` as an int, or a ``ValueError`` naming it: the pool's seeds are int64s."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"the state's param_seed must be an integer, got {value!r:.60} ({type(value).__name__})")
+    seed = int(value)
+    if not -(1 << 63) <= seed < 1 << 63:
+        raise ValueError(f"the state's param_seed = {seed} is outside the int64 seeds a pool draws with")
+    return seed
+
+
+def _episode_indices(value: Any, num_envs: int) -> np.ndarray:
+    """The state's ``episode_index`` as int64s, each in ``[-1, MAX_EPISODE_INDEX)``, or a ``ValueError``
+    naming the first bad env and its value (checked by value, whatever the dtype: a uint64 of 2**64-1
+    must not load as -1)."""
+    bound = f"2**{MAX_EPISODE_INDEX.bit_length() - 1}"
+    wanted = f"the state's episode_index must be {num_envs} integers in [-1, {bound})"
+    try:
+        indices = np.asarray(value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(f"{wanted}, got {value!r:.80}: {exc}") from None
+    if indices.shape != (num_envs,) or indices.dtype.kind not in "iu":
+        raise ValueError(f"{wanted}, got {indices.dtype} of shape {indices.shape}")
+    # Python ints compare exactly across signed and unsigned dtypes, where numpy may go through float64.
+    for env_id, index in enumerate(indices.tolist()):
+        if not -1 <= index < MAX_EPISODE_INDEX:
+            raise ValueError(f"{wanted}, got episode_index[{env_id}] = {index}")
+    return indices.astype(np.int64)
+
+
+def _param_arrays(view: PoolView, values: Any) -> dict[str, Any]:
+    """The state's ``params`` as arrays (a dict of them for a ``dist`` parameter, with every argument),
+    or a ``ValueError`` naming the parameter, the argument and the value."""
+    names = [spec.name for spec in view.specs]
+    if not isinstance(values, Mapping) or set(values) != set(names):
+        # Sorted by repr: the keys of a hand-made state may be of types that do not compare.
+        shown = (
+            f"[{', '.join(sorted(map(repr, values)))}]" if isinstance(values, Mapping) else f"a {type(values).__name__}"
+        )
+        raise ValueError(f"the state's params must hold exactly {names}, got {shown}")
+    arrays: dict[str, Any] = {}
+    for spec in view.specs:
+        value = values[spec.name]
+        if not spec.dist:
+            if isinstance(value, Mapping):
+                raise ValueError(f"the state's params[{spec.name!r}] must be an array (not a dict): it has no dist")
+            arrays[spec.name] = _numbers(value, f"params[{spec.name!r}]")
+            continue
+        if not isinstance(value, Mapping):
+            raise ValueError(
+                f"the state's params[{spec.name!r}] must be a dict of the {spec.dist} arguments "
+                f"{list(spec.arguments)}, got {value!r:.60}"
+            )
+        lacking = [argument for argument in spec.arguments if argument not in value]
+        extra = [argument for argument in value if argument not in spec.arguments]
+        if lacking or extra:
+            # write() would merge a lacking argument with the pool's own value: a partial load.
+            wrong = ([f"lacks {lacking}"] if lacking else []) + ([f"has unknown {extra!r:.60}"] if extra else [])
+            raise ValueError(
+                f"the state's params[{spec.name!r}] is a {spec.dist} parameter, which needs the arguments "
+                f"{list(spec.arguments)}: it {' and '.join(wrong)}"
+            )
+        arrays[spec.name] = {
+            argument: _numbers(value[argument], f"params[{spec.name!r}][{argument!r}]") for argument in spec.arguments
+        }
+    return arrays
+
+
+def _numbers(value: Any, where: str) -> np.ndarray:
+    """``value`` as a numeric array, or a ``ValueError`` naming ``where``; bounds and shape are ``write()``'s."""
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(f"the state's {where} = {value!r:.60} is not an array of numbers: {exc}") from None
+    if array.dtype.kind not in "biuf":
+        raise ValueError(f"the state's {where} = {value!r:.60} is not an array of numbers (dtype {array.dtype})")
+    return array
 
 
 def _keep_what_was_never_drawn(view: PoolView, arrays: dict[str, Any]) -> None:
@@ -163,7 +252,7 @@ def _keep_what_was_never_drawn(view: PoolView, arrays: dict[str, Any]) -> None:
     current = None
     for spec in view.specs:
         value = arrays[spec.name]
-        if not spec.dist or not isinstance(value, Mapping) or set(value) != set(spec.arguments):
+        if not spec.dist:  # _param_arrays made every dist value a dict of all its arguments
             continue
         rows = np.ones(len(view.episode_index), dtype=np.bool_)
         for argument in spec.arguments:
@@ -182,25 +271,25 @@ def _keep_what_was_never_drawn(view: PoolView, arrays: dict[str, Any]) -> None:
             }
 
 
-def _as_arrays(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {argument: np.asarray(item) for argument, item in value.items()}
-    return np.asarray(value)
-
-
 def _differences(saved: Any, current: dict[str, Any]) -> list[str]:
-    """The schema fields that differ, each as ``field (state X, pool Y)``."""
+    """The schema fields that differ, each as ``field (state X, pool Y)``; a ``ValueError`` for a saved
+    param name that is not a str (nothing could be matched by it)."""
     if not isinstance(saved, Mapping):
         return [f"schema (state {saved!r:.60}, pool {current!r:.60})"]
     found = [
         f"{key} (state {saved.get(key)!r}, pool {current[key]!r})"
         for key in ("env", "num_envs")
-        if saved.get(key) != current[key]
+        if not _same(saved.get(key), current[key])
     ]
     saved_params = saved.get("params")
     if not isinstance(saved_params, list) or not all(isinstance(p, Mapping) for p in saved_params):
         return [*found, "params (the state's are not a list of descriptions)"]
     saved_names = [p.get("name") for p in saved_params]
+    for index, name in enumerate(saved_names):
+        if not isinstance(name, str):
+            raise ValueError(
+                f"the state's schema['params'][{index}]['name'] must be a str, got {name!r:.60} ({type(name).__name__})"
+            )
     names = [p["name"] for p in current["params"]]
     if saved_names != names:
         if set(saved_names) == set(names):
@@ -217,6 +306,6 @@ def _differences(saved: Any, current: dict[str, Any]) -> list[str]:
         found += [
             f"params[{description['name']!r}].{key} (state {old.get(key)!r}, pool {value!r})"
             for key, value in description.items()
-            if key != "name" and old.get(key) != value
+            if key != "name" and not _same(old.get(key), value)
         ]
     return found

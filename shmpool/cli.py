@@ -2,7 +2,8 @@
 
 shmpool ls                       this user's pools (stale ones, and ones of unknown liveness, marked)
 shmpool show NAME                parameters, applied values and recent episodes per env
-shmpool set NAME length=0.8 [--envs 0:8]   a validated write (masscart.low=0.5 for a dist)
+shmpool set NAME length=0.8 [--envs 0:8]   a validated write (masscart.low=0.5 for a dist) to envs
+                                 0 to 7: --envs takes START:STOP (STOP excluded), an id, or ids 3,1
 shmpool watch NAME               a live view: steps/s, returns, parameter ranges
 shmpool gc                       remove shared memory left by pools whose owner is dead
 """
@@ -129,16 +130,43 @@ def command_show(name: str, recent: int) -> int:
     return 0
 
 
-def _parse_envs(text: str | None, num_envs: int) -> Any:
+#: What ``--envs`` takes, for ``shmpool set --help`` (argparse formats help with %: none here).
+ENVS_HELP = (
+    "the envs to write (default: all). A range START:STOP is the ids START to STOP-1, as in Python "
+    "(0:8; a side left out is the first or the end: 2: or :4); an id is one env (3); a comma list "
+    "(3,1) gives a value list's items to those envs in that order (length=0.3,0.2). Ids run from 0 "
+    "to num_envs-1: a negative id, an id past the end and a range that selects no env (3:1) are errors."
+)
+
+
+def _parse_envs(text: str | None, num_envs: int) -> slice | list[int] | None:
+    """The env ids that ``--envs`` names (see :data:`ENVS_HELP`; None: every env), or a ``ValueError``
+    naming the text and the valid ids. A negative id is refused, not counted from the end as numpy
+    would (``--envs -1`` is likelier a typo than a wish for the last env), and so is a selection of
+    no env, which would write nothing (issue #24)."""
     if text is None:
         return None
-    if ":" in text:
-        start, _, stop = text.partition(":")
-        bounds = [int(start) if start else None, int(stop) if stop else None]
-        if any(bound is not None and not -num_envs <= bound <= num_envs for bound in bounds):
-            raise ValueError(f"--envs {text} is outside the pool's {num_envs} envs (0:{num_envs})")
-        return slice(*bounds)
-    return [int(part) for part in text.split(",")]
+    valid = f"valid: ids 0 to {num_envs - 1}, ranges START:STOP with 0 <= START < STOP <= {num_envs}"
+    try:
+        if ":" in text:
+            start, _, stop = text.partition(":")
+            first = int(start) if start.strip() else 0
+            end = int(stop) if stop.strip() else num_envs
+            ids = None
+        else:
+            ids = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--envs {text} is not a range START:STOP, an id or a comma list of ids ({valid})") from None
+    if ids is None:
+        if not (0 <= first <= num_envs and 0 <= end <= num_envs):
+            raise ValueError(f"--envs {text} is outside the pool's {num_envs} envs ({valid})")
+        if first >= end:
+            raise ValueError(f"--envs {text} selects no env, so nothing would be written ({valid})")
+        return slice(first, end)
+    outside = [env_id for env_id in ids if not 0 <= env_id < num_envs]
+    if outside:
+        raise ValueError(f"--envs {text} is outside the pool's {num_envs} envs: {outside} ({valid})")
+    return ids
 
 
 def command_set(name: str, assignments: list[str], envs: str | None) -> int:
@@ -217,8 +245,14 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("--recent", type=int, default=10, help="episodes per env to average")
     setter = commands.add_parser("set", help="write parameters: PARAM=VALUE or PARAM.ARG=VALUE (validated)")
     setter.add_argument("name")
-    setter.add_argument("assignments", nargs="+")
-    setter.add_argument("--envs", help="env ids: 0:8, 3, or 1,4,5 (default: all)")
+    setter.add_argument(
+        "assignments",
+        nargs="+",
+        metavar="PARAM=VALUE",
+        help="a value for every env in --envs, a comma list of one per env (length=0.3,0.2), or a "
+        "distribution's argument (masscart.low=0.5)",
+    )
+    setter.add_argument("--envs", metavar="IDS", help=ENVS_HELP)
     watch = commands.add_parser("watch", help="a live view of a pool")
     watch.add_argument("name")
     watch.add_argument("--interval", type=float, default=1.0)

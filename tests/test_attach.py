@@ -203,6 +203,36 @@ def test_cli_show_set_watch_against_a_live_pool(engine: str, pool_name: str) -> 
         assert nothing.returncode == 2 and "was launched without params" in nothing.stderr
 
 
+def test_cli_set_refuses_an_env_selection_that_is_empty_negative_or_past_the_end(pool_name: str) -> None:
+    """Issue #24: ``--envs 3:1`` printed "wrote" and wrote nothing, and ``--envs -1`` wrote the last env
+    as numpy counts. Each is now an error naming the --envs value and the valid ids; nothing is written."""
+    params = {"length": Param(low=0.1, high=2.0)}
+    with shmpool.launch("CartPole-v1", 4, num_workers=1, name=pool_name, params=params, seed=0) as pool:
+        refusals = {
+            "3:1": "--envs 3:1 selects no env, so nothing would be written",
+            "2:2": "--envs 2:2 selects no env",
+            "-1": "--envs -1 is outside the pool's 4 envs: [-1]",
+            "=-1:": "--envs -1: is outside the pool's 4 envs",  # a leading "-" must follow "=" for argparse
+            "1,-2": "--envs 1,-2 is outside the pool's 4 envs: [-2]",
+            "4": "--envs 4 is outside the pool's 4 envs: [4]",
+            "x": "--envs x is not a range START:STOP, an id or a comma list of ids",
+        }
+        valid = "valid: ids 0 to 3, ranges START:STOP with 0 <= START < STOP <= 4"
+        for envs, message in refusals.items():
+            option = ["--envs" + envs] if envs.startswith("=") else ["--envs", envs]
+            refused = run("-m", "shmpool", "set", pool_name, "length=0.3", *option)
+            assert refused.returncode == 2, (envs, refused.stdout, refused.stderr)
+            assert message in refused.stderr and valid in refused.stderr, envs
+            assert "wrote" not in refused.stdout, envs
+        assert pool.params["length"].tolist() == [0.5] * 4  # nothing was written
+        written = run("-m", "shmpool", "set", pool_name, "length=0.3", "--envs", "2:")
+        assert written.returncode == 0 and "wrote" in written.stdout, written.stderr
+        assert pool.params["length"].tolist() == [0.5, 0.5, 0.3, 0.3]
+    helped = run("-m", "shmpool", "set", "--help")
+    text = " ".join(helped.stdout.split())  # argparse wraps the help to the terminal's width
+    assert helped.returncode == 0 and "A range START:STOP is the ids START to STOP-1" in text and "negative id" in text
+
+
 def test_episode_metrics_read_the_info_keys_at_each_episodes_last_step(pool_name: str) -> None:
     metrics = {"success": "is_success", "score": "stats/score", "first": "first"}
     with shmpool.launch(helpers.MetricEnv, 3, num_workers=2, name=pool_name, episode_metrics=metrics, seed=0) as pool:

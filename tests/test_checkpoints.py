@@ -220,6 +220,88 @@ def test_a_refused_value_of_an_env_that_has_drawn_nothing_loads_as_the_pools_own
         assert fresh.params["a"]["high"].tolist() == [1.0, 1.0, 0.75, 1.0, 1.0, 1.0]
 
 
+def test_episode_counters_that_could_overflow_are_refused_by_value(pool_name: str) -> None:
+    """Issue #24: a uint64 of 2**64-1 loaded as -1, an int64 of 2**63-1 wrapped to -2**63 at the next
+    reset, and then the pool's own state no longer loaded. A counter is checked by value, whatever its
+    dtype, against a bound (2**62) that leaves room for more resets than any run makes."""
+    limit = 1 << 62
+    with launch(pool_name, num_workers=1) as pool:
+        state = pool.state_dict()
+        before = dict(pool.state_dict())
+        overflowing = [
+            np.full(NUM_ENVS, 2**64 - 1, dtype=np.uint64),
+            np.full(NUM_ENVS, 2**63, dtype=np.uint64),
+            np.full(NUM_ENVS, 2**63 - 1, dtype=np.int64),
+            np.full(NUM_ENVS, limit, dtype=np.int64),
+            np.full(NUM_ENVS, -2, dtype=np.int8),
+        ]
+        for indices in overflowing:
+            with pytest.raises(ValueError, match=rf"in \[-1, 2\*\*62\), got episode_index\[0\] = {indices[0]}$"):
+                pool.load_state_dict({**state, "episode_index": indices})
+            assert_same_state(dict(pool.state_dict()), before)  # nothing was written
+        with pytest.raises(ValueError, match=r"episode_index must be 6 integers .* got bool of shape \(6,\)"):
+            pool.load_state_dict({**state, "episode_index": np.zeros(NUM_ENVS, dtype=bool)})
+        # Counters just below the bound, unsigned: they load, and the next reset goes on from them.
+        pool.load_state_dict({**state, "episode_index": np.full(NUM_ENVS, limit - 2, dtype=np.uint64)})
+        pool.reset(seed=0)
+        own = pool.state_dict()
+        assert own["episode_index"].tolist() == [limit - 1] * NUM_ENVS and own["episode_index"].dtype == np.int64
+        pool.load_state_dict(own)  # a pool's own state always loads back
+        assert pool.state_dict()["episode_index"].tolist() == [limit - 1] * NUM_ENVS
+
+
+def test_a_malformed_state_is_refused_whole_naming_the_field(pool_name: str) -> None:
+    """Issue #24: a ``dist`` parameter without ``high`` loaded as a partial write (merged with the pool's
+    own ``high``), a None seed raised a bare TypeError and an unhashable name "unhashable type". Every
+    field is now checked before anything is written, and the error names the field and its value."""
+    with launch(pool_name, num_workers=1) as pool:
+        good = pool.state_dict()
+        before = dict(pool.state_dict())
+        good["params"]["c"] = np.full(NUM_ENVS, 5.0)  # so that a write, whole or partial, would show
+        good["params"]["a"] = {"low": np.full(NUM_ENVS, -1.0), "high": np.full(NUM_ENVS, 4.0)}
+        good["episode_index"] = np.full(NUM_ENVS, 3)
+        renamed = json.loads(json.dumps(good["schema"]))
+        renamed["params"][0]["name"] = ["a"]
+
+        def params(**values: Any) -> dict[str, Any]:
+            return {**good, "params": {**good["params"], **values}}
+
+        cases: list[tuple[dict[str, Any], str]] = [
+            (
+                params(a={"low": np.full(NUM_ENVS, 0.5)}),
+                r"params\['a'\] is a uniform parameter, which needs the arguments \['low', 'high'\]: "
+                r"it lacks \['high'\]$",
+            ),
+            (
+                params(a={**good["params"]["a"], "std": np.ones(NUM_ENVS)}),
+                r"params\['a'\] is a uniform parameter, .*: it has unknown \['std'\]$",
+            ),
+            (params(a=np.zeros(NUM_ENVS)), r"params\['a'\] must be a dict of the uniform arguments \['low', 'high'\]"),
+            (params(c={"low": np.zeros(NUM_ENVS)}), r"params\['c'\] must be an array \(not a dict\)"),
+            (params(c=None), r"the state's params\['c'\] = None is not an array of numbers"),
+            (params(c=[[1.0], [1.0, 2.0]]), r"the state's params\['c'\] = \[\[1.0\], \[1.0, 2.0\]\] is not an array"),
+            (params(b={"mean": ["x"] * NUM_ENVS, "std": 1.0}), r"the state's params\['b'\]\['mean'\] = \['x'"),
+            (params(zz=1.0), r"params must hold exactly \['a', 'b', 'c', 'k'\], got \['a', 'b', 'c', 'k', 'zz'\]"),
+            ({**good, "params": None}, r"the state's params must hold exactly .*, got a NoneType"),
+            ({**good, "param_seed": None}, r"the state's param_seed must be an integer, got None \(NoneType\)"),
+            ({**good, "param_seed": "7"}, r"the state's param_seed must be an integer, got '7' \(str\)"),
+            ({**good, "param_seed": 2**63}, r"the state's param_seed = 9223372036854775808 is outside the int64 seeds"),
+            ({**good, "schema": renamed}, r"schema\['params'\]\[0\]\['name'\] must be a str, got \['a'\] \(list\)"),
+            ({**good, "episode_index": [0, 1]}, r"episode_index must be 6 integers .*, got int64 of shape \(2,\)"),
+            ({**good, "version": np.array([1, 1])}, r"not a shmpool pool state of version 1 \(got version array"),
+        ]
+        for state, message in cases:
+            with pytest.raises(ValueError, match=message):
+                pool.load_state_dict(state)
+            assert_same_state(dict(pool.state_dict()), before)  # nothing was written
+        # With same_draws=False the seed need not be the pool's, but it must still be a seed.
+        with pytest.raises(ValueError, match="param_seed must be an integer, got None"):
+            pool.load_state_dict({**good, "param_seed": None}, same_draws=False)
+        pool.load_state_dict(good)  # what the cases broke, whole: it loads
+        assert pool.params["c"].tolist() == [5.0] * NUM_ENVS and pool.params["a"]["high"].tolist() == [4.0] * NUM_ENVS
+        assert pool.state_dict()["episode_index"].tolist() == [3] * NUM_ENVS
+
+
 # -- curricula ------------------------------------------------------------------------------------
 
 CURRICULUM_PARAMS = {
