@@ -157,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(settings.poll)
         except shmpool.PoolClosedError:
             pass
+        except shmpool.ShmpoolError as exc:  # a cluster's node failed: its envs report nothing more
+            print(f"curriculum: {exc}", file=sys.stderr)
+            return 1
         finally:
             save(settings, curriculum)
     print("the pool has gone away; curriculum stops", flush=True)

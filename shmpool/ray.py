@@ -37,12 +37,12 @@ Example (``ray.init()`` starts a one-node Ray on this machine; on a cluster, ``a
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import socket
 import time
 import uuid
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -80,8 +80,13 @@ CLOSE_WAIT = 60.0
 
 class ClusterNodeError(ShmpoolError, RuntimeError):
     """A node of a Ray cluster pool failed: its host actor died (``ray.kill``, a crash, its node went
-    away) or stopped answering. The message names the node; the other nodes' pools stay usable until
-    ``close()``, but ``step`` and ``reset`` raise from then on."""
+    away) or stopped answering. The message names the node. From then on every call that needs that
+    node raises this error: ``step``, ``reset``, ``episodes.read()``, ``applied``, ``stats``, reads of
+    ``params`` and writes to its envs; writes to the other nodes' envs still land, and their pools
+    stay usable (``shmpool.attach`` on their node) until ``close()``."""
+
+    #: From ``episodes.read()`` when a node failed during the read: what the other nodes handed over.
+    records: np.ndarray | None = None
 
     def __init__(self, message: str, *, node: int, node_id: str = "") -> None:
         super().__init__(message)
@@ -89,7 +94,7 @@ class ClusterNodeError(ShmpoolError, RuntimeError):
         self.node_id = node_id
 
     def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (_rebuild_node_error, (self.args[0], self.node, self.node_id))
+        return (_rebuild_node_error, (self.args[0], self.node, self.node_id), {"records": self.records})
 
 
 def _rebuild_node_error(message: str, node: int, node_id: str) -> ClusterNodeError:
@@ -144,6 +149,7 @@ class _Host:
         # Not fork by default: this process runs Ray's gRPC threads, which a forked child inherits
         # in whatever state they were (forkserver forks from a clean server process instead).
         options = {"start_method": "forkserver", **options}
+        options["worker_init"] = functools.partial(_leave_host_group, options.get("worker_init"))
         self._pool = pool = shmpool.launch(env, num_envs, name=pool_name, **options)
         params = pool.param_specs
         return {
@@ -222,6 +228,24 @@ class _Host:
             self.drop_reader(reader)
         if self._pool is not None:
             self._pool.close()
+
+
+def _leave_host_group(worker_init: Callable[[], Any] | None) -> None:
+    """Run first in each worker of a host's pool: moves the worker into a process group of its own,
+    then runs the user's ``worker_init``."""
+    # Ray kills a dead actor's whole process group (ray.kill, a crash, its node removed: Ray 2.60
+    # makes each actor a group leader), and the workers start in the host's group: killed with it
+    # at once, they never removed the pool's segment and doorbells, which then stayed in /dev/shm
+    # wherever no sweep could reach the node (issue #24). In a group of their own they outlive the
+    # host just long enough: their watchdog sees the host's pidfd close, removes only the files
+    # they opened, only once the host is dead, and ends the worker within OWNER_GONE_GRACE even
+    # when an env is stuck.
+    try:
+        os.setpgid(0, 0)
+    except OSError:  # a session leader cannot: the sweep after a host's death is the fallback
+        pass
+    if worker_init is not None:
+        worker_init()
 
 
 class _Registry:
@@ -572,19 +596,28 @@ class ClusterEpisodes:
     def read(self) -> np.ndarray:
         """The new records of every node, ordered by the step they ended at, then global env id.
 
-        A node that fails during the read is left out with a ``RuntimeWarning`` naming it, and one
-        that failed earlier silently (``step`` and ``write`` raised for it): the records the other
-        nodes handed over are returned, never dropped, so a curriculum keeps seeing the healthy part
-        of the fleet.
+        Raises:
+            ClusterNodeError: naming the node, once a node has failed, as ``applied`` and
+                ``params.write`` do: records from only part of the fleet would read as a fleet whose
+                other envs finished no episode. A node known to have failed raises before any node
+                is read; one that fails during the read leaves the records that the other nodes
+                handed over (their cursors moved on) on the error's ``records``, never dropped.
         """
         self._check()
         fleet = self._fleet
-        healthy = {k: (self._reader,) for k in range(len(fleet.nodes)) if k not in fleet.failed}
+        every = {k: (self._reader,) for k in range(len(fleet.nodes))}
         try:
-            parts = fleet.call("read_episodes", healthy, "episodes.read")
+            parts = fleet.call("read_episodes", every, "episodes.read")
         except ClusterNodeError as error:
-            parts = getattr(error, "partial_results", {})
-            warnings.warn(f"{error} (its records are left out)", RuntimeWarning, stacklevel=2)
+            answered = getattr(error, "partial_results", None)  # None: raised before any node was read
+            if answered is not None:
+                error.records = self._merge(answered)
+            raise
+        return self._merge(parts)
+
+    def _merge(self, parts: Mapping[int, tuple[np.ndarray, int]]) -> np.ndarray:
+        """Each node's ``(records, lost)`` as one array of this reader's dtype, in read() order."""
+        fleet = self._fleet
         merged = [np.zeros(0, self.dtype)]
         for index in sorted(parts):
             records, self._lost[index] = parts[index]
@@ -864,9 +897,11 @@ def _remove_stale_pools() -> list[str]:
 
 
 def _sweep(ray: Any, node_ids: list[str]) -> None:
-    """Removes what the pools of dead hosts left on their nodes. A host that Ray ends by force
-    (``ray.kill``, a crash) takes its pool's workers with it: Ray kills a dead worker's whole process
-    group, so they get no chance to remove the segment as they do when their owner dies otherwise."""
+    """Removes what the pools of dead hosts left on their nodes that are still in the cluster. The
+    workers of a host that dies remove its pool themselves (see ``_leave_host_group``); this catches
+    what they could not: a host killed before its workers left its process group (mid-launch), or
+    workers killed with it. A node gone from the cluster takes no task: its own workers are all
+    there is, and ``shmpool gc`` or the next launch on that machine."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     alive = {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
@@ -1183,8 +1218,9 @@ class ClusterPool(_ClusterChannels, VectorEnv):
 
     def close_extras(self, **kwargs: Any) -> None:
         """Closes every node's pool (no segment is left on any node) and ends the host actors; safe to
-        call more than once. A node that failed is skipped: its pool's workers removed its segment
-        when its host died."""
+        call more than once. A node that failed is not asked: its pool's workers remove its segment
+        and doorbells within about a second of their host's death (a node still in the cluster is
+        swept as well)."""
         fleet = self._fleet
         if fleet.closed:
             return

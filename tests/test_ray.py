@@ -309,11 +309,8 @@ def test_a_killed_host_actor_raises_an_error_naming_its_node(pool_name: str) -> 
         assert time.monotonic() - started < 15.0  # an error, not a hang
         assert not fleet.alive
 
-        # Node 0's pool stays valid until close(): its envs take writes, its records are read, and
-        # it can be attached.
+        # Node 0's pool stays valid until close(): its envs take writes, and it can be attached.
         fleet.params.write([0], a=3.0)
-        records = fleet.episodes.read()  # node 1 failed earlier: left out, no error
-        assert set(records["node"].tolist()) <= {0}
         with shmpool.attach(f"{pool_name}-0") as node_pool:
             assert node_pool.alive and node_pool.params["a"][0] == 3.0
         assert not wait_gone(workers, 10.0), "node 1's pool workers outlived their host"
@@ -345,3 +342,100 @@ def test_send_misuse_and_calls_after_close_are_clear_errors(pool_name: str) -> N
     for call in (lambda: fleet.step(np.ones(2, dtype=np.int64)), fleet.async_reset, fleet.recv):
         with pytest.raises(shmpool.PoolClosedError):
             call()
+
+
+@pytest.fixture
+def extra_node(cluster: Any) -> Iterator[Any]:
+    """A third node of the module's cluster, for a test to remove; removed after the test if it did not."""
+    node = cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1", object_store_memory=80 << 20)
+    cluster.wait_for_nodes()
+    yield node
+    if node in cluster.worker_nodes:  # the other tests count on the module's two nodes
+        cluster.remove_node(node)
+        cluster.wait_for_nodes()
+
+
+def test_a_node_removed_mid_step_leaves_no_segment_after_close(
+    pool_name: str, cluster: Any, extra_node: Any, tmp_path: Path
+) -> None:
+    import functools
+    import threading
+
+    import ray
+    from helpers import StepMarkerEnv
+
+    head = ray.get_runtime_context().get_node_id()
+    quick, stuck = tmp_path / "quick", tmp_path / "stuck"
+    for folder in (quick, stuck):
+        folder.mkdir()
+    envs = [functools.partial(StepMarkerEnv, str(quick), 0.0), functools.partial(StepMarkerEnv, str(stuck), 60.0)]
+    nodes = [head, extra_node.node_id]
+    fleet = shmpool.ray.launch(envs, 1, nodes=nodes, name=pool_name, num_workers=1, timeout=20.0)
+    try:
+        fleet.reset(seed=0)
+        workers = [pid for pids in fleet.worker_pids for pid in pids]
+        # Ray kills a dead actor's process group: a worker left in its host's would die with it,
+        # before removing anything. Checked here too because on a shared machine another user's
+        # launch may sweep the leftovers before the checks below look.
+        assert all(os.getpgid(pid) == pid for pid in workers), "a worker stayed in its host's process group"
+        errors: list[BaseException] = []
+
+        def step() -> None:
+            try:
+                fleet.step(np.zeros(2, np.int64))
+            except BaseException as error:  # noqa: BLE001 - checked below
+                errors.append(error)
+
+        stepping = threading.Thread(target=step)
+        stepping.start()
+        assert not wait_for(lambda: not list(stuck.iterdir()), 20.0), "node 1's env never started its step"
+        cluster.remove_node(extra_node)
+        stepping.join(30.0)
+        assert not stepping.is_alive()
+        assert len(errors) == 1 and isinstance(errors[0], shmpool.ray.ClusterNodeError), errors
+        assert errors[0].node == 1
+        # Nothing can reach the removed node to sweep it: its own workers remove its pool.
+        node_1 = f"{pool_name}-1"
+        assert not wait_for(lambda: shm_entries(node_1), 5.0), f"left in /dev/shm: {shm_entries(node_1)}"
+        assert not wait_gone(fleet.worker_pids[1], 5.0), "the removed node's pool workers outlived their host"
+    finally:
+        fleet.close()
+    assert not wait_for(lambda: shm_entries(pool_name), 5.0), f"left in /dev/shm: {shm_entries(pool_name)}"
+    assert not wait_gone(workers, 5.0), "pool workers outlived close()"
+
+
+def test_reads_after_a_node_failed_raise_an_error_naming_it(pool_name: str) -> None:
+    import ray
+
+    params = {"sleep": shmpool.Param(0.0, low=0.0, high=0.01)}
+    launch_options: dict[str, Any] = {"num_workers": 1, "params": params, "env_kwargs": {"length": 2}, "timeout": 20.0}
+    with shmpool.ray.launch(CountingEnv, 2, name=pool_name, **launch_options) as fleet:
+        fleet.reset(seed=0)
+        for _ in range(2):  # every env ends an episode, on both nodes
+            fleet.step(np.ones(4, np.int64))
+        host = ray.get_actor(f"shmpool/{pool_name}/1", namespace="shmpool")
+        ray.kill(host)
+
+        def answers() -> bool:
+            try:
+                ray.get(host.__ray_ready__.remote(), timeout=5.0)
+            except ray.exceptions.RayActorError:
+                return False
+            return True
+
+        assert not wait_for(answers, 15.0), "ray.kill did not end node 1's host"
+
+        # Failing during the read: node 0 handed its records over (its cursor moved on); they ride
+        # on the error rather than being dropped.
+        with pytest.raises(shmpool.ray.ClusterNodeError, match=r"node 1 \(.*\) of cluster pool") as raised:
+            fleet.episodes.read()
+        assert raised.value.node == 1 and raised.value.records is not None
+        assert sorted(raised.value.records["env_id"].tolist()) == [0, 1]
+        assert (raised.value.records["node"] == 0).all()
+
+        # Failed earlier: every read that needs node 1 raises the same way, before any node is read.
+        for read in (fleet.episodes.read, lambda: fleet.applied, lambda: fleet.params["sleep"], lambda: fleet.stats):
+            with pytest.raises(shmpool.ray.ClusterNodeError, match=r"node 1 \(.*\) .* failed earlier") as raised:
+                read()
+            assert raised.value.node == 1 and raised.value.records is None
+        fleet.params.write([0], sleep=0.0)  # node 0's envs still take writes
