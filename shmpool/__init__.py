@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import (
     EventQueueFull,
     ForeignProcessError,
+    KernelAttributeError,
     LayoutMismatchError,
     PoolBrokenError,
     PoolClosedError,
@@ -25,6 +26,7 @@ from .errors import (
     PoolTimeoutError,
     RemoteTraceback,
     ShmpoolError,
+    StepSentInterrupt,
     WorkerDiedError,
     WorkerError,
     WriterLockTimeout,
@@ -64,6 +66,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "EventQueueFull",
     "ForeignProcessError",
+    "KernelAttributeError",
     "LayoutMismatchError",
     "Param",
     "ParamBlock",
@@ -76,6 +79,7 @@ __all__ = [
     "PoolTimeoutError",
     "RemoteTraceback",
     "ShmpoolError",
+    "StepSentInterrupt",
     "WorkerDiedError",
     "WorkerError",
     "WriterLockTimeout",

@@ -8,9 +8,19 @@ resemble, so ``except TimeoutError`` or ``except ValueError`` code keeps working
 from __future__ import annotations
 
 import queue
+from typing import Any
 
 from gymnasium.error import ClosedEnvironmentError
 from gymnasium.error import Error as GymnasiumError
+
+
+class StepSentInterrupt(KeyboardInterrupt):
+    """The ``KeyboardInterrupt`` that ``Pool.send`` raises when Ctrl-C came after its step went out:
+    those envs are stepping, and a later ``recv()`` returns them. A plain ``KeyboardInterrupt`` from
+    ``send`` means that nothing was sent. Raised as a class (see ``Pool.send``): its text is here."""
+
+    def __str__(self) -> str:
+        return "Ctrl-C came after send() had sent the step: its envs are stepping, and recv() returns them"
 
 
 class ShmpoolError(Exception):
@@ -114,6 +124,14 @@ class WriterLockTimeout(ShmpoolError, TimeoutError):
 
 def _rebuild_lock_timeout(message: str, holder_pid: int | None) -> WriterLockTimeout:
     return WriterLockTimeout(message, holder_pid=holder_pid)
+
+
+class KernelAttributeError(ShmpoolError, AttributeError):
+    """An attribute of the gymnasium env that a compiled kernel does not model was set (or read) on a
+    ``KernelEnv`` (``engine="numba"``): the kernel would ignore it, so the write is refused instead."""
+
+    def __reduce__(self) -> tuple[type[KernelAttributeError], tuple[Any, ...]]:
+        return (type(self), self.args)
 
 
 class ForeignProcessError(ShmpoolError, RuntimeError):

@@ -7,7 +7,8 @@ the slot's arrays at once. Resets run the kernel's Python reset per env, from ea
 ``np_random``; autoresets of a kernel with ``draw`` and ``start`` run compiled, from resets drawn
 ahead (:meth:`KernelSlice._restart_drawn`). :class:`KernelParams` is
 :class:`shmpool.workers.params.ParamApplier` (the same reads, validation, refusals, draws and
-``applied``), writing accepted values into the kernel's parameter matrix instead of env attributes.
+``applied``), writing accepted values into the kernel's parameter matrix instead of env attributes,
+and running the kernel's ``refresh`` where the Python engine runs an env's adapter refresher.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 
 from shmpool.config import WorkerConfig
 from shmpool.infos import InfoWriter
-from shmpool.kernels import BatchKernel, KernelEnv, load
+from shmpool.kernels import NO_LIMIT, BatchKernel, KernelEnv, load
 from shmpool.params import ParamSpec
 from shmpool.spaces import leaves
 from shmpool.workers.envs import Slot
@@ -32,24 +33,36 @@ RESETS_DRAWN_AHEAD = 16
 
 class KernelParams(ParamApplier):
     """The slot's parameters for a kernel: an accepted value goes to its column of the parameter
-    matrix (parameters only hooks read, ``bind=False``, only to ``applied``); derived values are the
-    kernel's to compute, so there is nothing to refresh."""
+    matrix (parameters only hooks read, ``bind=False``, only to ``applied``); values the env caches
+    from its parameters are recomputed by the kernel's ``refresh`` where the Python engine's adapter
+    recomputes them (after one of its inputs changed, at per-episode values, at an env's (re)build)."""
 
     _matrix: np.ndarray
     _columns: dict[int, int]
     _seen: np.ndarray
     _seen_bytes: bytes
+    _kernel_refresh: Any = None
     #: With only plain float64 parameters: what the compiled sync needs (``slot.accept_scalars`` and
     #: its fixed arguments), else None (the general path).
     _fast: tuple[Any, ...] | None = None
 
-    def use_matrix(self, matrix: np.ndarray, columns: dict[str, int]) -> None:
-        """Where values go: ``matrix[:, columns[target]]`` for each parameter bound to ``target``."""
+    def use_matrix(self, matrix: np.ndarray, kernel: BatchKernel) -> None:
+        """Where values go: ``matrix[:, column]`` of the kernel parameter each parameter binds; which
+        parameters ``kernel.refresh`` follows."""
         self._matrix = matrix
-        self._columns = {
-            spec.index: columns[spec.name if spec.bind is None else str(spec.bind)]
+        columns = kernel.columns
+        targets = {
+            spec.index: spec.name if spec.bind is None else str(spec.bind)
             for spec in self._specs
             if spec.bind is not False
+        }
+        self._columns = {index: columns[target] for index, target in targets.items()}
+        self._kernel_refresh = kernel.refresh
+        # As ParamApplier._inputs_of finds them for the Python engine's adapters.
+        self._refreshed_by = {
+            spec.index
+            for spec in self._specs
+            if spec.when != "rebuild" and targets.get(spec.index) in kernel.refresh_inputs
         }
         self._fast = self._compiled_sync()
 
@@ -85,6 +98,8 @@ class KernelParams(ParamApplier):
             np.array([applied.fields[s.name][1] // 8 for s in plain], dtype=np.int64),  # type: ignore[index]
             self._matrix,
             self._applied.view(np.float64).reshape(count, -1),
+            np.array([s.index in self._refreshed_by for s in plain], dtype=np.bool_),
+            np.zeros(count, dtype=np.bool_),  # the rows it touched, for the refresh
         )
         seen = self._seen.view(np.float64).reshape(count, -1)
         accept_scalars(seen, seen, *fast[1:])  # compiles (or loads) it now: nothing changed
@@ -105,6 +120,9 @@ class KernelParams(ParamApplier):
         new, seen = snapshot.view(np.float64).reshape(count, -1), self._seen.view(np.float64).reshape(count, -1)
         if fast[0](new, seen, *fast[1:]):
             self._seen, self._seen_bytes = snapshot, snapshot_bytes
+            touched = fast[-1]
+            if touched.any():  # as the general path refreshes the rows that changed an input
+                self._refresh(None if touched.all() else np.flatnonzero(touched))
         else:
             super().sync()
 
@@ -116,12 +134,14 @@ class KernelParams(ParamApplier):
             self._matrix[local, self._columns[spec.index]] = values[spec.name]
 
     def attach_env(self, local: int, env: Any) -> None:
-        """Applies the current step values (and publishes the rebuild ones) of a (re)built env."""
+        """Applies the current step values (and publishes the rebuild ones) of a (re)built env, then
+        refreshes what it caches from them, as the Python engine does."""
         rows = np.array([local])
         for spec in self._step_values:
             self._apply(spec, rows, self._good[spec.name][rows])
         for spec in self._rebuild:
             self._applied[spec.name][local] = self._good[spec.name][local]
+        self._refresh(rows)
 
     def _apply(self, spec: ParamSpec, rows: np.ndarray, values: np.ndarray) -> None:
         column = self._columns.get(spec.index)
@@ -136,7 +156,16 @@ class KernelParams(ParamApplier):
         self._applied[spec.name][:] = values
 
     def _refresh(self, rows: Any = None) -> None:
-        """Nothing to recompute: kernels derive values from the matrix on every step."""
+        """Runs the kernel's ``refresh`` over the matrix rows ``rows`` (None: all)."""
+        refresh = self._kernel_refresh
+        if refresh is None:
+            return
+        if rows is None:
+            refresh(self._matrix)
+        else:
+            part = self._matrix[rows]  # a copy: fancy indexing
+            refresh(part)
+            self._matrix[rows] = part
 
 
 class KernelSlice(Slot):
@@ -162,20 +191,21 @@ class KernelSlice(Slot):
         limit = kwargs.pop("max_episode_steps", None)
         kwargs.pop("render_mode", None)
         self._max_steps = self.kernel.max_episode_steps if limit is None else int(limit)
-        self._limit = -1 if self._max_steps is None else self._max_steps
         from shmpool.kernels import slot  # imports numba: only in the workers of this engine
 
         self._slot = slot
         self._constructor = kwargs
-        self._columns = self.kernel.columns
         # What the kernel reads and writes; the KernelEnv of each row is a view of these.
         self.arrays: dict[str, np.ndarray] = {
             "state": np.zeros((count, self.kernel.state_size), dtype=np.float64),
             "params": self.kernel.nominal(count, kwargs),
             "observations": self._obs,
             "elapsed": np.zeros(count, dtype=np.int64),
+            # Each env's time limit (its KernelEnv's _max_episode_steps), set when it is made.
+            "limits": np.full(count, NO_LIMIT, dtype=np.int64),
         }
         self._state, self._matrix, self._elapsed = self.arrays["state"], self.arrays["params"], self.arrays["elapsed"]
+        self._limits = self.arrays["limits"]
         # Autoresets run compiled (_restart_drawn) when nothing must happen in Python at an episode's
         # start: the kernel can start an env from drawn values, resets come at the next step, and no
         # parameter is applied, drawn or rebuilt per episode.
@@ -204,7 +234,7 @@ class KernelSlice(Slot):
         from numba's cache) by calling it over envs that do not step, so no step pays for it."""
         self._episode_index[:] = -1  # no episode until the first reset
         if self._params is not None:
-            self._params.use_matrix(self._matrix, self._columns)
+            self._params.use_matrix(self._matrix, self.kernel)
         for local in range(self.stop - self.start):
             self.current_env = self.start + local
             self.envs.append(self._make(local))
@@ -213,7 +243,7 @@ class KernelSlice(Slot):
         self.kernel.step(
             self._state, self._matrix, self._actions.copy(), idle, self._obs, self._rewards, self._terminations
         )
-        self._slot.time_limit(self._elapsed, idle, self._limit, self._truncations, self._stepped)
+        self._slot.time_limit(self._elapsed, idle, self._limits, self._truncations, self._stepped)
         self._slot.add_step(
             self._stepped,
             self._rewards,
@@ -232,11 +262,16 @@ class KernelSlice(Slot):
         return "numba", self.kernel, self._state
 
     def _make(self, local: int) -> KernelEnv:
-        """A fresh env at row ``local``: a new ``np_random``, its constructor values in the matrix."""
+        """A fresh env at row ``local``: a new ``np_random``, its row of the matrix as a new env's
+        attributes (what ``set_attr`` wrote on the env it replaces is gone, as with gymnasium), its
+        constructor values in it, and the slot's time limit."""
+        self._matrix[local] = self.kernel.nominal(1, self._constructor)[0]
         params = self._params
         if params is not None:
             params.apply_constructor(local)
-        env = KernelEnv(self.kernel, self.arrays, local, max_episode_steps=self._max_steps)
+        env = KernelEnv(
+            self.kernel, self.arrays, local, max_episode_steps=self._max_steps, env_label=self._config.env_label
+        )
         if params is not None:
             params.attach_env(local, env)
         return env
@@ -283,7 +318,7 @@ class KernelSlice(Slot):
             needs_reset[:] = False
             self.current_env = None
         self.kernel.step(self._state, self._matrix, actions, stepping, self._obs, self._rewards, self._terminations)
-        self._slot.time_limit(self._elapsed, stepping, self._limit, self._truncations, self._stepped)
+        self._slot.time_limit(self._elapsed, stepping, self._limits, self._truncations, self._stepped)
 
     def _restart_drawn(self) -> int:
         """Resets, in one compiled call and the kernel's ``start``, the envs due for it that have a

@@ -6,9 +6,11 @@ parameters it reads (by their gymnasium attribute names, with nominal values), a
 the slot and a Python ``reset`` for one env. A worker keeps the slot's state as an ``(envs, state_size)``
 array and the parameters as an ``(envs, len(params))`` matrix; parameters are read, validated, drawn
 and published exactly as with the Python engine (:mod:`shmpool.workers.params`), but an accepted value
-lands in its matrix column instead of an env attribute, and the kernel reads the matrix each step
-(values an env derives from its parameters, such as CartPole's ``total_mass``, are derived in the
-kernel). Resets run the kernel's Python ``reset``, from each env's own ``np_random`` seeded as
+lands in its matrix column instead of an env attribute, and the kernel reads the matrix each step.
+Values an env caches from its parameters (CartPole's ``total_mass`` and ``polemass_length``) are
+parameters too, recomputed by the kernel's ``refresh`` wherever the Python engine's adapter recomputes
+them, and nowhere else: as on gymnasium's env, ``set_attr("masspole", ...)`` leaves them as they were.
+Resets run the kernel's Python ``reset``, from each env's own ``np_random`` seeded as
 gymnasium seeds it, so the same seeds give the same initial states. A kernel whose episodes are short
 (CartPole's last about 20 random steps: a reset per step in every worker) may also give ``draw`` and
 ``start``: the workers then draw each env's next option-less resets ahead, several at a time, and
@@ -57,6 +59,15 @@ Built-in kernels (:mod:`shmpool.kernels.classic_control`) reproduce gymnasium's 
     shmpool.kernels.register("Drift-v0", DRIFT)
     pool = shmpool.launch("Drift-v0", 64, engine="numba", params={"speed": shmpool.Param(low=0, high=1)})
 
+Control calls (``get_attr``, ``set_attr``, ``call``, ``env_apply``) see each env as a
+:class:`KernelEnv`, which does with an attribute what gymnasium's env does, or refuses it: its
+parameters are read and written in the parameter matrix, ``state`` is the env's state in gymnasium's
+shape, ``_max_episode_steps`` and ``_elapsed_steps`` are ``TimeLimit``'s (a new limit holds from the
+next step), and writing an attribute of the gymnasium env that the kernel does not model
+(``BatchKernel.unsupported``: CartPole's ``kinematics_integrator``, rendering attributes, ...) raises
+:class:`KernelAttributeError` naming the alternatives, instead of being ignored. Other names are
+plain attributes, as on a gymnasium env.
+
 This module imports neither numba nor any kernel: the registry holds import strings (or your
 objects) and :func:`load` imports a kernel only when a pool uses it.
 """
@@ -65,6 +76,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import numbers
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -76,6 +88,7 @@ from gymnasium import spaces
 
 from ..adapters import EnvAdapter
 from ..episodes import episode_dtype
+from ..errors import KernelAttributeError
 
 #: The extra that installs numba.
 NUMBA_EXTRA = 'pip install "shmpool[numba]"'
@@ -94,6 +107,27 @@ Step = Callable[..., None]
 Reset = Callable[[np.random.Generator, np.ndarray, "dict[str, Any] | None", np.ndarray, np.ndarray], None]
 Kick = Callable[[np.ndarray, np.ndarray], None]
 Draw = Callable[[np.random.Generator, int], np.ndarray]
+Refresh = Callable[[np.ndarray], None]
+SetState = Callable[[np.ndarray, np.ndarray], None]
+
+#: ``_max_episode_steps`` of an env without a time limit, in the slot's ``limits`` array: a count no
+#: episode reaches, so that the compiled time limit needs no test for "none".
+NO_LIMIT = np.iinfo(np.int64).max
+#: What a KernelEnv models besides its kernel's parameters: gymnasium's env's and ``TimeLimit``'s
+#: attributes, and the ones every gymnasium env has.
+MODELED = (
+    "state",
+    "_max_episode_steps",
+    "_elapsed_steps",
+    "observation_space",
+    "action_space",
+    "metadata",
+    "spec",
+    "np_random",
+    "np_random_seed",
+    "_np_random",
+    "_np_random_seed",
+)
 
 
 @dataclass(frozen=True)
@@ -140,6 +174,24 @@ class BatchKernel:
             values it would draw, ``draws[i]`` (a row of ``draw``'s result); other rows stay
             untouched. Workers use it for autoresets (``NEXT_STEP``) when no parameter is drawn or
             applied per episode; it must match ``reset`` bit for bit.
+        refresh: with ``refresh_inputs``, for parameters that the env computes from others once (in
+            ``__init__``, as CartPole its ``total_mass``): a Python ``refresh(params)`` that recomputes
+            them in place in every row of a ``(rows, len(params))`` matrix, as ``__init__`` does. The
+            workers call it where the Python engine's adapter recomputes them (after a declared
+            parameter changes one of ``refresh_inputs``, at an episode's per-episode values); a write
+            of an input through ``set_attr`` leaves them stale, as on gymnasium's env.
+        refresh_inputs: the parameters that ``refresh`` reads.
+        state_columns: how many leading state columns are the gymnasium env's ``state`` (what
+            ``KernelEnv.state`` shows and takes); the others are the kernel's own bookkeeping. None:
+            all of them.
+        set_state: how a value assigned to ``KernelEnv.state`` is stored: a Python ``set_state(row,
+            value)`` given the env's whole state row and the value as a numeric array of shape
+            ``(state_columns,)``; it raises ``ValueError`` for a value whose next step it would not
+            compute as gymnasium's env does (a float32 state that gymnasium then steps in float32).
+            None: stored as float64.
+        unsupported: attributes of the gymnasium env that the kernel does not model (a constant it
+            hard-codes, an option it lacks, rendering): setting one on a :class:`KernelEnv` raises
+            :class:`KernelAttributeError` instead of being ignored.
     """
 
     observation_space: spaces.Box
@@ -155,6 +207,11 @@ class BatchKernel:
     metadata: Mapping[str, Any] = field(default_factory=lambda: {"render_modes": []})
     draw: Draw | None = None
     start: Step | None = None
+    refresh: Refresh | None = None
+    refresh_inputs: Sequence[str] = ()
+    state_columns: int | None = None
+    set_state: SetState | None = None
+    unsupported: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.observation_space, spaces.Box) or len(self.observation_space.shape) != 1:
@@ -168,6 +225,18 @@ class BatchKernel:
             raise ValueError(f"BatchKernel.constructor names {sorted(unknown)}, which are not among its params")
         if (self.draw is None) != (self.start is None):
             raise ValueError("BatchKernel.draw and BatchKernel.start go together: give both or neither")
+        if (self.refresh is None) != (not self.refresh_inputs):
+            raise ValueError("BatchKernel.refresh and BatchKernel.refresh_inputs go together: give both or neither")
+        unknown = set(self.refresh_inputs) - set(self.params)
+        if unknown:
+            raise ValueError(f"BatchKernel.refresh_inputs names {sorted(unknown)}, which are not among its params")
+        if self.state_columns is not None and not 0 < self.state_columns <= self.state_size:
+            raise ValueError(
+                f"BatchKernel.state_columns must be within [1, state_size={self.state_size}], got {self.state_columns}"
+            )
+        clash = set(self.unsupported) & {*self.params, *MODELED}
+        if clash:
+            raise ValueError(f"BatchKernel.unsupported names {sorted(clash)}, which the kernel models")
 
     @property
     def columns(self) -> dict[str, int]:
@@ -179,7 +248,10 @@ class BatchKernel:
         (constructor keywords) applied."""
         values = dict(self.params)
         values.update(overrides or {})
-        return np.ascontiguousarray(np.tile(np.array(list(values.values()), dtype=np.float64), (count, 1)))
+        matrix = np.ascontiguousarray(np.tile(np.array(list(values.values()), dtype=np.float64), (count, 1)))
+        if self.refresh is not None:  # what __init__ derives from the constructor's values
+            self.refresh(matrix)
+        return matrix
 
     def arrays(self, count: int) -> dict[str, np.ndarray]:
         """Empty arrays of the types a worker passes to ``step`` for ``count`` envs (the warm-up
@@ -206,10 +278,12 @@ class BatchKernel:
         arrays = self.arrays(1)
         self.step(*arrays.values())
         flags, numbers, counts = np.zeros(1, np.bool_), np.zeros(1), np.zeros(1, np.int64)
-        slot.time_limit(counts, flags, -1, flags, flags)
+        slot.time_limit(counts, flags, counts, flags, flags)
         slot.add_step(flags, numbers, flags, flags, numbers, counts, flags)
         values = np.zeros((1, 1))
-        slot.accept_scalars(values, values, values, counts, numbers, numbers, flags, counts, counts, values, values)
+        slot.accept_scalars(
+            values, values, values, counts, numbers, numbers, flags, counts, counts, values, values, flags, flags
+        )
         if self.start is not None:  # compiled autoresets and episode ends
             slot.end_episodes(flags, numbers, counts, numbers, 0.0, numbers, counts, numbers, flags)
             ring = np.zeros(1, episode_dtype(None, ()))
@@ -335,9 +409,12 @@ class KernelEnv(gymnasium.Env[np.ndarray, Any]):
 
     Workers make one per env of their slot: hooks see them as ``ctx.envs``, control calls
     (``get_attr``, ``env_apply``, ...) run on them, and ``reset`` runs the kernel's Python reset from
-    the env's own ``np_random``. Each parameter the kernel reads is an attribute (read and written in
-    the parameter matrix), and ``state`` is the env's state row. Made without ``arrays`` it is a
-    standalone env with arrays of its own (the trainer's probe at launch).
+    the env's own ``np_random``. Its attributes do what gymnasium's env (``TimeLimit`` included) does
+    with them: each parameter the kernel reads is read and written in the parameter matrix, ``state``
+    is the env's state in gymnasium's shape, ``_max_episode_steps`` and ``_elapsed_steps`` are the
+    time limit's; the gymnasium env's attributes the kernel does not model (``BatchKernel.unsupported``)
+    raise :class:`KernelAttributeError`. Made without ``arrays`` it is a standalone env with arrays of
+    its own (the trainer's probe at launch).
     """
 
     def __init__(
@@ -348,6 +425,7 @@ class KernelEnv(gymnasium.Env[np.ndarray, Any]):
         *,
         max_episode_steps: int | None = None,
         render_mode: str | None = None,
+        env_label: str | None = None,
         **constructor: Any,
     ) -> None:
         if render_mode is not None:
@@ -356,13 +434,21 @@ class KernelEnv(gymnasium.Env[np.ndarray, Any]):
         if unknown:
             raise TypeError(f"unexpected keywords {sorted(unknown)}; the kernel takes {list(kernel.constructor)}")
         if arrays is None:
-            arrays = {**kernel.arrays(1), "elapsed": np.zeros(1, dtype=np.int64)}
+            arrays = {
+                **kernel.arrays(1),
+                "elapsed": np.zeros(1, dtype=np.int64),
+                "limits": np.zeros(1, dtype=np.int64),
+            }
             arrays["params"][:] = kernel.nominal(1, constructor)
+        # Set before any other attribute: __setattr__ and __getattr__ look them up.
         object.__setattr__(self, "_columns", kernel.columns)
+        object.__setattr__(self, "_unsupported", frozenset(kernel.unsupported))
         self._kernel = kernel
         self._arrays = arrays
         self._row = row
-        self._max_episode_steps = kernel.max_episode_steps if max_episode_steps is None else max_episode_steps
+        self._label = env_label or "this compiled env"
+        limit = kernel.max_episode_steps if max_episode_steps is None else max_episode_steps
+        arrays["limits"][row] = NO_LIMIT if limit is None else min(int(limit), NO_LIMIT - 1)
         self.observation_space = kernel.observation_space
         self.action_space = kernel.action_space
         self.metadata = dict(kernel.metadata)
@@ -374,23 +460,99 @@ class KernelEnv(gymnasium.Env[np.ndarray, Any]):
         columns = self.__dict__.get("_columns", {})
         if name in columns:
             return float(self.__dict__["_arrays"]["params"][self.__dict__["_row"], columns[name]])
+        if name in self.__dict__.get("_unsupported", ()):
+            raise KernelAttributeError(self._not_modeled(name, "so it has no value to read"))
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
         columns = self.__dict__.get("_columns", {})
         if name in columns:
-            self._arrays["params"][self._row, columns[name]] = value
+            self._arrays["params"][self._row, columns[name]] = self._parameter(name, value)
+        elif name in self.__dict__.get("_unsupported", ()):
+            # Stored, it would be an attribute no step reads: gymnasium's env would act on it.
+            raise KernelAttributeError(self._not_modeled(name, "so setting it is refused (the kernel would ignore it)"))
         else:
             object.__setattr__(self, name, value)
 
+    def _not_modeled(self, name: str, what: str) -> str:
+        """Why ``name`` is refused, and what to use instead."""
+        return (
+            f"{self._label} (engine='numba'): the compiled kernel does not model {name!r}, {what}; change "
+            f"what it runs with through its parameters ({', '.join(self._columns)}: with set_attr, or declared "
+            f"as a shmpool.Param in launch(params=...)), or use engine='python' to run gymnasium's own env"
+        )
+
+    def _parameter(self, name: str, value: Any) -> float:
+        """``value`` for parameter ``name``, as the float64 the kernel computes with; ``TypeError`` for a
+        value gymnasium's env would compute with differently (a float32 makes its arithmetic float32)."""
+        if isinstance(value, np.ndarray) and value.ndim == 0:
+            value = value[()]
+        if not isinstance(value, numbers.Real):
+            raise TypeError(
+                f"{self._label} (engine='numba'): {name} = {value!r:.80} refused: the kernel's parameters "
+                f"are real numbers"
+            )
+        if isinstance(value, np.floating) and value.dtype.itemsize != 8:
+            raise TypeError(
+                f"{self._label} (engine='numba'): {name} = {value!r} refused: gymnasium's env may compute with "
+                f"a {value.dtype} in {value.dtype} arithmetic, which the kernel does not reproduce; give a "
+                f"Python float"
+            )
+        return float(value)
+
     @property
     def state(self) -> np.ndarray:
-        """The env's row of the slot's state array (a view: writing it changes the env)."""
-        return self._arrays["state"][self._row]
+        """The env's state, as gymnasium's env holds it (a view of its row of the slot's state array:
+        writing it changes the env); setting it takes gymnasium's shape."""
+        return self._arrays["state"][self._row, : self._kernel.state_columns]
 
     @state.setter
     def state(self, value: Any) -> None:
-        self._arrays["state"][self._row] = value
+        row = self._arrays["state"][self._row]
+        size = len(self.state)
+        try:
+            values = np.asarray(value)
+        except ValueError as exc:  # a ragged sequence
+            raise ValueError(f"{self._label} (engine='numba'): state = {value!r:.80} refused: {exc}") from exc
+        if values.shape != (size,) or values.dtype.kind not in "biuf":
+            raise ValueError(
+                f"{self._label} (engine='numba'): state = {value!r:.80} refused: gymnasium's state of this env "
+                f"is {size} real numbers, got shape {values.shape} of {values.dtype}"
+            )
+        try:
+            if self._kernel.set_state is None:
+                row[:size] = values
+            else:
+                self._kernel.set_state(row, values)
+        except ValueError as exc:
+            raise ValueError(f"{self._label} (engine='numba'): state = {value!r:.80} refused: {exc}") from exc
+
+    @property
+    def _max_episode_steps(self) -> int | None:
+        """``TimeLimit``'s limit: the env's episodes are truncated at this many steps (None: never)."""
+        limit = int(self._arrays["limits"][self._row])
+        return None if limit == NO_LIMIT else limit
+
+    @_max_episode_steps.setter
+    def _max_episode_steps(self, value: Any) -> None:
+        # Compared with the step count from the next step on, as TimeLimit compares it.
+        self._arrays["limits"][self._row] = min(self._count("_max_episode_steps", value), NO_LIMIT - 1)
+
+    @property
+    def _elapsed_steps(self) -> int:
+        """``TimeLimit``'s count: the steps of the env's episode so far."""
+        return int(self._arrays["elapsed"][self._row])
+
+    @_elapsed_steps.setter
+    def _elapsed_steps(self, value: Any) -> None:
+        self._arrays["elapsed"][self._row] = self._count("_elapsed_steps", value)
+
+    def _count(self, name: str, value: Any) -> int:
+        """``value`` as ``TimeLimit``'s ``name`` (an int, clipped to int64); ``TypeError`` for anything
+        else (gymnasium's TimeLimit would fail at the next step)."""
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{self._label} (engine='numba'): {name} = {value!r:.80} refused: it must be an int")
+        return max(min(int(value), NO_LIMIT), -NO_LIMIT)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
         """Seeds ``np_random`` as gymnasium does, runs the kernel's reset and restarts the time limit."""
@@ -468,8 +630,7 @@ class KernelEnv(gymnasium.Env[np.ndarray, Any]):
             work["terminations"],
         )
         arrays["elapsed"][row] += 1
-        limit = self._max_episode_steps
-        truncated = limit is not None and int(arrays["elapsed"][row]) >= limit
+        truncated = bool(arrays["elapsed"][row] >= arrays["limits"][row])
         observation = arrays["observations"][row].copy()
         return observation, float(work["rewards"][row]), bool(work["terminations"][row]), truncated, {}
 

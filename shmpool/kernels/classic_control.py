@@ -9,7 +9,11 @@ values): through its ``powf64`` / ``powf32`` names, which the compiler does not 
 ``sin`` and ``cos`` are libm's on both sides. Resets are gymnasium's own code paths, in numpy.
 
 Parameters are gymnasium's attribute names; nominal values are read from a fresh env of each class,
-and the time limits from gymnasium's registry.
+and the time limits from gymnasium's registry. CartPole's ``total_mass`` and ``polemass_length``, which
+its ``__init__`` computes once, are parameters the step reads as gymnasium's does (and ``refresh``
+recomputes where the Python engine's adapter does). Every other attribute of each env (its rendering
+state, CartPole's ``kinematics_integrator``, Acrobot's ``torque_noise_max``, ...) is ``unsupported``:
+setting one on a compiled env is refused rather than ignored.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from gymnasium.envs.classic_control.mountain_car import MountainCarEnv
 from gymnasium.envs.classic_control.pendulum import DEFAULT_X, DEFAULT_Y, PendulumEnv
 from numba import types
 
-from . import BatchKernel
+from . import MODELED, BatchKernel
 
 # libm's pow under names LLVM does not rewrite (glibc aliases of pow and powf).
 _pow = types.ExternalFunction("powf64", types.float64(types.float64, types.float64))
@@ -40,7 +44,23 @@ def _nominal(env: Any, names: list[str]) -> dict[str, float]:
     return {name: float(getattr(env, name)) for name in names}
 
 
-def _kernel(env_id: str, env: gymnasium.Env, names: list[str], **fields: Any) -> BatchKernel:
+def _unsupported(env: gymnasium.Env, names: list[str], also: tuple[str, ...]) -> tuple[str, ...]:
+    """The attributes of ``env`` (its own and its class's, and ``also``: ones only its ``step`` or
+    ``reset`` sets) that the kernel does not model."""
+    found = set(vars(env)) | set(also)
+    for cls in type(env).__mro__:
+        if cls.__module__.startswith("gymnasium.envs."):  # the env's classes, not gymnasium.Env's
+            found.update(
+                name
+                for name, value in vars(cls).items()
+                if not name.startswith("__") and not callable(value) and not isinstance(value, property)
+            )
+    return tuple(sorted(found - set(names) - set(MODELED)))
+
+
+def _kernel(
+    env_id: str, env: gymnasium.Env, names: list[str], also: tuple[str, ...] = (), **fields: Any
+) -> BatchKernel:
     spec = gymnasium.spec(env_id)
     return BatchKernel(
         observation_space=env.observation_space,  # type: ignore[arg-type]
@@ -48,13 +68,27 @@ def _kernel(env_id: str, env: gymnasium.Env, names: list[str], **fields: Any) ->
         params=_nominal(env, names),
         max_episode_steps=spec.max_episode_steps,
         metadata={**env.metadata, "render_modes": []},
+        unsupported=_unsupported(env, names, also),
         **fields,
     )
 
 
+def _float64_state(row: np.ndarray, value: np.ndarray) -> None:
+    """Stores a ``state`` of whole or float64 numbers, which gymnasium's next step computes with in
+    float64 as the kernel does (a float32 state it would step in float32 arithmetic)."""
+    if value.dtype.kind == "f" and value.dtype.itemsize != 8:
+        raise ValueError(
+            f"gymnasium's env would compute its next step in {value.dtype} arithmetic, which the kernel does "
+            f"not reproduce; assign float64 values (np.asarray(state, dtype=np.float64)) or use engine='python'"
+        )
+    row[: len(value)] = value
+
+
 # -- CartPole-v1 ----------------------------------------------------------------------------------
 
-# state: x, x_dot, theta, theta_dot, steps_beyond_terminated (-1: None)
+# state: x, x_dot, theta, theta_dot (gymnasium's state), steps_beyond_terminated (-1: None)
+# params: gravity, masscart, masspole, length, force_mag, tau, theta_threshold_radians, x_threshold,
+# total_mass, polemass_length (the last two as CartPoleEnv.__init__ left them: see cartpole_refresh)
 
 
 @numba.njit(cache=True)
@@ -63,10 +97,9 @@ def cartpole_step(state, params, actions, stepping, observations, rewards, termi
     for i in range(state.shape[0]):
         if not stepping[i]:
             continue
-        gravity, masscart, masspole, length = params[i, 0], params[i, 1], params[i, 2], params[i, 3]
+        gravity, masspole, length = params[i, 0], params[i, 2], params[i, 3]
         force_mag, tau, theta_threshold, x_threshold = params[i, 4], params[i, 5], params[i, 6], params[i, 7]
-        total_mass = masspole + masscart
-        polemass_length = masspole * length
+        total_mass, polemass_length = params[i, 8], params[i, 9]
         x, x_dot, theta, theta_dot = state[i, 0], state[i, 1], state[i, 2], state[i, 3]
         force = force_mag if actions[i] == 1 else -force_mag
         costheta = math.cos(theta)
@@ -93,6 +126,13 @@ def cartpole_step(state, params, actions, stepping, observations, rewards, termi
         observations[i, 0], observations[i, 1], observations[i, 2], observations[i, 3] = x, x_dot, theta, theta_dot
         rewards[i] = reward
         terminations[i] = terminated
+
+
+def cartpole_refresh(params: np.ndarray) -> None:
+    """CartPoleEnv.__init__'s ``total_mass`` and ``polemass_length``, from ``masscart``, ``masspole``
+    and ``length``, in every row of ``params``."""
+    params[:, 8] = params[:, 2] + params[:, 1]
+    params[:, 9] = params[:, 2] * params[:, 3]
 
 
 def cartpole_reset(
@@ -125,13 +165,28 @@ def cartpole_start(resetting, draws, params, state, observations):  # type: igno
 CARTPOLE = _kernel(
     "CartPole-v1",
     CartPoleEnv(),
-    ["gravity", "masscart", "masspole", "length", "force_mag", "tau", "theta_threshold_radians", "x_threshold"],
+    [
+        "gravity",
+        "masscart",
+        "masspole",
+        "length",
+        "force_mag",
+        "tau",
+        "theta_threshold_radians",
+        "x_threshold",
+        "total_mass",
+        "polemass_length",
+    ],
     state_size=5,
     step=cartpole_step,
     reset=cartpole_reset,
     velocities=(1, 3),
     draw=cartpole_draw,
     start=cartpole_start,
+    refresh=cartpole_refresh,
+    refresh_inputs=("masscart", "masspole", "length"),
+    state_columns=4,
+    set_state=_float64_state,
 )
 
 
@@ -195,11 +250,13 @@ PENDULUM = _kernel(
     "Pendulum-v1",
     PendulumEnv(),
     ["max_speed", "max_torque", "dt", "g", "m", "l"],
+    also=("last_u",),  # the last torque, which only rendering reads
     state_size=2,
     step=pendulum_step,
     reset=pendulum_reset,
     velocities=(1,),
     constructor=("g",),
+    set_state=_float64_state,
 )
 
 
@@ -273,6 +330,7 @@ MOUNTAIN_CAR = _kernel(
     constructor=("goal_velocity",),
     draw=mountain_car_draw,
     start=mountain_car_start,
+    set_state=_float64_state,
 )
 
 
@@ -354,6 +412,18 @@ def mountain_car_continuous_step(state, params, actions, stepping, observations,
         terminations[i] = terminated
 
 
+def _mountain_car_continuous_set_state(row: np.ndarray, value: np.ndarray) -> None:
+    """Stores a ``state``, noting whether gymnasium's env holds it as float32 (as after a step): its
+    next step then computes in float32 where numpy does, as the kernel does with the flag."""
+    if value.dtype.kind == "f" and value.dtype.itemsize not in (4, 8):
+        raise ValueError(
+            f"gymnasium's env would compute its next step in {value.dtype} arithmetic, which the kernel does "
+            f"not reproduce; assign float32 or float64 values, or use engine='python'"
+        )
+    row[:2] = value
+    row[2] = 1.0 if value.dtype == np.float32 else 0.0
+
+
 def _mountain_car_continuous_kick(state: np.ndarray, amounts: np.ndarray) -> None:
     """The Python engine's kick makes the state a float64 array again."""
     state[1] += amounts[0]
@@ -381,12 +451,15 @@ MOUNTAIN_CAR_CONTINUOUS = _kernel(
     draw=mountain_car_draw,
     start=mountain_car_start,
     kick=_mountain_car_continuous_kick,
+    state_columns=2,
+    set_state=_mountain_car_continuous_set_state,
 )
 
 
 # -- Acrobot-v1 -----------------------------------------------------------------------------------
 
-# state: theta1, theta2, dtheta1, dtheta2
+# state: theta1, theta2, dtheta1, dtheta2 (any state gymnasium's step augments to float64 first, so a
+# float32 one steps as its float64 values do: stored as float64, set_state None)
 
 
 @numba.njit(cache=True)

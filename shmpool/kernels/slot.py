@@ -10,14 +10,16 @@ import numpy as np
 
 
 @numba.njit(cache=True)
-def time_limit(elapsed, stepping, max_steps, truncations, stepped):  # type: ignore[no-untyped-def]
+def time_limit(elapsed, stepping, limits, truncations, stepped):  # type: ignore[no-untyped-def]
     """gymnasium's ``TimeLimit`` over the slot: counts the steps of the rows that stepped and sets
-    their truncations at ``max_steps`` (< 0: no limit); records which rows stepped."""
+    their truncations once the count reaches the row's limit (``limits[i]``, one per env as each
+    ``TimeLimit`` has its own ``_max_episode_steps``; ``shmpool.kernels.NO_LIMIT``: none); records
+    which rows stepped."""
     for i in range(elapsed.shape[0]):
         stepped[i] = stepping[i]
         if stepping[i]:
             elapsed[i] += 1
-            truncations[i] = max_steps >= 0 and elapsed[i] >= max_steps
+            truncations[i] = elapsed[i] >= limits[i]
         else:
             truncations[i] = False
 
@@ -39,16 +41,21 @@ def add_step(stepped, rewards, terminations, truncations, returns, lengths, ende
 
 
 @numba.njit(cache=True)
-def accept_scalars(new, seen, good, words, low, high, step, targets, applied_words, matrix, applied):  # type: ignore[no-untyped-def]
+def accept_scalars(  # type: ignore[no-untyped-def]
+    new, seen, good, words, low, high, step, targets, applied_words, matrix, applied, refreshes, touched
+):
     """The Python engine's rule for plain float64 parameters, over records seen as ``(envs, words)``
     float64 matrices (every field 8 bytes): a value that changed (bitwise) since ``seen`` and is
     finite and within ``[low, high]`` becomes the env's ``good`` value and, for a ``step`` parameter,
     is applied: to its column ``targets[p]`` of the kernel's ``matrix`` (-1: none, a value only hooks
-    read) and to its word ``applied_words[p]`` of ``applied``. ``words[w]`` is the parameter ``p`` at
-    record word ``w``, -1 for words of other parameters. Returns False, having changed nothing, if a
-    value is refused or another parameter changed (the caller's general path handles those)."""
+    read) and to its word ``applied_words[p]`` of ``applied``; ``touched[i]`` says whether env ``i``
+    had one applied for which ``refreshes[p]`` (the kernel's ``refresh`` must follow). ``words[w]`` is
+    the parameter ``p`` at record word ``w``, -1 for words of other parameters. Returns False, having
+    changed nothing, if a value is refused or another parameter changed (the caller's general path
+    handles those)."""
     new_bits, seen_bits = new.view(np.int64), seen.view(np.int64)
     rows, width = new.shape
+    touched[:] = False
     for i in range(rows):
         for w in range(width):
             if new_bits[i, w] != seen_bits[i, w]:
@@ -68,6 +75,8 @@ def accept_scalars(new, seen, good, words, low, high, step, targets, applied_wor
                     if targets[p] >= 0:
                         matrix[i, targets[p]] = value
                     applied[i, applied_words[p]] = value
+                    if refreshes[p]:
+                        touched[i] = True
     return True
 
 
