@@ -2,8 +2,9 @@
 ``recv()``, so that the trainer runs its policy on one batch while workers step the others.
 
 The rule for ``batch_size``: a batch is made of whole slots. A worker steps its whole slot at
-once (one command, its rows written together), so ``batch_size`` must be a multiple of the slot
-size, and slots must be equal (``num_envs % num_workers == 0``). PufferLib has the same rule;
+once (one command, its rows written together), so ``batch_size`` is ``num_envs`` (the default:
+every worker, slots equal or not), or a multiple of the slot size with equal slots
+(``num_envs % num_workers == 0``). PufferLib has the same rule;
 EnvPool lets any ``B`` through by stepping and returning single envs, which here would cost a
 command and a wait per env instead of per slot. With ``batch_size == num_envs`` every worker is
 one batch: the pool behaves as the synchronous one.
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -42,6 +43,15 @@ from .system import monotonic, usable_cores
 from .waiting import TRAINER_POLL_INTERVAL, TRAINER_SPIN, Waiter
 
 IDLE, BUSY, READY, RETURNED = range(4)
+
+
+class Handout(NamedTuple):
+    """One batch that ``recv`` marked as returned, with what undoes that."""
+
+    results: tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
+    workers: tuple[int, ...]  # in the order they left the ready queue
+    slot_set: SlotSet
+    returned_before: SlotSet | None  # what send's default was before
 
 
 class Batches:
@@ -64,8 +74,10 @@ class Batches:
         self._action_space = action_space
         self._slots = config.slots
         self.batch_size: int = config.batch_size  # type: ignore[assignment]
-        self._workers_per_batch = self.batch_size // (self._slots[0][1] - self._slots[0][0])
         num_workers = len(self._slots)
+        # Every env makes one batch of every worker, whatever the slots' sizes (they may differ).
+        whole = self.batch_size == config.num_envs
+        self._workers_per_batch = num_workers if whole else self.batch_size // (self._slots[0][1] - self._slots[0][0])
         self._state = [IDLE] * num_workers
         self._seq = [0] * num_workers  # the sequence number of each worker's command in flight
         self._sent_at = [0.0] * num_workers  # when it was sent (monotonic): its timeout counts from there
@@ -138,8 +150,10 @@ class Batches:
                     f"env ids of infos['env_id'] of a recv()"
                 )
 
-    def recv(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        """The results of the first ``batch_size`` envs to finish, with ``infos["env_id"]``."""
+    def recv(self, held: interrupts_deferred) -> Handout:
+        """Hands out the results of the first ``batch_size`` envs to finish, with ``infos["env_id"]``.
+        Ctrl-C interrupts the wait; from the handing out on, ``held`` holds it back for the caller to
+        release once it has nothing left to do but return (see ``Pool.recv``)."""
         ready, needed = self._ready, self._workers_per_batch
         now = monotonic()
         if now >= self._next_check:
@@ -150,7 +164,7 @@ class Batches:
             if len(ready) + len(busy) < needed:
                 raise RuntimeError(
                     f"recv needs {self.batch_size} envs in flight, but only "
-                    f"{(len(ready) + len(busy)) * self.batch_size // needed} are: call "
+                    f"{sum(self._slots[k][1] - self._slots[k][0] for k in (*ready, *busy))} are: call "
                     f"async_reset() first, and send() the actions of the envs each recv() returns"
                 )
             # Spinning takes a core: only when one is free of stepping workers (see TRAINER_SPIN).
@@ -165,22 +179,22 @@ class Batches:
             slot_set = self._slot_sets[chosen] = SlotSet(self._slots, chosen)
         # Read before anything changes: Ctrl-C here leaves the batch queued for the next recv.
         results = self._results.batch(slot_set, [self._was_reset[k] for k in chosen])
-        taken: list[int] = []
-        returned = self._returned
-        try:
-            with interrupts_deferred():  # queue and states change together
-                taken = [ready.popleft() for _ in range(needed)]
-                for worker_id in taken:
-                    self._state[worker_id] = RETURNED
-                self._returned = slot_set
-            return results
-        except KeyboardInterrupt:  # held back to the block's end, or just after: nobody got the batch
-            with interrupts_deferred():
-                for worker_id in reversed(taken):
-                    self._state[worker_id] = READY
-                    ready.appendleft(worker_id)
-                self._returned = returned
-            raise
+        handout = Handout(results, tuple(ready[k] for k in range(needed)), slot_set, self._returned)
+        held.hold()
+        for _ in range(needed):
+            self._state[ready.popleft()] = RETURNED
+        self._returned = slot_set
+        return handout
+
+    def take_back(self, handout: Handout) -> None:
+        """Queues a batch that :meth:`recv` handed out but the caller never got (Ctrl-C) for the next
+        ``recv``, first in line; does nothing if it is back already. Call it with Ctrl-C held back."""
+        if self._returned is not handout.slot_set or any(self._state[k] != RETURNED for k in handout.workers):
+            return
+        for worker_id in reversed(handout.workers):
+            self._state[worker_id] = READY
+            self._ready.appendleft(worker_id)
+        self._returned = handout.returned_before
 
     def _busy(self) -> dict[int, int]:
         """The workers with a command in flight: worker id -> the sequence number of that command."""

@@ -30,6 +30,8 @@ from .errors import (
     RemoteTraceback,
     SeedError,
     ShmpoolError,
+    StepSentInterrupt,
+    WorkerError,
     WriterLockTimeout,
 )
 from .layout import (
@@ -417,18 +419,34 @@ class Pool(Channels, VectorEnv):
 
     def send(self, actions: Any, env_ids: Any = None) -> None:
         """Starts stepping the envs ``env_ids`` (default: those the last ``recv()`` returned) with
-        ``actions``, one row per env id in that order; returns at once."""
-        with self._calls:
-            self._enter()
-            with interrupts_deferred():  # a send that went out is counted, whenever Ctrl-C comes
+        ``actions``, one row per env id in that order; returns at once.
+
+        A Ctrl-C is never ambiguous: a plain ``KeyboardInterrupt`` means that nothing was sent, and
+        :class:`~shmpool.errors.StepSentInterrupt` (a ``KeyboardInterrupt``) that the step went out."""
+        held = interrupts_deferred()
+        went_out = False
+        try:
+            with self._calls:
+                self._enter()
+                held.hold()  # a send that went out is counted, whenever Ctrl-C comes
                 try:
                     sent = self._batches.send(actions, env_ids, self._lifecycle.next_seq)
-                except ShmpoolError as error:
-                    self._broken = error
+                    went_out = True
+                    self._global_step += 1
+                    self._header[H_GLOBAL_STEP] = self._global_step  # type: ignore[index]
+                    self._after_step(sent)
+                except BaseException as error:
+                    if isinstance(error, ShmpoolError):
+                        self._broken = error
+                    held.release()
                     raise
-                self._global_step += 1
-                self._header[H_GLOBAL_STEP] = self._global_step  # type: ignore[index]
-                self._after_step(sent)
+            # Past the lock's release: a Ctrl-C there would hide that the step went out. Nothing
+            # after it may call anything (a call is where Python raises a pending Ctrl-C).
+            held.release()
+        except KeyboardInterrupt:
+            if went_out:
+                raise StepSentInterrupt from None  # the class: making an instance would be a call
+            raise
 
     def _after_step(self, env_steps: int) -> None:
         """Counts ``env_steps`` for ``stats``; every 64 steps (or sends) publishes the rate and rolls
@@ -453,18 +471,37 @@ class Pool(Channels, VectorEnv):
     def recv(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Waits for the first ``batch_size`` envs to finish their step (or reset) and returns their
         observations, rewards, terminations, truncations and infos, with ``infos["env_id"]`` (int32)
-        saying which env each row is."""
+        saying which env each row is. One that raises ``KeyboardInterrupt`` has handed nothing out:
+        the next ``recv()`` returns the batch."""
         with self._calls:
             self._enter()
             # Before the batch is handed out, not after: a Ctrl-C (or a warning made an error) in
             # between would lose it. A refusal in this batch's step is then warned at the next recv.
             if self.config.param_specs:
                 self._results.warn_refusals()
+            held = interrupts_deferred()
             try:
-                return self._batches.recv()
+                handout = self._batches.recv(held)
             except ShmpoolError as error:
                 self._broken = error
                 raise
+        # A Ctrl-C held back since the batch was handed out (the lock's release included) is raised
+        # here, and the batch is queued again. Nothing after the release checks for signals (none of
+        # its bytecodes do) before the caller has stored the batch: no window loses it.
+        try:
+            held.release()
+        except KeyboardInterrupt:
+            # Inline, not a method: a call's entry is where a second Ctrl-C (a storm) would land.
+            # Ctrl-Cs meanwhile are one with the KeyboardInterrupt being raised.
+            while True:
+                try:
+                    with interrupts_deferred(), self._calls:
+                        self._batches.take_back(handout)  # idempotent: a retry after it ran does nothing
+                    break
+                except KeyboardInterrupt:
+                    continue
+            raise
+        return handout.results
 
     # -- control calls (gymnasium's vector API; see shmpool.calls) -------------------------------------
 
@@ -570,15 +607,19 @@ class Pool(Channels, VectorEnv):
         return results
 
     def _raise_call_failure(self, worker_id: int, failure: Failure, what: str) -> None:
-        env_id, error, text = failure
-        if error is None:  # it did not pickle: its text is all there is
-            lines = text.strip().splitlines()
-            error = RuntimeError(lines[-1] if lines else "unknown error")
-        where = f"env {env_id} (worker {worker_id}" if env_id >= 0 else f"worker {worker_id} (before any env"
-        note = f"raised by {where}, {self.config.env_label}) of pool {self._name!r} in {what}"
+        where = f"{failure.where(f'worker {worker_id}', self.config.env_label)} of pool {self._name!r} in {what}"
+        error = failure.error
+        if error is None:  # it could not be rebuilt here: its type, message and traceback text are what is left
+            raise WorkerError(
+                f"{failure.type_name}: {failure.message} (raised by {where}; {failure.problem}; the pool is "
+                f"still usable)",
+                worker_id=worker_id,
+                env_id=failure.env_id if failure.env_id >= 0 else None,
+                traceback_text=failure.text,
+            )
         if hasattr(error, "add_note"):
-            error.add_note(note)
-        raise error from RemoteTraceback(text)
+            error.add_note(f"raised by {where}")
+        raise error from RemoteTraceback(failure.text)
 
     def state_dict(self) -> Any:
         """As on an attached handle (see :meth:`shmpool.view.Channels.state_dict`), once no env is

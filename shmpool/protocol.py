@@ -276,12 +276,24 @@ class interrupts_deferred:  # noqa: N801 - used as a function: ``with interrupts
 
     __slots__ = ("_deferral",)
 
+    def __init__(self) -> None:
+        self._deferral: _DeferredInterrupt | None = None
+
     def __enter__(self) -> None:
         self._deferral = _DeferredInterrupt.begin()
 
     def __exit__(self, *exc_info: object) -> None:
-        if self._deferral is not None:
-            self._deferral.end()
+        deferral, self._deferral = self._deferral, None
+        if deferral is not None:
+            deferral.end()
+
+    #: For a hold that outlives a ``with`` block (a lock's release included): ``hold()`` ... ``release()``.
+    #: ``release`` is idempotent and raises the held-back ``KeyboardInterrupt``, if any.
+    hold = __enter__
+
+    def release(self) -> None:
+        """Ends the hold; raises ``KeyboardInterrupt`` if Ctrl-C came during it."""
+        self.__exit__()
 
 
 class _DeferredInterrupt:

@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .calls import decode
+from .calls import IN_RESULT, Failure, decode_answer
 from .config import PoolConfig
 from .errors import PoolClosedError, PoolTimeoutError, WorkerDiedError, WorkerError
 from .layout import (
@@ -64,6 +64,9 @@ class Waiter:
         self.words = memoryview(lifecycle.views["control"].data).cast("B").cast("q")
         self._done = [k * CONTROL_WORDS + CTL_DONE for k in range(len(self._slots))]
         self._status = [k * CONTROL_WORDS + CTL_STATUS for k in range(len(self._slots))]
+        #: The raw answers to control call ``_answers_seq`` read so far, by worker id.
+        self._answers: dict[int, bytes] = {}
+        self._answers_seq = 0
 
     def wait_ready(self) -> None:
         """Returns once every worker has built its envs; raises if one failed, died or is too slow."""
@@ -125,44 +128,58 @@ class Waiter:
         if late:
             self._check_workers(-math.inf, limit, phase, lambda k: k not in late)
 
-    def receive_calls(self, seq: int, phase: str) -> list[tuple[list[Any] | None, Any]]:
+    def receive_calls(self, seq: int, phase: str) -> list[tuple[list[Any] | None, Failure | None]]:
         """Each worker's answer ``(results, failure)`` to control call ``seq`` (see
         :mod:`shmpool.calls`), read while it comes; answers to older calls are dropped. Raises like
-        :meth:`wait_done` if a worker dies or the pool's ``timeout`` passes."""
+        :meth:`wait_done` if a worker dies or the pool's ``timeout`` passes.
+
+        The answers read so far are kept until all are in, so that a call that Ctrl-C interrupted
+        and that is finished again neither waits for an answer it already has nor loses one."""
         limit = self._config.timeout
         deadline = None if limit is None else monotonic() + limit
+        if self._answers_seq != seq:
+            self._answers_seq, self._answers = seq, {}
         # Worker processes only: the trainer's own slot (trainer_slot) answers in-process.
-        return [
+        answers = [
             self._receive_answer(worker_id, seq, phase, deadline)
             for worker_id in range(len(self._lifecycle.call_pipes))
         ]
+        self._answers = {}  # a render's frames can be large: not kept past the call
+        return answers
 
     def _receive_answer(
         self, worker_id: int, seq: int, phase: str, deadline: float | None
-    ) -> tuple[list[Any] | None, Any]:
+    ) -> tuple[list[Any] | None, Failure | None]:
         pipe = self._lifecycle.call_pipes[worker_id]
+        answers, done = self._answers, self._done[worker_id]
         others_finished = functools.partial(operator.ne, worker_id)  # only this worker's death matters
         while True:
-            if not pipe.poll(TRAINER_POLL_INTERVAL):
-                # A worker answers before it marks the call done, so done with nothing to read means
-                # a wait that Ctrl-C cut short read the answer already: the call is over.
-                if self.words[self._done[worker_id]] == seq and not pipe.poll(0):
-                    return None, None
-                self._check_workers(deadline, self._config.timeout, phase, others_finished)
-                continue
+            data = answers.get(worker_id)
+            if data is None:
+                # What has come already is taken before any wait: a call that Ctrl-C interrupted is
+                # finished again at once (Ctrl-C every 20 ms must not cut short a 50 ms wait forever).
+                finished = self.words[done] == seq  # read before the pipe: a worker answers, then marks done
+                if not pipe.poll(0):
+                    if finished:  # done with nothing to read: a worker that failed earlier answers nothing
+                        return None, None
+                    if not pipe.poll(TRAINER_POLL_INTERVAL):
+                        self._check_workers(deadline, self._config.timeout, phase, others_finished)
+                    continue
+                try:
+                    with interrupts_deferred():  # a message half read, or read and not kept, would be lost
+                        data = answers[worker_id] = pipe.recv_bytes()
+                except EOFError:  # the worker died while answering: say so with its exit status
+                    self._lifecycle.processes[worker_id].join(1.0)
+                    self._check_workers(None, None, phase, others_finished)
+                    raise
             try:
-                with interrupts_deferred():  # a message half read would leave the pipe out of step
-                    data = pipe.recv_bytes()
-            except EOFError:  # the worker died while answering: say so with its exit status
-                self._lifecycle.processes[worker_id].join(1.0)
-                self._check_workers(None, None, phase, others_finished)
-                raise
-            try:
-                answer_seq, results, failure = decode(data)
-            except Exception as exc:  # noqa: BLE001 - e.g. a result whose class this process cannot import
-                return None, (-1, exc, traceback.format_exc())
+                answer_seq, results, failure = decode_answer(data)
+            except Exception as exc:  # noqa: BLE001 - a damaged message: it fails the call, not the pool
+                text = traceback.format_exc()
+                return None, Failure(-1, IN_RESULT, None, type(exc).__name__, str(exc), text, "it is damaged")
             if answer_seq == seq:
                 return results, failure
+            del answers[worker_id]  # an answer to a call that Ctrl-C interrupted earlier
 
     def _sleep_until(self, ready: Callable[[], bool], *, spin: int, on_idle: Callable[[], None]) -> None:
         doorbell = self._lifecycle.trainer_doorbell

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import collections
 import importlib.util
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -11,6 +13,34 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium import spaces
+
+#: The modules of the optional extras, each with the extra that installs it: tests that need one skip
+#: where it is missing (CI installs them all; the run on the oldest gymnasium installs fewer).
+EXTRA_OF = {
+    "numba": "numba",
+    "mujoco": "mujoco",
+    "ray": "ray",
+    "stable_baselines3": "sb3",
+    "torch": "examples",
+    "matplotlib": "plot",
+    "rich": "plot",
+}
+
+
+def missing_extras(*modules: str) -> list[str]:
+    """Those of ``modules`` (keys of :data:`EXTRA_OF`) that are not installed, each as its install line."""
+    return [
+        f'{module}: pip install -e ".[{EXTRA_OF[module]}]"'
+        for module in modules
+        if importlib.util.find_spec(module) is None
+    ]
+
+
+def needs(*modules: str) -> pytest.MarkDecorator:
+    """Skips a test where one of the extras' ``modules`` is missing, saying how to install it."""
+    missing = missing_extras(*modules)
+    return pytest.mark.skipif(bool(missing), reason=f"needs {', '.join(missing)}")
+
 
 #: ``launch(engine=...)`` values for tests that run on both engines (numba's skipped without numba).
 ENGINES = [
@@ -22,6 +52,38 @@ ENGINES = [
         ),
     ),
 ]
+
+#: The suite runs on the oldest gymnasium the project supports as well as the newest (``.ci/run``).
+#: shmpool behaves as the newest; before 1.4, gymnasium's own ``SyncVectorEnv``, which tests compare
+#: against, differed in ways that are not shmpool's to copy: it refused bad input with ``assert``
+#: (an ``AssertionError``, where 1.4 raises ``ValueError``/``RuntimeError``), wrote its mode into the
+#: env class's shared ``metadata``, and its ``RecordEpisodeStatistics`` left the first step of each
+#: episode after a same-step autoreset out of that episode's length and return.
+OLD_GYMNASIUM = tuple(int(part) for part in gym.__version__.split(".")[:2]) < (1, 4)
+
+
+def sync_error(error: type[BaseException]) -> type[BaseException]:
+    """What ``SyncVectorEnv`` of the installed gymnasium raises for bad input that raises ``error`` on
+    the pool (see :data:`OLD_GYMNASIUM`)."""
+    return AssertionError if OLD_GYMNASIUM else error
+
+
+def start_sigint_storm(pid: int, seconds: float, gap: float, *, random_gap: bool = True) -> subprocess.Popen[bytes]:
+    """Starts a process that sends SIGINT to ``pid`` every ``gap`` seconds (a random gap up to it,
+    with ``random_gap``) for ``seconds``. Another process, not a thread: a thread would share the
+    interpreter's lock with the code it interrupts. Reap it with ``os.waitpid(storm.pid, 0)``: the
+    interrupted script's own ``storm.wait()`` could itself be cut short by the storm's last signals.
+    ``pid`` must be the caller's own: the storm stops once its parent is gone, so that it never
+    signals another process that took that pid."""
+    sleep = f"random.uniform(0, {gap})" if random_gap else repr(gap)
+    code = (
+        "import os, random, signal, sys, time\n"
+        f"end = time.monotonic() + {seconds}\n"
+        "while time.monotonic() < end and os.getppid() == int(sys.argv[1]):\n"
+        f"    time.sleep({sleep})\n"
+        "    os.kill(int(sys.argv[1]), signal.SIGINT)\n"
+    )
+    return subprocess.Popen([sys.executable, "-c", code, str(pid)])
 
 
 class CountingEnv(gym.Env):

@@ -345,8 +345,8 @@ def test_a_ctrl_c_held_back_inside_recv_loses_no_batch(
     pool_name: str, monkeypatch: pytest.MonkeyPatch, nth: int
 ) -> None:
     """A Ctrl-C that arrives while recv changes its queue is raised when that block ends: in the first
-    block (marking the finished worker ready) or the second (handing its batch out), the batch
-    stays queued for the next recv. A real SIGINT, sent at that moment from inside the block."""
+    block (marking the finished worker ready) or the second (handing its batch out, held until recv
+    returns), the batch stays queued for the next recv. A real SIGINT, sent at that moment from inside the block."""
     uses = iter(range(1, 100))
 
     class CtrlCInside(shmpool.batches.interrupts_deferred):  # type: ignore[misc]
@@ -354,6 +354,8 @@ def test_a_ctrl_c_held_back_inside_recv_loses_no_batch(
             super().__enter__()
             if next(uses) == nth:
                 os.kill(os.getpid(), signal.SIGINT)
+
+        hold = __enter__
 
     with shmpool.launch("CartPole-v1", 4, num_workers=2, batch_size=2, name=pool_name) as pool:
         pool.async_reset(seed=0)
@@ -363,6 +365,7 @@ def test_a_ctrl_c_held_back_inside_recv_loses_no_batch(
         pool.send(np.zeros(2, dtype=np.int64), infos["env_id"])
         time.sleep(0.2)  # both slots done, neither marked ready yet
         monkeypatch.setattr(shmpool.batches, "interrupts_deferred", CtrlCInside)
+        monkeypatch.setattr(shmpool.pool, "interrupts_deferred", CtrlCInside)  # the hand-out's hold
         with pytest.raises(KeyboardInterrupt):
             pool.recv()
         monkeypatch.undo()

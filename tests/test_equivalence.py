@@ -79,6 +79,11 @@ def check_matches_sync_vector_env(
             for index, label in enumerate(["observations", "rewards", "terminations", "truncations"]):
                 assert_same(ours[index], theirs[index], f"step {t} {label}")
             our_infos, their_infos = ours[4], theirs[4]
+            if helpers.OLD_GYMNASIUM and mode == AutoresetMode.SAME_STEP:  # its statistics miss a step
+                our_infos, their_infos = (
+                    {k: v for k, v in infos.items() if k not in ("episode", "_episode")}
+                    for infos in (our_infos, their_infos)
+                )
             if "episode" in their_infos:
                 episodes_seen += int(their_infos["_episode"].sum())
                 np.testing.assert_array_equal(our_infos["_episode"], their_infos["_episode"])
@@ -90,7 +95,8 @@ def check_matches_sync_vector_env(
                 assert "episode" not in our_infos
             assert_same(our_infos, their_infos, f"step {t} infos")
             assert set(our_infos) - {"episode", "_episode"} == set(their_infos), f"step {t} info keys"
-        assert episodes_seen >= NUM_ENVS, "the run should cross several episode ends"
+        if not (helpers.OLD_GYMNASIUM and mode == AutoresetMode.SAME_STEP):
+            assert episodes_seen >= NUM_ENVS, "the run should cross several episode ends"
     reference.close()
 
 

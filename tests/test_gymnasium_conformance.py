@@ -604,7 +604,7 @@ def test_bad_reset_masks_raise_as_sync_does(mask: Any, error: type, pool_name: s
         for vector_env in (reference, pool):
             vector_env.reset(seed=0)
             vector_env.step([1, 1, 1])
-            with pytest.raises(error, match="reset_mask"):
+            with pytest.raises(error if vector_env is pool else helpers.sync_error(error), match="reset_mask"):
                 vector_env.reset(options={"reset_mask": mask})
         # a refused reset changes nothing
         assert_same_step(pool.step([2, 2, 2]), reference.step([2, 2, 2]), pool.single_observation_space, "after")
@@ -621,8 +621,11 @@ def test_autoreset_mode_in_metadata(mode: AutoresetMode, as_value: bool, pool_na
         assert pool.metadata["autoreset_mode"] is mode
         assert pool.autoreset_mode is mode
         env = gym.make("CartPole-v1")
-        assert "autoreset_mode" not in env.metadata
-        assert {k: v for k, v in pool.metadata.items() if k != "autoreset_mode"} == env.metadata
+        if not helpers.OLD_GYMNASIUM:  # whose SyncVectorEnv, run by other tests here, writes it there
+            assert "autoreset_mode" not in env.metadata
+        assert {k: v for k, v in pool.metadata.items() if k != "autoreset_mode"} == {
+            k: v for k, v in env.metadata.items() if k != "autoreset_mode"
+        }
         env.close()
 
 
@@ -705,7 +708,9 @@ def test_seeding_by_int_list_and_none_matches_sync(pool_name: str) -> None:
         assert len(ours) == 3 and all(isinstance(generator, np.random.Generator) for generator in ours)
         assert [g.bit_generator.state for g in ours] == [g.bit_generator.state for g in theirs]
         for vector_env in (pool, reference):
-            with pytest.raises(ValueError, match="num_envs=3"):
+            with pytest.raises(
+                ValueError if vector_env is pool else helpers.sync_error(ValueError), match="num_envs=3"
+            ):
                 vector_env.reset(seed=[1, 2])
 
 
@@ -877,7 +882,7 @@ def test_env_fns_with_different_spaces_raise_runtime_error(pool_name: str) -> No
     """gymnasium's test_check_spaces_*: envs whose spaces differ are refused with a RuntimeError."""
     env_fns = [seeded_cartpole(i) for i in range(4)]
     env_fns[1] = lambda: gym.make("FrozenLake-v1")
-    with pytest.raises(RuntimeError, match="observation spaces are not equivalent"):
+    with pytest.raises(helpers.sync_error(RuntimeError), match="observation spaces are not equivalent"):
         SyncVectorEnv(env_fns)
     with pytest.raises(RuntimeError, match="same spaces"):
         shmpool.launch(env_fns, num_workers=2, name=pool_name)
@@ -1105,7 +1110,11 @@ def test_vector_wrappers_on_the_pool_match_sync(
     ):
         try:
             reference = wrap(reference_env)
-        except ValueError as refused:
+        except helpers.sync_error(ValueError) as refused:
+            if helpers.OLD_GYMNASIUM:  # its wrappers refused SAME_STEP with a bare assert: no text to match
+                with pytest.raises(AssertionError):
+                    wrap(pool)
+                return
             with pytest.raises(ValueError, match=re.escape(str(refused))):
                 wrap(pool)
             return

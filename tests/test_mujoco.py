@@ -7,13 +7,14 @@ import sys
 from pathlib import Path
 
 import gymnasium as gym
-import mujoco
 import numpy as np
 import pytest
 
 import shmpool
 from shmpool import Param, adapters, hooks
 from shmpool import mujoco as smj
+
+mujoco = pytest.importorskip("mujoco", reason='needs mujoco: pip install -e ".[mujoco]"')
 
 ENV = "HalfCheetah-v5"
 

@@ -9,7 +9,6 @@ otherwise (```bash, ```text) are not run.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import re
 import signal
@@ -18,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import helpers
 import pytest
 
 from shmpool.system import SEGMENT_PREFIX, stat_fields
@@ -69,8 +69,9 @@ def test_readme_blocks_are_all_found() -> None:
 
 @pytest.mark.parametrize("line, code", BLOCKS, ids=[f"line{line}" for line, _ in BLOCKS])
 def test_readme_block_runs(line: int, code: str, tmp_path: Path) -> None:
-    if re.search(r"\bmujoco\b", code) and importlib.util.find_spec("mujoco") is None:
-        pytest.skip('needs MuJoCo: pip install -e ".[mujoco]"')
+    missing = helpers.missing_extras(*(module for module in helpers.EXTRA_OF if re.search(rf"\b{module}\b", code)))
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)}")
     script = tmp_path / f"readme_line{line}.py"
     script.write_text(code)
     workdir = tmp_path / "cwd"

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import helpers
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,7 +77,17 @@ def test_settings_helper_types_defaults_and_errors(capsys: pytest.CaptureFixture
         assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("script", ["bench", "demo", "curriculum", "robot_dr", "soak", "ppo"])
+#: The extras' modules each script imports (see helpers.EXTRA_OF).
+SCRIPT_NEEDS = {"demo": ("rich", "matplotlib"), "ppo": ("torch", "matplotlib"), "robot_dr": ("mujoco",)}
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        pytest.param(script, marks=helpers.needs(*SCRIPT_NEEDS.get(script, ())))
+        for script in ("bench", "demo", "curriculum", "robot_dr", "soak", "ppo")
+    ],
+)
 def test_scripts_document_their_options(script: str) -> None:
     result = subprocess.run(
         [sys.executable, f"scripts/{script}.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
@@ -138,6 +149,7 @@ def test_bench_loop_prints_every_runner_and_the_best_cases() -> None:
     assert sync_us > 0 and async_us > 0 and ratio == pytest.approx(sync_us / async_us, abs=0.02)
 
 
+@helpers.needs(*SCRIPT_NEEDS["demo"])
 def test_demo_quick_runs_curriculum_and_plots(tmp_path: Path) -> None:
     plot = tmp_path / "demo.png"
     result = subprocess.run(
@@ -159,6 +171,7 @@ def test_demo_quick_runs_curriculum_and_plots(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("mode", [[], ["--async"]], ids=["step", "send-recv"])
+@helpers.needs(*SCRIPT_NEEDS["ppo"])
 def test_ppo_quick_prints_returns_and_plots(mode: list[str], tmp_path: Path) -> None:
     plot = tmp_path / "ppo.png"
     result = subprocess.run(
@@ -183,6 +196,7 @@ def test_ppo_quick_prints_returns_and_plots(mode: list[str], tmp_path: Path) -> 
     assert plot.stat().st_size > 10_000 and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@helpers.needs(*SCRIPT_NEEDS["robot_dr"])
 def test_robot_dr_prints_applied_ranges() -> None:
     result = subprocess.run(
         [sys.executable, "scripts/robot_dr.py", "--quick"],

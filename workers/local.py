@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from shmpool.calls import Request, decode, run_requests
+from shmpool.calls import Request, decode_answer, run_requests
 from shmpool.config import WorkerConfig
 from shmpool.layout import CMD_CALL, CMD_CLOSE
 from shmpool.protocol import interrupts_deferred
@@ -52,15 +52,21 @@ class LocalSlot:
 
     def call(self, seq: int, requests: list[Request]) -> tuple[Any, Any]:
         """Runs this slot's part of control call ``seq``; returns ``(results, failure)`` as a worker
-        process's answer carries them (so results are copies, as there)."""
+        process's answer carries them (so results are copies, and an exception the function raised,
+        ``KeyboardInterrupt`` and ``SystemExit`` included, is the failure, raised once the call is over)."""
         envs = self._worker.envs
         if envs is None:  # failed to build: the pool is broken, and says so before any call
             raise RuntimeError("the trainer's slot has no envs")
-        with interrupts_deferred():  # marked done only if run: a call cut short is not run again
-            _, results, failure = decode(run_requests(envs.envs, envs.start, seq, requests))
-            envs.after_call()
-            self._last_seq = seq
-            self._worker.publish_done(seq)
+        with interrupts_deferred():  # run whole: a call cut short is not run again
+            try:
+                answer = run_requests(envs.envs, envs.start, seq, requests)
+                envs.after_call()
+            finally:
+                # Done whatever happened: finishing the call waits for this word, which nothing
+                # else would ever set.
+                self._last_seq = seq
+                self._worker.publish_done(seq)
+            _, results, failure = decode_answer(answer)
         return results, failure
 
     def close(self) -> None:
