@@ -1,7 +1,15 @@
-"""Soak test: one pool steps for millions of env steps while hostile processes hammer it.
+"""Soak test: pools step for millions of env steps while hostile processes hammer them.
 
-The trainer steps a pool of CartPole-v1 envs (each wrapped to count its own calls) with two hooks,
-while at the same time:
+The trainer soaks one pool after another (the *phases*), each of CartPole-v1 envs (each wrapped
+to count its own calls) with two hooks:
+
+- ``workers``: every slot in a worker process, stepped with ``pool.step``;
+- ``trainer-slot``: the same with ``launch(trainer_slot=True)``: the trainer steps the last slot
+  in its own process (hooks included);
+- ``async``: EnvPool's API, ``launch(batch_size=num_envs // num_workers)``, ``async_reset()``,
+  then ``recv()`` / ``send(actions, infos["env_id"])`` one worker's batch at a time.
+
+While each pool runs:
 
 - two attached **writer** processes write ``params.write(env_ids, a=x, b=-x)`` (a pair that must
   land atomically) and move the arguments of two ``dist="uniform"`` parameters one argument at a
@@ -10,9 +18,16 @@ while at the same time:
 - two attached **sender** processes, each with several threads, send events to random envs of both
   workers and record each one once ``send()`` has returned;
 - the trainer itself takes a SIGINT every 20-200 ms (KeyboardInterrupt anywhere in its loop,
-  ``pool.step`` and its own ``params.write`` included), catches it and keeps stepping.
+  ``pool.step``, ``recv``, ``send``, its control calls and its own ``params.write`` included),
+  catches it and keeps going; a **storm** process also sends it bursts of SIGINTs (one every
+  0-0.5 ms for 50 ms, every ``--burst-every`` seconds), which cut short even a ``send`` (too short
+  for the others to hit often), and gusts (one every 20 ms for ``--gust-seconds``, every
+  ``--gust-every`` seconds), under which a control call that a retry cannot finish between two
+  Ctrl-Cs would never complete;
+- every ``--call-every`` steps the trainer makes a control call (``get_attr``, ``call`` or
+  ``env_apply``, in turn) and retries it after each Ctrl-C until it completes.
 
-What it checks, each as a counter that must stay 0:
+What it checks, each as a counter that must stay 0 (or, marked so, must not stay 0):
 
 - **torn reads**: a hook checks in every ``before_step`` that each env's ``ctx.params`` and
   ``ctx.applied`` hold ``a == -b`` and ``low <= high``; the trainer checks ``pool.applied`` after
@@ -20,17 +35,30 @@ What it checks, each as a counter that must stay 0:
 - **merges**: no ``write()`` of writer-owned ``u`` ranges is refused (each is valid after the
   previous one) and no worker ever refuses a value (``pool.params.refusals``), so no stale merge of
   the contested ``v`` range (writer 0 writes only ``low``, writer 1 only ``high``) stored low > high;
-- **lockstep**: after every step all envs report the same count of calls, the pool's global step;
+- **lockstep** (``step``): after every step all envs report the same count of calls, the pool's
+  global step;
+- **async batches**: a ``recv()`` cut by Ctrl-C hands nothing out (the next one returns the batch);
+  a ``send()`` that raises a plain ``KeyboardInterrupt`` sent nothing, one that raises
+  ``shmpool.StepSentInterrupt`` sent the step. So each batch recv hands out reports, per env, as
+  many calls as sends went out to it; none is handed out twice or sent twice (``send`` refusing it as
+  still stepping or not yet returned), and none is lost: every env's results come back within
+  ``--lost-seconds``, during the storm and after it;
+- **control calls**: some complete during the storm, none is still retried after
+  ``--livelock-seconds`` (a gust lasts longer: a livelock, each retry cut short before it finishes,
+  would show there), and each returns every env's count of calls (that lockstep or the sends
+  imply), with the env ids and the tag it was given;
 - **events**: every sent event reaches each worker owning one of its envs exactly once, with those
   envs, in each sending thread's order; none is delivered that was not sent;
 - **the pool survives**: no pool error, no hang, no writer or sender error; after ``close()`` no
   ``/dev/shm`` entry of the pool and no child process is left.
 
-It prints a progress line every few seconds, then a table, and exits 1 if any check failed.
+It prints a progress line every few seconds, then a table (a column per phase), and exits 1 if any
+check failed.
 
-    python scripts/soak.py                      # 10 million env steps
-    python scripts/soak.py --quick              # about 30 s, for CI
-    python scripts/soak.py --seconds 600        # ten minutes, whatever the step count
+    python scripts/soak.py                      # 10 million env steps, then 2.5 million per other phase
+    python scripts/soak.py --quick              # about 40 s, for CI
+    python scripts/soak.py --seconds 600        # ten minutes for the workers phase, 2.5 for the others
+    python scripts/soak.py --phases async       # one phase only
 
 A Ctrl-C from the terminal (beyond the script's own) stops the run early and still prints the table.
 """
@@ -40,6 +68,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import faulthandler
+import functools
 import os
 import random
 import shutil
@@ -51,7 +80,7 @@ import threading
 import time
 import traceback
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +96,16 @@ HOOK_LOG = "Log"
 #: The bounds of every parameter; the writer-owned ``u`` ranges turn back before reaching them.
 BOUND = 1e9
 U_TURN = 1e7
+#: The pools soaked, in this order (see the module docstring).
+PHASES = ("workers", "trainer-slot", "async")
+#: The control calls the trainer makes in turn.
+CALL_KINDS = ("get_attr", "call", "env_apply")
+#: How long one burst of the storm process's SIGINTs lasts (seconds), and the longest pause in it.
+BURST_SECONDS = 0.05
+BURST_PAUSE = 0.0005
+#: The storm process's counts, in its shared file ``storm-count.bin``; the last is 1 once the storm
+#: process got a SIGINT: nothing of the soak sends it one, so it came from the terminal's Ctrl-C.
+STORM_SENT, STORM_BURSTS, STORM_GUSTS, STORM_USER = range(4)
 
 
 @dataclass
@@ -74,37 +113,59 @@ class Settings:
     """What the soak runs."""
 
     env_steps: int = 10_000_000
-    """env steps to run (pool steps x num_envs)."""
+    """env steps to run in the workers phase (pool steps x num_envs)."""
     seconds: float = 0.0
-    """stop after this many seconds even if env_steps is not reached (0: no limit)."""
+    """stop the workers phase after this many seconds even if env_steps is not reached (0: no limit)."""
+    phases: list[str] = field(default_factory=lambda: list(PHASES))
+    """the pools to soak, one after the other: workers (worker processes only), trainer-slot
+    (launch(trainer_slot=True)), async (recv/send batches of one worker each)."""
+    side_share: float = 0.25
+    """the trainer-slot and async phases each run this share of env_steps and of seconds."""
     num_envs: int = 16
-    """envs in the pool."""
+    """envs in each pool."""
     num_workers: int = 2
-    """worker processes of the pool."""
+    """worker processes of each pool (counting the trainer's slot in the trainer-slot phase)."""
     sender_threads: int = 3
     """threads sending events in each of the two sender processes."""
     kill_every: float = 3.0
     """mean seconds between SIGKILLs of writer 0 (restarted at once; 0: never)."""
     interrupt_min: float = 0.02
-    """shortest pause between two SIGINTs to the trainer (seconds)."""
+    """shortest pause between two SIGINTs to the trainer, and the pause within a gust (seconds)."""
     interrupt_max: float = 0.2
-    """longest pause between two SIGINTs to the trainer (seconds; 0: no SIGINTs)."""
+    """longest pause between two SIGINTs to the trainer (seconds; 0: none, bursts and gusts apart)."""
     write_pause: float = 0.001
     """seconds each writer sleeps between two writes."""
     send_pause: float = 0.002
     """mean seconds each sender thread sleeps between two sends."""
+    burst_every: float = 1.0
+    """mean seconds between the storm process's bursts of SIGINTs to the trainer: one every 0-0.5 ms
+    for 50 ms (0: none)."""
+    gust_every: float = 15.0
+    """mean seconds between the storm process's gusts of SIGINTs: one every interrupt_min seconds for
+    gust_seconds (0: none)."""
+    gust_seconds: float = 3.0
+    """how long a gust lasts."""
     trainer_write_every: int = 50
     """the trainer also writes an a/b pair every this many steps (0: never)."""
+    call_every: int = 20
+    """the trainer makes a control call (get_attr, call, env_apply in turn) every this many steps, and
+    retries it after each Ctrl-C until it completes (0: never)."""
+    livelock_seconds: float = 2.0
+    """a control call still being retried after this many seconds counts as a livelock (and is given
+    up); keep it below gust_seconds."""
+    lost_seconds: float = 10.0
+    """async: an env whose results have not come back this many seconds after its send counts as lost."""
     progress_every: float = 5.0
     """seconds between progress lines."""
     hang_seconds: float = 60.0
     """a step loop that makes no progress this long counts as a hang (the workers are then killed)."""
     seed: int = 0
-    """seed of the pool, the actions and the hostile processes' choices."""
+    """seed of the pools, the actions and the hostile processes' choices."""
     logs: str = ""
     """folder for the event and check logs (default: a temporary one, removed at the end)."""
     quick: bool = False
-    """a CI-sized run: at most 25 s, writer 0 killed every 1.5 s."""
+    """a CI-sized run: 15 s for the workers phase, 7.5 s for each other one, writer 0 killed every 1.5 s,
+    SIGINT bursts every 0.5 s and gusts every 5 s."""
 
 
 @dataclass
@@ -127,11 +188,31 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, Role]:
     for f in dataclasses.fields(Role):
         given.pop(f.name, None)
     if given["quick"]:
-        quick = {"seconds": 25.0, "kill_every": 1.5, "progress_every": 5.0, "hang_seconds": 30.0}
+        quick = {
+            "seconds": 15.0,
+            "side_share": 0.5,
+            "kill_every": 1.5,
+            "progress_every": 5.0,
+            "hang_seconds": 30.0,
+            "burst_every": 0.5,
+            "gust_every": 5.0,
+        }
         given.update({key: value for key, value in quick.items() if given[key] is None})
     settings = Settings(**{key: value for key, value in given.items() if value is not None})
     if settings.num_workers < 2 or settings.num_envs < 2 * settings.num_workers:
         parser.error("--num-workers must be >= 2 and --num-envs at least twice that (events must span workers)")
+    unknown = [phase for phase in settings.phases if phase not in PHASES]
+    if unknown or len(set(settings.phases)) != len(settings.phases):
+        parser.error(f"--phases: each of {', '.join(PHASES)} at most once, got {' '.join(settings.phases)}")
+    if "async" in settings.phases and settings.num_envs % settings.num_workers:
+        parser.error(
+            f"--num-envs {settings.num_envs} must be a multiple of --num-workers {settings.num_workers} for the "
+            f"async phase (a batch is one worker's whole slot)"
+        )
+    if settings.gust_every and settings.gust_seconds <= settings.livelock_seconds:
+        parser.error("--gust-seconds must exceed --livelock-seconds: a livelock shows only in a longer gust")
+    if not 0 < settings.side_share <= 1:
+        parser.error(f"--side-share must be in (0, 1], got {settings.side_share}")
     return settings, role
 
 
@@ -141,10 +222,12 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, Role]:
 class StepCounterEnv(gym.Wrapper):
     """CartPole-v1 that reports in its info ``t``: how many times it was stepped or reset. Every env
     of a pool that steps in lockstep reports the same ``t`` (the pool's steps, plus its resets),
-    whether a step was an env step or a next-step autoreset."""
+    whether a step was an env step or a next-step autoreset. Control calls read ``calls`` and
+    :meth:`peek`."""
 
-    def __init__(self) -> None:
+    def __init__(self, env_id: int) -> None:
         super().__init__(gym.make("CartPole-v1"))
+        self.env_id = env_id
         self.calls = 0
 
     def reset(self, **kwargs: Any) -> Any:
@@ -157,9 +240,18 @@ class StepCounterEnv(gym.Wrapper):
         observation, reward, terminated, truncated, info = self.env.step(action)
         return observation, reward, terminated, truncated, {**info, "t": self.calls}
 
+    def peek(self, tag: int) -> tuple[int, int, int]:
+        """``(env_id, calls, tag)``: which env answered, its count, and which call it answered."""
+        return self.env_id, self.calls, tag
 
-def make_env() -> gym.Env:
-    return StepCounterEnv()
+
+def make_env(env_id: int) -> gym.Env:
+    return StepCounterEnv(env_id)
+
+
+def peek_env(env: gym.Env, tag: int) -> tuple[int, int, int]:
+    """What ``env_apply`` runs: the env's :meth:`StepCounterEnv.peek`, found through any wrapper."""
+    return env.get_wrapper_attr("peek")(tag)
 
 
 class ParamCheck:
@@ -395,28 +487,169 @@ def run_sender(settings: Settings, role: Role) -> int:
     return 1 if failed.is_set() else 0
 
 
+def run_storm(settings: Settings, role: Role) -> int:
+    """Sends its parent, the trainer, bursts and gusts of SIGINTs (see ``Settings``), counting each
+    one in ``storm-count.bin`` before sending it, so that the trainer tells them from a user's Ctrl-C."""
+    stop = threading.Event()
+    _stop_on_eof(stop)
+    trainer = os.getppid()
+    counts = np.memmap(f"{role.folder}/storm-count.bin", dtype=np.int64, mode="r+", shape=(4,))
+    signal.signal(signal.SIGINT, lambda signum, frame: counts.__setitem__(STORM_USER, 1))
+    rng = random.Random(settings.seed + 2)
+
+    def after(mean: float) -> float:
+        return time.monotonic() + mean * rng.uniform(0.5, 1.5) if mean > 0 else float("inf")
+
+    # The first gust at half the mean wait: a phase of 1.5 x gust_every sees one.
+    next_burst, next_gust = after(settings.burst_every), after(settings.gust_every / 2)
+    while not stop.is_set():
+        now = time.monotonic()
+        if now < min(next_burst, next_gust):
+            stop.wait(min(next_burst, next_gust, now + 1.0) - now)
+            continue
+        gust = now >= next_gust
+        counts[STORM_GUSTS if gust else STORM_BURSTS] += 1
+        end = now + (settings.gust_seconds if gust else BURST_SECONDS)
+        while time.monotonic() < end and not stop.is_set():
+            if os.getppid() != trainer:  # the trainer is gone: never signal whoever adopted this process
+                return 1
+            counts[STORM_SENT] += 1
+            os.kill(trainer, signal.SIGINT)
+            time.sleep(settings.interrupt_min if gust else rng.uniform(0, BURST_PAUSE))
+        if gust:
+            next_gust = after(settings.gust_every)
+        next_burst = max(next_burst, after(settings.burst_every))
+    return 0
+
+
 # -- the trainer --------------------------------------------------------------------------------
+
+#: The rows of the table: (label, kind, phases). kind: "info" (shown), "zero" (must stay 0) or
+#: "positive" (must not stay 0); phases: "all", "step" (the phases that call pool.step) or "async".
+ROWS: list[tuple[str, str, str]] = [
+    ("env steps", "info", "all"),
+    ("Ctrl-Cs sent", "info", "all"),
+    ("Ctrl-Cs taken", "info", "all"),
+    ("Ctrl-Cs in recv", "info", "async"),
+    ("Ctrl-Cs in send before the step went out", "info", "async"),
+    ("Ctrl-Cs in send after it (StepSentInterrupt)", "info", "async"),
+    ("async batches received", "info", "async"),
+    ("longest wait from send to recv (ms)", "info", "async"),
+    ("control calls completed (must not be 0)", "positive", "all"),
+    ("control calls cut by Ctrl-C (retried)", "info", "all"),
+    ("longest control call, retries included (ms)", "info", "all"),
+    ("SIGINT bursts (storm process)", "info", "all"),
+    ("SIGINT gusts (storm process)", "info", "all"),
+    ("writer kills", "info", "all"),
+    ("writer kills inside the writers' lock", "info", "all"),
+    ("a/b pair writes (writers)", "info", "all"),
+    ("a/b pair writes (trainer)", "info", "all"),
+    ("u range writes", "info", "all"),
+    ("v range writes", "info", "all"),
+    ("v writes refused by write() (must be)", "info", "all"),
+    ("hook checks (before_step calls)", "info", "all"),
+    ("events sent", "info", "all"),
+    ("events delivered", "info", "all"),
+    ("deliveries (one per worker concerned)", "info", "all"),
+    ("events spanning both workers", "info", "all"),
+    ("pool errors", "zero", "all"),
+    ("KeyboardInterrupts escaping the loop", "zero", "all"),
+    ("hangs", "zero", "all"),
+    ("close errors", "zero", "all"),
+    ("lockstep violations", "zero", "step"),
+    ("step counts unequal to sends (async)", "zero", "async"),
+    ("async batches handed out twice", "zero", "async"),
+    ("async batches sent twice (send refused)", "zero", "async"),
+    ("async envs whose results never came back", "zero", "async"),
+    ("control call results wrong", "zero", "all"),
+    ("control calls given up (livelock)", "zero", "all"),
+    ("torn a/b in ctx.params (hooks)", "zero", "all"),
+    ("torn a/b in ctx.applied (hooks)", "zero", "all"),
+    ("torn a/b in pool.applied (trainer)", "zero", "all"),
+    ("low > high in ctx.params (hooks)", "zero", "all"),
+    ("refused param values (pool.params.refusals)", "zero", "all"),
+    ("u writes refused by write()", "zero", "all"),
+    ("events lost", "zero", "all"),
+    ("events duplicated", "zero", "all"),
+    ("events never sent", "zero", "all"),
+    ("events with wrong envs", "zero", "all"),
+    ("events out of send order", "zero", "all"),
+    ("writer errors (exception)", "zero", "all"),
+    ("sender errors (exception)", "zero", "all"),
+    ("writer errors (exit code)", "zero", "all"),
+    ("sender errors (exit code)", "zero", "all"),
+    ("writer exits before the kill", "zero", "all"),
+    ("storm errors (exit code)", "zero", "all"),
+    ("senders that did not stop (killed)", "zero", "all"),
+    ("writers that did not stop (killed)", "zero", "all"),
+    ("leaked /dev/shm entries", "zero", "all"),
+    ("leaked child processes", "zero", "all"),
+]
+#: Where an armed pool call of the async loop was when Ctrl-C cut it, as the table counts it.
+CUT_IN = {"recv": "Ctrl-Cs in recv", "send": "Ctrl-Cs in send before the step went out"}
+CALLS_COMPLETED = "control calls completed (must not be 0)"
 
 
 class Trainer:
-    """Steps the pool, takes the SIGINTs, keeps the hostile processes running, checks and reports."""
+    """Runs the phases: for each, launches its pool and steps it (``step``, or ``recv``/``send``)
+    while taking the SIGINTs and keeping the hostile processes running; then checks and reports."""
 
     def __init__(self, settings: Settings, folder: str) -> None:
         self.settings = settings
-        self.folder = folder
-        self.counts: Counter[str] = Counter()
-        self.notes: list[str] = []
-        self.armed = False  # SIGINTs raise KeyboardInterrupt only while stepping
+        self.root = folder
+        self.armed = False  # SIGINTs raise KeyboardInterrupt only while armed
         self.stop_requested = False
-        self.interrupts_sent = 0
+        self.interrupts_sent = 0  # by the thread
         self.interrupts_received = 0
+        self.storm_sent = 0  # by the storm processes of the phases done
+        self.storm_count = np.zeros(4, np.int64)  # by the storm process running (shared: STORM_SENT, ...)
+        self.results: dict[str, Counter[str]] = {}  # each phase's counts, in the order run
+        self.seconds: dict[str, float] = {}
+        self.notes: list[str] = []
+
+    def _new_phase(self, phase: str) -> None:
+        """Sets up what one phase keeps: its folder of logs, counts, pool, children and threads."""
+        self.phase = phase
+        self.folder = os.path.join(self.root, phase)
+        os.makedirs(self.folder, exist_ok=True)
+        self.counts: Counter[str] = Counter()
+        self.noted: Counter[str] = Counter()
         self.beat = time.monotonic()
         self.pool: shmpool.Pool | None = None
         self.writers: list[subprocess.Popen[bytes]] = []
         self.senders: list[subprocess.Popen[bytes]] = []
+        self.storm: list[subprocess.Popen[bytes]] = []
         self.children_lock = threading.Lock()
         self.quiet = threading.Event()  # stops the SIGINT and kill threads
-        self.failed_phase = ""
+        self.finished = threading.Event()  # stops the watchdog
+        self.where = ""  # the async loop's armed pool call: where a Ctrl-C lands
+        self.aborted = False  # the phase ended on a failure (events sent late then go undelivered)
+        # the control call due: its kind, env ids (env_apply), since when, tag of the last attempt
+        self._call_due = False
+        self._call_kind = CALL_KINDS[0]
+        self._call_ids = np.zeros(0, np.int64)
+        self._call_since = 0.0
+        self._call_tag = 0
+        self._calls_scheduled = 0
+        self._call_attempts = 0  # in the phase
+        self._call_tries = 0  # of the call due
+        # async: the batch recv handed out whose send has not gone out, and per env: the sends that
+        # went out, whether one is in flight (or the reset), when it went out, how many of its
+        # results came back, whether it was counted lost
+        self._batch: tuple[Any, ...] | None = None
+        self._sends = np.zeros(0, np.int64)
+        self._out = np.zeros(0, np.bool_)
+        self._sent_at = np.zeros(0)
+        self._returns = np.zeros(0, np.int64)
+        self._lost = np.zeros(0, np.bool_)
+        self._env_steps_sent = 0
+        self._base = np.zeros(0, np.int64)  # each env's calls after the first reset
+
+    def _note(self, kind: str, text: str) -> None:
+        """Keeps the first three notes of each kind."""
+        self.noted[kind] += 1
+        if self.noted[kind] <= 3:
+            self.notes.append(f"[{self.phase}] {text}")
 
     # -- children
 
@@ -425,7 +658,9 @@ class Trainer:
         command = [sys.executable, os.path.abspath(__file__), "--role", role, "--index", str(index)]
         command += ["--pool", self.pool.name, "--folder", self.folder, "--seed", str(s.seed)]  # type: ignore[union-attr]
         command += ["--write-pause", str(s.write_pause), "--send-pause", str(s.send_pause)]
-        command += ["--sender-threads", str(s.sender_threads)]
+        command += ["--sender-threads", str(s.sender_threads), "--interrupt-min", str(s.interrupt_min)]
+        command += ["--burst-every", str(s.burst_every), "--gust-every", str(s.gust_every)]
+        command += ["--gust-seconds", str(s.gust_seconds), "--livelock-seconds", str(s.livelock_seconds)]
         return subprocess.Popen(command, stdin=subprocess.PIPE)
 
     def _kill_loop(self) -> None:
@@ -433,15 +668,16 @@ class Trainer:
         and starts a new one. Every second kill waits (up to 1 s) until the victim is inside the
         writers' critical section, so that kills mid-write are certain to happen."""
         rng = random.Random(self.settings.seed)
+        quiet, writers, folder = self.quiet, self.writers, self.folder  # this phase's
         views = getattr(self.pool, "_views", {})  # private: only to aim kills, never to check anything
         holder = views["writers"][W_HOLDER:] if "writers" in views else None
-        while not self.quiet.is_set():
-            victim = self.writers[0]
-            ready = Path(self.folder) / f"writer-0-{victim.pid}.txt"
-            while not self.quiet.wait(0.02) and victim.poll() is None:
+        while not quiet.is_set():
+            victim = writers[0]
+            ready = Path(folder) / f"writer-0-{victim.pid}.txt"
+            while not quiet.wait(0.02) and victim.poll() is None:
                 if ready.exists() and ready.stat().st_size:
                     break
-            if self.quiet.wait(self.settings.kill_every * rng.uniform(0.5, 1.5)):
+            if quiet.wait(self.settings.kill_every * rng.uniform(0.5, 1.5)):
                 return
             in_lock = False
             if holder is not None and rng.random() < 0.5:
@@ -459,21 +695,26 @@ class Trainer:
                 self.counts["writer kills inside the writers' lock"] += in_lock
                 if victim.returncode != -signal.SIGKILL:  # it had exited already: an error
                     self.counts["writer exits before the kill"] += 1
-                self.writers[0] = self._spawn("writer", 0)
+                writers[0] = self._spawn("writer", 0)
 
     # -- SIGINTs
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
         self.interrupts_received += 1
-        if self.interrupts_received > self.interrupts_sent:  # not ours: someone wants the run to stop
+        # Not ours: someone wants the run to stop. Counting misses a Ctrl-C that came with the storm's
+        # (the kernel and the pool's deferrals merge those): the storm process then tells.
+        sent = self.interrupts_sent + self.storm_sent + int(self.storm_count[STORM_SENT])
+        if self.interrupts_received > sent or self.storm_count[STORM_USER]:
             self.stop_requested = True
         if self.armed:
             raise KeyboardInterrupt
 
     def _interrupt_loop(self) -> None:
         rng = random.Random(self.settings.seed + 1)
-        s = self.settings
-        while not self.quiet.wait(rng.uniform(s.interrupt_min, s.interrupt_max)):
+        s, quiet = self.settings, self.quiet
+        while not quiet.wait(rng.uniform(s.interrupt_min, s.interrupt_max)):
+            if self.storm_count[STORM_USER]:  # the user's Ctrl-C reached the storm process: stop
+                self.stop_requested = True
             if self.armed:
                 self.interrupts_sent += 1
                 os.kill(os.getpid(), signal.SIGINT)
@@ -487,21 +728,20 @@ class Trainer:
         """Counts a hang when the loop makes no progress for ``hang_seconds``: dumps every thread's
         stack and kills the workers (the stuck call then raises WorkerDiedError); exits the process
         if even that does not free it."""
-        limit = self.settings.hang_seconds
-        while not self.finished.wait(1.0):
+        limit, finished, pool = self.settings.hang_seconds, self.finished, self.pool
+        while not finished.wait(1.0):
             if time.monotonic() - self.beat < limit:
                 continue
             self.counts["hangs"] += 1
             print(f"\nHANG: no progress for {limit:.0f} s; stacks of the trainer:", file=sys.stderr, flush=True)
             faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-            pool = self.pool
             for pid in pool.worker_pids if pool is not None else []:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
             self.beat = time.monotonic()
-            if self.finished.wait(min(limit, 20.0)):
+            if finished.wait(min(limit, 20.0)):
                 return
             if time.monotonic() - self.beat >= min(limit, 20.0):
                 print("HANG: still stuck after killing the workers; giving up", file=sys.stderr, flush=True)
@@ -509,21 +749,40 @@ class Trainer:
                 os._exit(3)
 
     def _kill_children(self) -> None:
-        for process in [*self.writers, *self.senders]:
+        for process in [*self.writers, *self.senders, *self.storm]:
             if process.poll() is None:
                 process.kill()
 
     # -- the run
 
     def run(self) -> int:
-        s = self.settings
-        self.finished = threading.Event()
+        """Runs each phase in turn (a stop request skips those left); prints the table."""
         signal.signal(signal.SIGINT, self._on_sigint)
         signal.signal(signal.SIGTERM, self._on_sigterm)
-        name = f"soak-{os.getpid()}"
+        for phase in self.settings.phases:
+            if self.stop_requested:
+                self.notes.append(f"[{phase}] not run: the run was stopped")
+                continue
+            self._new_phase(phase)
+            sent_before = self.interrupts_sent + self.storm_sent
+            self._run_phase()
+            self.counts["Ctrl-Cs sent"] = self.interrupts_sent + self.storm_sent - sent_before
+            self.results[phase] = self.counts
+        return self._report()
+
+    def _run_phase(self) -> None:
+        s, phase = self.settings, self.phase
+        share = 1.0 if phase == "workers" else s.side_share
+        env_steps, seconds = int(s.env_steps * share), s.seconds * share
+        name = f"soak-{os.getpid()}-{phase}"
+        options: dict[str, Any] = {}
+        if phase == "trainer-slot":
+            options["trainer_slot"] = True
+        if phase == "async":
+            options["batch_size"] = s.num_envs // s.num_workers  # one worker's slot per batch
+        self.finished = threading.Event()
         self.pool = pool = shmpool.launch(
-            make_env,
-            s.num_envs,
+            [functools.partial(make_env, env_id) for env_id in range(s.num_envs)],
             num_workers=s.num_workers,
             seed=s.seed,
             name=name,
@@ -531,13 +790,15 @@ class Trainer:
             hooks=[ParamCheck(self.folder), EventLog(self.folder)],
             timeout=max(10.0, s.hang_seconds / 2),
             info_keys=4,
+            **options,
+        )
+        print(
+            f"phase {phase}: pool {name!r}, {env_steps:,} env steps" + (f" or {seconds:.1f} s" if seconds else ""),
+            flush=True,
         )
         started = time.monotonic()
         try:
-            _, infos = pool.reset()
-            base = int(infos["t"][0])
-            if not (infos["t"] == base).all():
-                self.counts["lockstep violations"] += 1
+            self._start(pool)
             self.writers = [self._spawn("writer", k) for k in range(2)]
             self.senders = [self._spawn("sender", k) for k in range(2)]
             threading.Thread(target=self._watchdog, daemon=True).start()
@@ -548,55 +809,120 @@ class Trainer:
                 chaos.append(threading.Thread(target=self._kill_loop, daemon=True))
             for thread in chaos:
                 thread.start()
-            self._main_loop(pool, base, started)
+            if s.burst_every > 0 or s.gust_every > 0:
+                Path(self.folder, "storm-count.bin").write_bytes(bytes(8 * 4))
+                self.storm_count = np.memmap(Path(self.folder, "storm-count.bin"), dtype=np.int64, mode="r+")
+                self.storm = [self._spawn("storm", 0)]
+            deadline = started + seconds if seconds > 0 else float("inf")
+            self._main_loop(pool, env_steps, deadline, started)
+            self._stop_storm()
             self.quiet.set()
             for thread in chaos:
                 thread.join()
-            self._wind_down(pool, base)
+            self._wind_down(pool)
+            self._final_check(pool)
         except _Stop:
-            pass
+            self.aborted = True
         except BaseException as exc:  # noqa: BLE001 - a failed run still cleans up and reports
+            self.aborted = True
             label = "KeyboardInterrupts escaping the loop" if isinstance(exc, KeyboardInterrupt) else "pool errors"
             self.counts[label] += 1
-            self.notes.append(f"run aborted: {type(exc).__name__}: {exc}")
+            self._note("aborted", f"run aborted: {type(exc).__name__}: {exc}")
             traceback.print_exc()
         finally:
             self.armed = False
+            self._stop_storm()
             self.quiet.set()
             elapsed = time.monotonic() - started
-            self.counts["env steps"] = pool.global_step * s.num_envs
+            self.counts["env steps"] = self._env_steps(pool)
             refusals = self._close(pool)
             self.finished.set()
         self.counts["refused param values (pool.params.refusals)"] = refusals
-        return self._report(name, elapsed)
+        self.counts["control calls cut by Ctrl-C (retried)"] = self._call_attempts - self.counts[CALLS_COMPLETED]
+        self.seconds[phase] = elapsed
+        self._collect(name)
 
-    def _main_loop(self, pool: shmpool.Pool, base: int, started: float) -> None:
-        """Steps until ``env_steps``, the time limit, a stop request or a pool error. Any statement
-        may be cut by a KeyboardInterrupt: the nested handlers count it and go on stepping."""
+    def _stop_storm(self) -> None:
+        """Stops the storm process, if any, and keeps the count of what it sent."""
+        if not self.storm:
+            return
+        for process in self.storm:
+            if process.stdin and not process.stdin.closed:
+                process.stdin.close()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            if process.returncode != 0:
+                self.counts["storm errors (exit code)"] += 1
+        self.storm = []
+        self.counts["SIGINT bursts (storm process)"] = int(self.storm_count[STORM_BURSTS])
+        self.counts["SIGINT gusts (storm process)"] = int(self.storm_count[STORM_GUSTS])
+        self.stop_requested |= bool(self.storm_count[STORM_USER])
+        self.storm_sent += int(self.storm_count[STORM_SENT])  # first: the SIGINT handler may read both meanwhile
+        self.storm_count = np.zeros(4, np.int64)
+
+    def _start(self, pool: shmpool.Pool) -> None:
+        """Resets the pool (``async_reset`` in the async phase) and records each env's count of calls."""
+        n = self.settings.num_envs
+        if self.phase == "async":
+            pool.async_reset()
+            base = np.array(pool.get_attr("calls"), dtype=np.int64)  # waits for the resets: recv returns them
+            self._sends = np.zeros(n, np.int64)
+            self._out = np.ones(n, np.bool_)  # the reset is in flight
+            self._sent_at = np.full(n, time.monotonic())
+            self._returns = np.zeros(n, np.int64)
+            self._lost = np.zeros(n, np.bool_)
+        else:
+            _, infos = pool.reset()
+            base = np.asarray(infos["t"], dtype=np.int64)
+        if (base != base[0]).any():
+            self.counts["lockstep violations" if self.phase != "async" else "step counts unequal to sends (async)"] += 1
+            self._note("base", f"after the reset the envs report calls {base.tolist()}: not all equal")
+        self._base = base
+
+    def _env_steps(self, pool: shmpool.Pool) -> int:
+        return self._env_steps_sent if self.phase == "async" else pool.global_step * self.settings.num_envs
+
+    def _expected_calls(self, pool: shmpool.Pool) -> np.ndarray:
+        """How many times each env must have been reset or stepped: once per pool step, or once per
+        send that went out to it (async)."""
+        return self._base + (self._sends if self.phase == "async" else pool.global_step)
+
+    def _main_loop(self, pool: shmpool.Pool, env_steps: int, deadline: float, started: float) -> None:
+        """Steps (async: receives and sends) until ``env_steps``, the time limit, a stop request or a
+        pool error. In the step phases any statement may be cut by a KeyboardInterrupt; the async
+        loop arms its pool calls one by one. The nested handlers count it and go on."""
         s = self.settings
         self._rng = np.random.default_rng(s.seed)
-        self._actions = [self._rng.integers(0, 2, s.num_envs) for _ in range(64)]
+        size = s.num_envs // s.num_workers if self.phase == "async" else s.num_envs
+        self._actions = [self._rng.integers(0, 2, size) for _ in range(64)]
         self._k = 0
         self._next_progress = started + s.progress_every
-        deadline = started + s.seconds if s.seconds > 0 else float("inf")
-        target = -(-s.env_steps // s.num_envs)
+        steps = self._async_steps if self.phase == "async" else self._steps
         while True:
             try:
-                self.armed = True
                 while True:
                     try:
-                        self._steps(pool, base, target, deadline, started)
+                        self.armed = self.phase != "async"
+                        steps(pool, env_steps, deadline, started)
                         return
                     except KeyboardInterrupt:
+                        self.armed = False  # first: what the handler counts is then exact
                         self.counts["Ctrl-Cs taken"] += 1
+                        if self.where in CUT_IN:
+                            self.counts[CUT_IN[self.where]] += 1
                         self.beat = time.monotonic()
-            except KeyboardInterrupt:  # landed in the handler above
+            except KeyboardInterrupt:  # on the inner loop's back edge, say
+                self.armed = False
                 self.counts["Ctrl-Cs taken"] += 1
             finally:
                 self.armed = False
 
-    def _steps(self, pool: shmpool.Pool, base: int, target: int, deadline: float, started: float) -> None:
+    def _steps(self, pool: shmpool.Pool, env_steps: int, deadline: float, started: float) -> None:
         s = self.settings
+        target = -(-env_steps // s.num_envs)
         while pool.global_step < target and not self.stop_requested:
             now = time.monotonic()
             if now >= deadline:
@@ -606,46 +932,260 @@ class Trainer:
                 self._progress(pool, now - started)
             self._k += 1
             try:
+                if s.call_every and self._k % s.call_every == 0 and not self._call_due:
+                    self._schedule_call()
+                if self._call_due:
+                    self._control_call(pool)
                 if s.trainer_write_every and self._k % s.trainer_write_every == 0:
                     ids = np.sort(self._rng.choice(s.num_envs, int(self._rng.integers(1, s.num_envs + 1)), False))
                     x = self._rng.uniform(-1e6, 1e6, len(ids))
                     pool.params.write(ids, a=x, b=-x)
-                    self.counts["trainer pair writes"] += 1
+                    self.counts["a/b pair writes (trainer)"] += 1
                 _, _, _, _, infos = pool.step(self._actions[self._k % 64])
             except KeyboardInterrupt:
                 raise
             except Exception as exc:
                 self.counts["pool errors"] += 1
-                self.notes.append(f"step {pool.global_step}: {type(exc).__name__}: {exc}")
+                self._note("pool error", f"step {pool.global_step}: {type(exc).__name__}: {exc}")
                 traceback.print_exc()
                 raise _Stop() from exc
             self.beat = time.monotonic()
-            self._check_step(pool, infos, base)
+            self._check_step(pool, infos)
 
-    def _check_step(self, pool: shmpool.Pool, infos: dict[str, Any], base: int) -> None:
-        expected = base + pool.global_step
+    def _check_step(self, pool: shmpool.Pool, infos: dict[str, Any]) -> None:
+        expected = self._base + pool.global_step
         t = infos.get("t")
         if t is None or not infos["_t"].all() or (t != expected).any():
             self.counts["lockstep violations"] += 1
-            if self.counts["lockstep violations"] <= 3:
-                self.notes.append(f"lockstep: after global step {pool.global_step} envs report t={t} (want {expected})")
+            self._note(
+                "lockstep", f"lockstep: after global step {pool.global_step} envs report t={t} (want {expected})"
+            )
+        self._check_applied(pool)
+
+    def _check_applied(self, pool: shmpool.Pool, ids: np.ndarray | slice = slice(None)) -> None:
+        """Checks the a/b pairs of ``pool.applied`` in the rows ``ids``: those of workers not stepping
+        (the view is live: a worker stepping writes its rows)."""
         applied = pool.applied
-        if (applied["a"] != -applied["b"]).any():
+        if (applied["a"][ids] != -applied["b"][ids]).any():
             self.counts["torn a/b in pool.applied (trainer)"] += 1
 
+    # -- async batches
+
+    def _async_steps(self, pool: shmpool.Pool, env_steps: int, deadline: float, started: float) -> None:
+        """Receives a batch and sends its actions, over and over. Only the pool calls run armed, each
+        followed at once by the store that records what it did (a Ctrl-C is raised only at a call, a
+        function's entry or a loop's back edge: none comes between), so the bookkeeping is exact."""
+        s = self.settings
+        while self._env_steps_sent < env_steps and not self.stop_requested:
+            now = time.monotonic()
+            if now >= deadline:
+                break
+            if now >= self._next_progress:
+                self._next_progress = now + s.progress_every
+                self._progress(pool, now - started)
+            self._check_lost(now)
+            self._k += 1
+            try:
+                if s.trainer_write_every and self._k % s.trainer_write_every == 0:
+                    ids = np.sort(self._rng.choice(s.num_envs, int(self._rng.integers(1, s.num_envs + 1)), False))
+                    x = self._rng.uniform(-1e6, 1e6, len(ids))
+                    self.where, self.armed = "write", True
+                    pool.params.write(ids, a=x, b=-x)
+                    self.armed = False
+                    self.counts["a/b pair writes (trainer)"] += 1
+                self._round(pool, arm=True)
+                # After the round: a call that Ctrl-Cs keep cutting short must not keep recv and send
+                # from being cut as well (a burst would otherwise land in the call's retries only).
+                if s.call_every and self._k % s.call_every == 0 and not self._call_due:
+                    self._schedule_call()
+                if self._call_due:
+                    self._control_call(pool)
+            except (KeyboardInterrupt, _Stop):
+                raise
+            except Exception as exc:
+                self.armed = False
+                self.counts["pool errors"] += 1
+                self._note("pool error", f"after {self._env_steps_sent:,} env steps: {type(exc).__name__}: {exc}")
+                traceback.print_exc()
+                raise _Stop() from exc
+            self.beat = time.monotonic()
+
+    def _round(self, pool: shmpool.Pool, *, arm: bool) -> None:
+        """Receives a batch (unless one awaits its actions) and sends its actions, as the contract
+        says: a ``recv`` cut by Ctrl-C handed nothing out; a ``send`` cut by a plain
+        ``KeyboardInterrupt`` sent nothing (the batch is sent again), one cut by ``StepSentInterrupt``
+        sent the step. With ``arm``, the SIGINTs raise in these two calls."""
+        if self._batch is None:
+            self.where, self.armed = "recv", arm
+            try:
+                self._batch = pool.recv()
+                self.armed = False
+            except RuntimeError as exc:
+                self.armed = False
+                if "recv needs" not in str(exc):
+                    raise
+                lost = self._out & ~self._lost  # in flight by the trainer's count, not by the pool's
+                self._lost |= lost
+                self.counts["async envs whose results never came back"] += int(lost.sum())
+                self._note(
+                    "lost", f"recv: {exc} (by the sends that went out, envs {np.flatnonzero(lost).tolist()} are)"
+                )
+                raise _Stop() from exc
+            self._took(pool, self._batch)
+        ids = self._batch[4]["env_id"]
+        actions = self._actions[self._k % 64]
+        self.where, self.armed = "send", arm
+        try:
+            pool.send(actions, ids)
+            self._batch = None
+            self.armed = False
+        except shmpool.StepSentInterrupt:  # before KeyboardInterrupt, its base class
+            self._batch = None
+            self.armed = False
+            self.counts["Ctrl-Cs taken"] += 1
+            self.counts["Ctrl-Cs in send after it (StepSentInterrupt)"] += 1
+            self.beat = time.monotonic()
+        except RuntimeError as exc:
+            self.armed = False
+            if "still stepping" not in str(exc) and "not yet returned" not in str(exc):
+                raise
+            # A send that raised a plain KeyboardInterrupt had sent the step after all.
+            self._batch = None
+            self.counts["async batches sent twice (send refused)"] += 1
+            self._note("sent twice", f"send of envs {ids.tolist()} refused: {exc}")
+        self._sent(ids)
+
+    def _took(self, pool: shmpool.Pool, batch: tuple[Any, ...]) -> None:
+        """Checks and records a batch that recv handed out: each of its envs had a send (or the reset)
+        in flight, and reports as many calls as there were resets and sends that went out to it."""
+        infos = batch[4]
+        ids = infos["env_id"]
+        now = time.monotonic()
+        self.counts["async batches received"] += 1
+        if not self._out[ids].all():
+            self.counts["async batches handed out twice"] += 1
+            self._note("twice", f"recv handed out envs {ids[~self._out[ids]].tolist()} again, with no send between")
+        t, want = infos.get("t"), self._base[ids] + self._sends[ids]
+        if t is None or not infos["_t"].all() or (t != want).any():
+            self.counts["step counts unequal to sends (async)"] += 1
+            self._note("unequal", f"recv: envs {ids.tolist()} report t={t}, but the sends that went out say {want}")
+        wait = int(1000 * (now - self._sent_at[ids]).max())
+        label = "longest wait from send to recv (ms)"
+        self.counts[label] = max(self.counts[label], wait)
+        self._out[ids] = False
+        self._returns[ids] += 1
+        self._check_applied(pool, ids)  # their worker waits for a send: the other one may be stepping
+
+    def _sent(self, ids: np.ndarray) -> None:
+        """Records a send that went out."""
+        self._sends[ids] += 1
+        self._out[ids] = True
+        self._sent_at[ids] = time.monotonic()
+        self._env_steps_sent += len(ids)
+
+    def _check_lost(self, now: float) -> None:
+        """Counts the envs whose results have not come back ``lost_seconds`` after their send (once each)."""
+        late = self._out & ~self._lost & (now - self._sent_at > self.settings.lost_seconds)
+        if late.any():
+            self._lost |= late
+            self.counts["async envs whose results never came back"] += int(late.sum())
+            self._note(
+                "lost",
+                f"envs {np.flatnonzero(late).tolist()}: no results {self.settings.lost_seconds} s after their send",
+            )
+
+    # -- control calls
+
+    def _schedule_call(self) -> None:
+        """Makes the next control call due: its kind (in turn) and, for env_apply, its env ids
+        (random, repeats allowed, in random order)."""
+        n = self.settings.num_envs
+        self._call_kind = CALL_KINDS[self._calls_scheduled % len(CALL_KINDS)]
+        self._call_ids = self._rng.integers(0, n, int(self._rng.integers(1, n + 1)))
+        self._calls_scheduled += 1
+        self._call_tries = 0
+        self._call_since = time.monotonic()
+        self._call_due = True
+
+    def _control_call(self, pool: shmpool.Pool) -> None:
+        """Makes the control call that is due and checks its answer: every env's count of calls (that
+        lockstep or the sends imply), its env id and the attempt's tag. A Ctrl-C leaves it due, for
+        the loop to retry; after ``livelock_seconds`` of that it is given up. Only the pool call runs
+        armed: what is counted after it is exact."""
+        armed, self.armed = self.armed, False
+        s = self.settings
+        if time.monotonic() - self._call_since > s.livelock_seconds:
+            self._call_due = False
+            self.counts["control calls given up (livelock)"] += 1
+            self._note(
+                "livelock",
+                f"{self._call_kind}() tried {self._call_tries} times in {s.livelock_seconds:g} s, each cut short by "
+                f"Ctrl-C: given up ({self.counts['control calls given up (livelock)']} so far)",
+            )
+            self.armed = armed
+            return
+        self._call_tag += 1
+        self._call_attempts += 1
+        self._call_tries += 1
+        kind, tag, ids = self._call_kind, self._call_tag, self._call_ids
+        self.where, self.armed = "call", True
+        if kind == "get_attr":
+            answer: Any = pool.get_attr("calls")
+        elif kind == "call":
+            answer = pool.call("peek", tag)
+        else:
+            answer = pool.env_apply(peek_env, ids.tolist(), args=(tag,))
+        self.armed = False
+        self._call_due = False
+        self.counts[CALLS_COMPLETED] += 1
+        label = "longest control call, retries included (ms)"
+        self.counts[label] = max(self.counts[label], int(1000 * (time.monotonic() - self._call_since)))
+        expected = self._expected_calls(pool)
+        try:
+            if kind == "get_attr":
+                right = np.array_equal(np.asarray(answer, dtype=np.int64), expected)
+            else:
+                want_ids = np.arange(s.num_envs) if kind == "call" else ids
+                rows = np.asarray(answer, dtype=np.int64).reshape(-1, 3)
+                right = (
+                    np.array_equal(rows[:, 0], want_ids)
+                    and np.array_equal(rows[:, 1], expected[want_ids])
+                    and bool((rows[:, 2] == tag).all())
+                )
+        except (TypeError, ValueError):  # not even the shape of an answer
+            right = False
+        if not right:
+            self.counts["control call results wrong"] += 1
+            self._note("call", f"{kind} (tag {tag}) returned {answer!r:.300}; each env's calls should be {expected}")
+        self.armed = armed
+
+    # -- the end of a phase
+
     def _progress(self, pool: shmpool.Pool, elapsed: float) -> None:
-        steps = pool.global_step * self.settings.num_envs
+        steps = self._env_steps(pool)
         c = self.counts
+        failures = sum(c[label] for label, kind, _ in ROWS if kind == "zero")
         print(
-            f"[{elapsed:6.1f} s] {steps:>12,} env steps ({steps / max(elapsed, 1e-9):>8,.0f}/s)  "
+            f"[{self.phase} {elapsed:6.1f} s] {steps:>12,} env steps ({steps / max(elapsed, 1e-9):>8,.0f}/s)  "
             f"Ctrl-Cs {c['Ctrl-Cs taken']:>5}  writer kills {c['writer kills']:>3}  "
-            f"lockstep violations {c['lockstep violations']}  pool errors {c['pool errors']}",
+            f"control calls {c[CALLS_COMPLETED]:>4}  failures {failures}",
             flush=True,
         )
 
-    def _wind_down(self, pool: shmpool.Pool, base: int) -> None:
+    def _tick(self, pool: shmpool.Pool) -> None:
+        """One step of every env, or one batch received and sent (async), checked; not armed."""
+        if self.phase == "async":
+            self._round(pool, arm=False)
+            self._check_lost(time.monotonic())
+        else:
+            _, _, _, _, infos = pool.step(pool.action_space.sample())
+            self._check_step(pool, infos)
+        self.beat = time.monotonic()
+
+    def _wind_down(self, pool: shmpool.Pool) -> None:
         """Stops the senders (stepping meanwhile, so that none waits on a full ring forever), then the
-        writers, then steps a few more times so that every event sent is delivered."""
+        writers, then steps a few more times so that every event sent is delivered (async: until
+        every env's results came back three more times, or ``lost_seconds`` passed)."""
         self.beat = time.monotonic()
         for group, label in ((self.senders, "sender"), (self.writers, "writer")):
             with self.children_lock:
@@ -653,9 +1193,7 @@ class Trainer:
                     process.stdin.close()  # type: ignore[union-attr]
             deadline = time.monotonic() + 30.0
             while any(p.poll() is None for p in group) and time.monotonic() < deadline:
-                _, _, _, _, infos = pool.step(pool.action_space.sample())
-                self._check_step(pool, infos, base)
-                self.beat = time.monotonic()
+                self._tick(pool)
             for process in group:
                 if process.poll() is None:
                     self.counts[f"{label}s that did not stop (killed)"] += 1
@@ -663,21 +1201,49 @@ class Trainer:
                     process.wait()
                 elif process.returncode != 0:
                     self.counts[f"{label} errors (exit code)"] += 1
-        for _ in range(3):
-            _, _, _, _, infos = pool.step(pool.action_space.sample())
-            self._check_step(pool, infos, base)
+        if self.phase != "async":
+            for _ in range(3):
+                self._tick(pool)
+            return
+        returns = self._returns.copy()
+        deadline = time.monotonic() + self.settings.lost_seconds
+        while (self._returns - returns < 3).any() and time.monotonic() < deadline:
+            self._tick(pool)
+        stuck = (self._returns - returns < 3) & ~self._lost
+        if stuck.any():
+            self._lost |= stuck
+            self.counts["async envs whose results never came back"] += int(stuck.sum())
+            self._note("lost", f"after the storm, envs {np.flatnonzero(stuck).tolist()} stopped coming back")
+
+    def _final_check(self, pool: shmpool.Pool) -> None:
+        """Reads every env's count of calls once nothing is in flight: it must be what lockstep, or
+        the sends that went out (async), imply."""
+        calls = np.array(pool.get_attr("calls"), dtype=np.int64)
+        expected = self._expected_calls(pool)
+        if not np.array_equal(calls, expected):
+            self.counts["lockstep violations" if self.phase != "async" else "step counts unequal to sends (async)"] += 1
+            self._note("final", f"at the end the envs' counts of calls are {calls.tolist()}, not {expected.tolist()}")
 
     def _close(self, pool: shmpool.Pool) -> int:
         refusals = 0
         try:
             refusals = sum(pool.params.refusals.values())
         except Exception as exc:  # noqa: BLE001
-            self.notes.append(f"reading refusals failed: {exc}")
+            self._note("refusals", f"reading refusals failed: {exc}")
+        # After a failed run the children still run: stopped first, they report no error for a pool
+        # that closes under them.
+        running = [p for p in [*self.senders, *self.writers] if p.poll() is None]
+        for process in running:
+            if process.stdin and not process.stdin.closed:
+                process.stdin.close()
+        deadline = time.monotonic() + 2.0
+        while any(p.poll() is None for p in running) and time.monotonic() < deadline:
+            time.sleep(0.01)
         try:
             pool.close()
         except BaseException as exc:  # noqa: BLE001
             self.counts["close errors"] += 1
-            self.notes.append(f"pool.close() raised {type(exc).__name__}: {exc}")
+            self._note("close", f"pool.close() raised {type(exc).__name__}: {exc}")
         for process in [*self.senders, *self.writers]:  # after a failed run they may still be there
             if process.poll() is None:
                 if process.stdin and not process.stdin.closed:
@@ -689,9 +1255,8 @@ class Trainer:
                     process.wait()
         return refusals
 
-    # -- the report
-
-    def _report(self, name: str, elapsed: float) -> int:
+    def _collect(self, name: str) -> None:
+        """Adds to the phase's counts what its logs say, and what it left behind."""
         c = self.counts
         folder = Path(self.folder)
         c["leaked /dev/shm entries"] = len(_leaked_entries(name))
@@ -708,64 +1273,56 @@ class Trainer:
             for item in path.read_text().split():
                 key, _, value = item.partition("=")
                 writes[key] += int(value)
+        c["a/b pair writes (writers)"] = writes["pairs"]
+        c["u range writes"] = writes["u"]
+        c["v range writes"] = writes["v"]
+        c["v writes refused by write() (must be)"] = writes["v_refused"]
+        c["u writes refused by write()"] = writes["u_refused"]
         c["writer errors (exception)"] = len(list(folder.glob("errors-writer*.txt")))
         c["sender errors (exception)"] = len(list(folder.glob("errors-sender*.txt")))
-        events = _event_counts(folder, pool_failed=bool(c["pool errors"] or c["hangs"]))
+        events = _event_counts(folder, pool_failed=self.aborted or bool(c["pool errors"] or c["hangs"]))
+        c["events sent"] = events["sent"]
+        c["events delivered"] = events["delivered"]
+        c["deliveries (one per worker concerned)"] = events["deliveries"]
+        c["events spanning both workers"] = events["spanning"]
+        for kind in ("lost", "duplicated", "never sent", "with wrong envs", "out of send order"):
+            c[f"events {kind}"] = events[kind]
         for path in sorted([*folder.glob("errors-*.txt"), *folder.glob("u-refused-*.txt")])[:3]:
-            self.notes.append(f"{path.name}: {path.read_text().strip().splitlines()[-1]}")
+            self._note("log", f"{path.name}: {path.read_text().strip().splitlines()[-1]}")
         examples = [
             line for path in sorted(folder.glob("check-examples-*.txt")) for line in path.read_text().splitlines()
         ]
         for kind in ("torn ctx.params", "torn ctx.applied", "low > high"):
-            self.notes += [f"example: {line}" for line in examples if line.startswith(kind)][:1]
-        rows: list[tuple[str, int, bool]] = [
-            ("env steps", c["env steps"], False),
-            ("Ctrl-Cs sent", self.interrupts_sent, False),
-            ("Ctrl-Cs taken", c["Ctrl-Cs taken"], False),
-            ("writer kills", c["writer kills"], False),
-            ("writer kills inside the writers' lock", c["writer kills inside the writers' lock"], False),
-            ("a/b pair writes (writers)", writes["pairs"], False),
-            ("a/b pair writes (trainer)", c["trainer pair writes"], False),
-            ("u range writes", writes["u"], False),
-            ("v range writes", writes["v"], False),
-            ("v writes refused by write() (must be)", writes["v_refused"], False),
-            ("hook checks (before_step calls)", c["hook checks (before_step calls)"], False),
-            ("events sent", events["sent"], False),
-            ("events delivered", events["delivered"], False),
-            ("deliveries (one per worker concerned)", events["deliveries"], False),
-            ("events spanning both workers", events["spanning"], False),
-        ]
-        failures = [
-            "pool errors",
-            "KeyboardInterrupts escaping the loop",
-            "hangs",
-            "close errors",
-            "lockstep violations",
-            "torn a/b in ctx.params (hooks)",
-            "torn a/b in ctx.applied (hooks)",
-            "torn a/b in pool.applied (trainer)",
-            "low > high in ctx.params (hooks)",
-            "refused param values (pool.params.refusals)",
-        ]
-        rows += [(label, c[label], True) for label in failures]
-        rows.append(("u writes refused by write()", writes["u_refused"], True))
-        rows += [(f"events {kind}", events[kind], True) for kind in ("lost", "duplicated", "never sent")]
-        rows += [(f"events {kind}", events[kind], True) for kind in ("with wrong envs", "out of send order")]
-        extra = ["writer errors (exception)", "sender errors (exception)", "writer errors (exit code)"]
-        extra += ["sender errors (exit code)", "writer exits before the kill", "senders that did not stop (killed)"]
-        extra += ["writers that did not stop (killed)", "leaked /dev/shm entries", "leaked child processes"]
-        rows += [(label, c[label], True) for label in extra]
-        print(
-            f"\nsoak of pool {name!r}: {self.settings.num_envs} envs, "
-            f"{self.settings.num_workers} workers, {elapsed:.1f} s"
-        )
-        print(f"{'check':<44} {'count':>12}  status")
-        print("-" * 64)
-        failed = False
-        for label, count, is_failure in rows:
-            status = ("FAIL" if count else "ok") if is_failure else "-"
-            failed |= is_failure and count > 0
-            print(f"{label:<44} {count:>12,}  {status}")
+            for line in [line for line in examples if line.startswith(kind)][:1]:
+                self._note("example", f"example: {line}")
+
+    # -- the report
+
+    def _report(self) -> int:
+        """Prints the table, a column per phase run; returns the exit status (1: a check failed)."""
+        s = self.settings
+        phases = list(self.results)
+        width = max(len(label) for label, _, _ in ROWS)
+        took = ", ".join(f"{phase} {self.seconds[phase]:.1f} s" for phase in phases)
+        print(f"\nsoak: {s.num_envs} envs and {s.num_workers} workers per pool; {took}")
+        header = f"{'check':<{width}}" + "".join(f"  {phase:>12}" for phase in phases) + "  status"
+        print(header)
+        print("-" * len(header))
+        failed = not phases
+        for label, kind, scope in ROWS:
+            if kind == "positive" and (not s.call_every or self.stop_requested):
+                kind = "info"  # no calls were asked for, or a stopped run may have made none
+            cells, bad = [], False
+            for phase in phases:
+                if scope != "all" and (scope == "async") != (phase == "async"):
+                    cells.append("n/a")
+                    continue
+                count = self.results[phase][label]
+                cells.append(f"{count:,}")
+                bad |= count > 0 if kind == "zero" else count == 0 if kind == "positive" else False
+            status = "-" if kind == "info" else "FAIL" if bad else "ok"
+            failed |= bad
+            print(f"{label:<{width}}" + "".join(f"  {cell:>12}" for cell in cells) + f"  {status}")
         for note in self.notes:
             print(f"note: {note}")
         print("FAILED" if failed else "all checks passed", flush=True)
@@ -850,14 +1407,19 @@ def main(argv: list[str] | None = None) -> int:
         return run_writer(settings, role)
     if role.role == "sender":
         return run_sender(settings, role)
+    if role.role == "storm":
+        return run_storm(settings, role)
     folder = settings.logs or tempfile.mkdtemp(prefix="shmpool-soak-")
     os.makedirs(folder, exist_ok=True)
+    share = f", x{settings.side_share:g} for the others" if settings.phases != ["workers"] else ""
     print(
-        f"soak: {settings.env_steps:,} env steps"
+        f"soak of {', '.join(settings.phases)}: {settings.env_steps:,} env steps"
         + (f" or {settings.seconds:.0f} s" if settings.seconds else "")
-        + f", {settings.num_envs} envs, {settings.num_workers} workers, 2 writers (writer 0 killed every "
+        + f"{share}; {settings.num_envs} envs, {settings.num_workers} workers, 2 writers (writer 0 killed every "
         f"~{settings.kill_every} s), 2 senders x {settings.sender_threads} threads, SIGINT every "
-        f"{settings.interrupt_min * 1000:.0f}-{settings.interrupt_max * 1000:.0f} ms; logs in {folder}",
+        f"{settings.interrupt_min * 1000:.0f}-{settings.interrupt_max * 1000:.0f} ms, SIGINT bursts every "
+        f"~{settings.burst_every} s and gusts every ~{settings.gust_every} s, a control call every "
+        f"{settings.call_every} steps; logs in {folder}",
         flush=True,
     )
     try:

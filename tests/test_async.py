@@ -101,6 +101,26 @@ def test_a_batch_of_every_env_is_the_synchronous_step(pool_name: str) -> None:
             np.testing.assert_array_equal(mine, theirs)
 
 
+@pytest.mark.parametrize(("num_envs", "num_workers"), [(7, 2), (5, 3), (10, 4)])
+@pytest.mark.parametrize("explicit", [False, True], ids=["default", "explicit"])
+def test_a_batch_of_every_env_has_every_env_with_unequal_slots(
+    num_envs: int, num_workers: int, explicit: bool, pool_name: str
+) -> None:
+    """batch_size == num_envs (the default, or given) makes every recv one batch of all the envs,
+    whatever the slots' sizes; any other batch_size needs equal slots."""
+    options = {"batch_size": num_envs} if explicit else {}
+    with shmpool.launch(CountingEnv, num_envs, num_workers=num_workers, name=pool_name, **options) as pool:
+        assert pool.batch_size == num_envs
+        pool.async_reset(seed=0)
+        for step in range(4):
+            observations, *_, infos = pool.recv()
+            assert infos["env_id"].tolist() == list(range(num_envs)), f"recv {step}"
+            assert observations[:, 0].tolist() == [float(step)] * num_envs  # each env's steps so far
+            pool.send(np.ones(num_envs, dtype=np.int64), infos["env_id"])
+    with pytest.raises(ValueError, match="unequal slots"):
+        shmpool.launch(CountingEnv, num_envs, num_workers=num_workers, batch_size=num_envs - 1, name=pool_name)
+
+
 def test_params_hooks_and_episode_records_work_in_batches(pool_name: str) -> None:
     params = {"length": shmpool.Param(low=0.1, high=3.0)}
     hooks = [shmpool.hooks.RewardScale(2.0)]

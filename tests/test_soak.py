@@ -1,4 +1,5 @@
-"""scripts/soak.py --quick: a pool under hostile writers, senders, SIGKILLs and Ctrl-Cs passes every check."""
+"""scripts/soak.py --quick: pools under hostile writers, senders, SIGKILLs and Ctrl-C storms pass every
+check, in each phase: worker processes, the trainer's own slot, and async recv/send batches."""
 
 from __future__ import annotations
 
@@ -10,16 +11,24 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+PHASES = ["workers", "trainer-slot", "async"]
 
 
-def _table(stdout: str) -> dict[str, tuple[int, str]]:
-    """The soak's table as {label: (count, status)}."""
+def _table(stdout: str) -> tuple[list[str], dict[str, tuple[dict[str, int | None], str]]]:
+    """The soak's phases and table: {label: ({phase: count, or None where the row does not apply}, status)}."""
+    lines = stdout.splitlines()
+    header = next(line for line in lines if line.startswith("check  "))
+    phases = header.split()[1:-1]
     rows = {}
-    for line in stdout.splitlines():
-        match = re.fullmatch(r"(.+?)\s+([\d,]+)  (ok|FAIL|-)", line)
-        if match:
-            rows[match.group(1)] = (int(match.group(2).replace(",", "")), match.group(3))
-    return rows
+    for line in lines[lines.index(header) + 2 :]:
+        cells = re.split(r"\s{2,}", line.strip())
+        if len(cells) != len(phases) + 2 or cells[-1] not in ("ok", "FAIL", "-"):
+            break
+        counts = {
+            phase: None if cell == "n/a" else int(cell.replace(",", "")) for phase, cell in zip(phases, cells[1:])
+        }
+        rows[cells[0]] = (counts, cells[-1])
+    return phases, rows
 
 
 @pytest.mark.timeout(180)
@@ -31,14 +40,41 @@ def test_soak_quick_passes_and_exercises_everything() -> None:
         text=True,
         timeout=150,
     )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    rows = _table(result.stdout)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-4000:]
+    phases, rows = _table(result.stdout)
+    assert phases == PHASES
     assert "all checks passed" in result.stdout
     assert not [label for label, (_, status) in rows.items() if status == "FAIL"]
-    # Not vacuous: every hostile thing really happened.
-    for label in ("env steps", "events delivered", "Ctrl-Cs taken", "writer kills", "a/b pair writes (writers)"):
-        assert rows[label][0] > 0, label
-    assert rows["u range writes"][0] > 0 and rows["hook checks (before_step calls)"][0] > 0
-    assert rows["events delivered"][0] == rows["events sent"][0]
-    assert rows["events spanning both workers"][0] > 0
-    assert rows["events lost"] == (0, "ok") and rows["lockstep violations"] == (0, "ok")
+    # Not vacuous: every hostile thing really happened, in every phase.
+    for label in (
+        "env steps",
+        "events delivered",
+        "Ctrl-Cs taken",
+        "writer kills",
+        "a/b pair writes (writers)",
+        "u range writes",
+        "hook checks (before_step calls)",
+        "events spanning both workers",
+        "control calls completed (must not be 0)",
+        "SIGINT bursts (storm process)",
+        "SIGINT gusts (storm process)",
+    ):
+        counts, _ = rows[label]
+        assert all(counts[phase] for phase in PHASES), (label, counts)
+    for phase in PHASES:
+        assert rows["events delivered"][0][phase] == rows["events sent"][0][phase], phase
+    assert rows["events lost"] == ({phase: 0 for phase in PHASES}, "ok")
+    assert rows["lockstep violations"] == ({"workers": 0, "trainer-slot": 0, "async": None}, "ok")
+    assert rows["control calls given up (livelock)"][1] == "ok"
+    # The async phase: batches flowed, Ctrl-Cs cut recv and send, and every check of them held.
+    async_counts = {label: counts["async"] or 0 for label, (counts, _) in rows.items()}
+    assert async_counts["async batches received"] > 0 and async_counts["Ctrl-Cs in recv"] > 0
+    cut_sends = async_counts["Ctrl-Cs in send before the step went out"]
+    assert cut_sends + async_counts["Ctrl-Cs in send after it (StepSentInterrupt)"] > 0
+    for label in (
+        "step counts unequal to sends (async)",
+        "async batches handed out twice",
+        "async batches sent twice (send refused)",
+        "async envs whose results never came back",
+    ):
+        assert async_counts[label] == 0, label
