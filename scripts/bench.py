@@ -171,7 +171,7 @@ def with_updates(
 EVENT_SENDER = """
 import sys, time, shmpool
 # argv: pool name, events per second, "send" or "idle", seconds to send for (0: until killed)
-with shmpool.attach(sys.argv[1], timeout=30) as handle:
+with shmpool.attach(sys.argv[1], wait=30) as handle:
     print("attached", flush=True)
     start, sent, send, spent, cpu = time.perf_counter(), 0, sys.argv[3] == "send", 0, 0
     seconds = float(sys.argv[4])
@@ -179,7 +179,7 @@ with shmpool.attach(sys.argv[1], timeout=30) as handle:
         sent += 1
         if send:
             began, began_cpu = time.perf_counter_ns(), time.thread_time_ns()
-            handle.events.send("Perturb", [sent % handle.num_envs], [0.0], timeout=None)
+            handle.events.send("Perturb", [sent % handle.num_envs], [0.0], wait=None)
             spent, cpu = spent + time.perf_counter_ns() - began, cpu + time.thread_time_ns() - began_cpu
         time.sleep(max(0.0, start + sent / float(sys.argv[2]) - time.perf_counter()))
     print(sent if send else 0, spent, cpu, flush=True)  # events sent, nanoseconds in send(): wall, CPU
@@ -699,7 +699,7 @@ def ray_overhead(settings: Settings) -> None:
             ),
             (
                 f"ClusterPool, {nodes} nodes ({node_workers} each)",
-                lambda: vector(lambda: shmpool.ray.launch(env_id, per_node, num_workers=node_workers, seed=0), total),
+                lambda: vector(lambda: shmpool.ray.launch(env_id, total, num_workers=node_workers, seed=0), total),
             ),
         ]
         rates = {}

@@ -132,9 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         if settings.ray is not None:
             from shmpool.ray import attach as attach_cluster  # needs Ray: imported only here
 
-            handle: Any = attach_cluster(settings.ray, address=settings.ray_address, timeout=settings.attach_timeout)
+            handle: Any = attach_cluster(settings.ray, address=settings.ray_address, wait=settings.attach_timeout)
         else:
-            handle = shmpool.attach(settings.pool, timeout=settings.attach_timeout)
+            handle = shmpool.attach(settings.pool, wait=settings.attach_timeout)
     except shmpool.ShmpoolError as exc:
         print(f"curriculum: {exc}", file=sys.stderr)
         return 1

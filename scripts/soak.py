@@ -381,7 +381,7 @@ def run_writer(settings: Settings, role: Role) -> int:
         os.pwrite(fd, text.ljust(120).encode() + b"\n", 0)
 
     try:
-        with shmpool.attach(role.pool, timeout=30) as handle:
+        with shmpool.attach(role.pool, wait=30) as handle:
             params = handle.params
             n = handle.num_envs
             own = np.arange(role.index % 2, n, 2)
@@ -452,7 +452,7 @@ def run_sender(settings: Settings, role: Role) -> int:
     _stop_on_eof(stop)
     failed = threading.Event()
     try:
-        handle = shmpool.attach(role.pool, timeout=30)
+        handle = shmpool.attach(role.pool, wait=30)
     except Exception:
         _report_error(role.folder, f"sender{role.index}")
         return 1
@@ -465,7 +465,7 @@ def run_sender(settings: Settings, role: Role) -> int:
             try:
                 while not stop.is_set():
                     ids = np.sort(rng.choice(n, size=int(rng.integers(1, n + 1)), replace=False))
-                    events.send(HOOK_LOG, ids, [role.index, thread, seq], timeout=None)
+                    events.send(HOOK_LOG, ids, [role.index, thread, seq], wait=None)
                     out.write(f"{seq} {','.join(str(e) for e in ids.tolist())}\n")
                     seq += 1
                     if settings.send_pause:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .errors import (
-    EventQueueFull,
+    EventQueueFullError,
     ForeignProcessError,
     KernelAttributeError,
     LayoutMismatchError,
@@ -29,7 +29,8 @@ from .errors import (
     StepSentInterrupt,
     WorkerDiedError,
     WorkerError,
-    WriterLockTimeout,
+    WriterLockTimeoutError,
+    deprecated_name,
 )
 
 if TYPE_CHECKING:
@@ -60,11 +61,11 @@ def __getattr__(name: str) -> Any:
         return getattr(import_module(f".{_LAZY[name]}", __name__), name)
     if name in _SUBMODULES:
         return import_module(f".{name}", __name__)
-    raise AttributeError(f"module 'shmpool' has no attribute {name!r}")
+    return deprecated_name(__name__, name)
 
 
 __all__ = [
-    "EventQueueFull",
+    "EventQueueFullError",
     "ForeignProcessError",
     "KernelAttributeError",
     "LayoutMismatchError",
@@ -82,7 +83,7 @@ __all__ = [
     "StepSentInterrupt",
     "WorkerDiedError",
     "WorkerError",
-    "WriterLockTimeout",
+    "WriterLockTimeoutError",
     "attach",
     "launch",
 ]

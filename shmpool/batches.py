@@ -34,10 +34,10 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .config import PoolConfig, check_env_ids
+from .interrupts import interrupts_deferred
 from .layout import CMD_RESET, CMD_STEP
 from .lifecycle import Lifecycle
-from .protocol import interrupts_deferred
-from .results import Results
+from .results import Results, SlotSet
 from .spaces import ActionChecker
 from .system import monotonic, usable_cores
 from .waiting import TRAINER_POLL_INTERVAL, TRAINER_SPIN, Waiter
@@ -254,23 +254,3 @@ class Batches:
 
 
 _STATE_NAMES = {IDLE: "not started", BUSY: "still stepping", READY: "not yet returned by recv", RETURNED: ""}
-
-
-class SlotSet:
-    """The rows of a set of whole slots, worked out once per set: their env ids in worker order, the
-    index that reads them from a field (a slice when the slots are adjacent: no index array), and
-    the read-only ``infos["env_id"]`` that ``send`` recognises."""
-
-    __slots__ = ("workers", "rows", "index", "env_id")
-
-    def __init__(self, slots: Sequence[tuple[int, int]], workers: tuple[int, ...]) -> None:
-        self.workers = workers
-        self.rows = np.concatenate([np.arange(*slots[k]) for k in workers])
-        adjacent = all(slots[a][1] == slots[b][0] for a, b in zip(workers, workers[1:]))
-        self.index: slice | np.ndarray = slice(int(self.rows[0]), int(self.rows[-1]) + 1) if adjacent else self.rows
-        self.env_id = self.rows.astype(np.int32)
-        self.env_id.flags.writeable = False  # handed to users, and compared by identity in send
-
-    def take(self, field: np.ndarray) -> np.ndarray:
-        """A copy of the set's rows of ``field``."""
-        return field[self.index].copy() if isinstance(self.index, slice) else field[self.index]

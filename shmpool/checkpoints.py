@@ -26,14 +26,12 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import Any, Protocol, TypedDict
 
 import numpy as np
 
+from .param_block import ParamBlock
 from .params import ParamSpec, bad_rows
-
-if TYPE_CHECKING:
-    from .view import PoolView
 
 #: Bumped when the state's shape changes; a state of another version is refused by name.
 STATE_VERSION = 1
@@ -53,7 +51,20 @@ class PoolState(TypedDict):
     episode_index: np.ndarray
 
 
-def schema(view: PoolView) -> dict[str, Any]:
+class Checkpointable(Protocol):
+    """What a checkpoint reads and writes: one pool's channels, such as a :class:`shmpool.view.PoolView`.
+    Described here rather than imported from :mod:`shmpool.view`, which imports this module: the two
+    would import each other."""
+
+    name: str
+    env_label: str
+    param_seed: int
+    episode_index: np.ndarray
+    specs: list[ParamSpec]
+    params: ParamBlock | None
+
+
+def schema(view: Checkpointable) -> dict[str, Any]:
     """The fingerprint a state must share with a pool to load into it, as plain data."""
     params = []
     for spec in view.specs:
@@ -65,7 +76,7 @@ def schema(view: PoolView) -> dict[str, Any]:
     return {"env": view.env_label, "num_envs": len(view.episode_index), "params": params}
 
 
-def state_dict(view: PoolView) -> PoolState:
+def state_dict(view: Checkpointable) -> PoolState:
     """The pool's parameter block, episode indices, draw seed and schema (see the module docstring)."""
     params: dict[str, Any] = {}
     if view.params is not None:
@@ -115,7 +126,7 @@ def _save_what_runs(
     )
 
 
-def load_state_dict(view: PoolView, state: Mapping[str, Any], *, same_draws: bool = True) -> None:
+def load_state_dict(view: Checkpointable, state: Mapping[str, Any], *, same_draws: bool = True) -> None:
     """Writes ``state`` into the pool: parameters through the validated, atomic ``write()`` (workers
     pick them up at their next step or reset), then episode indices.
 
@@ -195,7 +206,7 @@ def _episode_indices(value: Any, num_envs: int) -> np.ndarray:
     return indices.astype(np.int64)
 
 
-def _param_arrays(view: PoolView, values: Any) -> dict[str, Any]:
+def _param_arrays(view: Checkpointable, values: Any) -> dict[str, Any]:
     """The state's ``params`` as arrays (a dict of them for a ``dist`` parameter, with every argument),
     or a ``ValueError`` naming the parameter, the argument and the value."""
     names = [spec.name for spec in view.specs]
@@ -244,7 +255,7 @@ def _numbers(value: Any, where: str) -> np.ndarray:
     return array
 
 
-def _keep_what_was_never_drawn(view: PoolView, arrays: dict[str, Any]) -> None:
+def _keep_what_was_never_drawn(view: Checkpointable, arrays: dict[str, Any]) -> None:
     """Puts the pool's own values in the rows of ``dist`` parameters that the state saved as all NaN
     (an env that had drawn nothing when the workers refused its value: see the module docstring)."""
     block = view.params

@@ -8,10 +8,14 @@ resemble, so ``except TimeoutError`` or ``except ValueError`` code keeps working
 from __future__ import annotations
 
 import queue
-from typing import Any
+import warnings
+from typing import TYPE_CHECKING, Any
 
 from gymnasium.error import ClosedEnvironmentError
 from gymnasium.error import Error as GymnasiumError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class StepSentInterrupt(KeyboardInterrupt):
@@ -96,7 +100,7 @@ class LayoutMismatchError(ShmpoolError, ValueError):
 
 class SegmentNotReadyError(LayoutMismatchError):
     """A segment with no header yet (empty, or its magic still zero): a pool being created, which
-    ``attach(timeout=...)`` waits for."""
+    ``attach(wait=...)`` waits for."""
 
 
 class PoolNotFoundError(ShmpoolError, FileNotFoundError):
@@ -107,11 +111,11 @@ class PoolExistsError(ShmpoolError, FileExistsError):
     """A live pool already uses the given name."""
 
 
-class EventQueueFull(ShmpoolError, queue.Full):
+class EventQueueFullError(ShmpoolError, queue.Full):
     """A worker's event ring had no room for an event within the sender's timeout."""
 
 
-class WriterLockTimeout(ShmpoolError, TimeoutError):
+class WriterLockTimeoutError(ShmpoolError, TimeoutError):
     """Another writer held the pool's writer lock past the deadline (often a stopped process)."""
 
     def __init__(self, message: str, *, holder_pid: int | None = None) -> None:
@@ -122,8 +126,8 @@ class WriterLockTimeout(ShmpoolError, TimeoutError):
         return (_rebuild_lock_timeout, (self.args[0], self.holder_pid))
 
 
-def _rebuild_lock_timeout(message: str, holder_pid: int | None) -> WriterLockTimeout:
-    return WriterLockTimeout(message, holder_pid=holder_pid)
+def _rebuild_lock_timeout(message: str, holder_pid: int | None) -> WriterLockTimeoutError:
+    return WriterLockTimeoutError(message, holder_pid=holder_pid)
 
 
 class KernelAttributeError(ShmpoolError, AttributeError):
@@ -136,3 +140,67 @@ class KernelAttributeError(ShmpoolError, AttributeError):
 
 class ForeignProcessError(ShmpoolError, RuntimeError):
     """A pool was used from a process that did not create it (a forked child); attach by name instead."""
+
+
+class ClusterNodeError(ShmpoolError, RuntimeError):
+    """A node of a Ray cluster pool (``shmpool.ray``) failed: its host actor died (``ray.kill``, a
+    crash, its node went away) or stopped answering. The message names the node. From then on every
+    call that needs that node raises this error: ``step``, ``reset``, ``episodes.read()``,
+    ``applied``, ``stats``, reads of ``params`` and writes to its envs; writes to the other nodes'
+    envs still land, and their pools stay usable (``shmpool.attach`` on their node) until ``close()``."""
+
+    #: From ``episodes.read()`` when a node failed during the read: what the other nodes handed over.
+    records: np.ndarray | None = None
+
+    def __init__(self, message: str, *, node: int, node_id: str = "") -> None:
+        super().__init__(message)
+        self.node = node
+        self.node_id = node_id
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (_rebuild_node_error, (self.args[0], self.node, self.node_id), {"records": self.records})
+
+
+def _rebuild_node_error(message: str, node: int, node_id: str) -> ClusterNodeError:
+    return ClusterNodeError(message, node=node, node_id=node_id)
+
+
+#: Names renamed to end in ``Error`` as the others do; the old ones work, with a DeprecationWarning,
+#: until the next release.
+DEPRECATED_NAMES = {"EventQueueFull": "EventQueueFullError", "WriterLockTimeout": "WriterLockTimeoutError"}
+
+
+def deprecated_name(module: str, name: str) -> Any:
+    """The class that ``name``, a deprecated name of ``module``, stands for, with a warning; raises
+    ``AttributeError`` for any other name."""
+    if name not in DEPRECATED_NAMES:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    new = DEPRECATED_NAMES[name]
+    warnings.warn(
+        f"{module}.{name} is deprecated; use {new}, the same class (the old name goes in the next release)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return globals()[new]
+
+
+def __getattr__(name: str) -> Any:
+    return deprecated_name(__name__, name)
+
+
+#: The default of a keyword that was renamed: tells "not given" from any value, None included.
+NOT_GIVEN: Any = type("NotGiven", (), {"__repr__": lambda self: "NOT_GIVEN"})()
+
+
+def renamed_keyword(where: str, old: str, new: str, old_value: Any, new_value: Any) -> Any:
+    """``new_value``, or ``old_value`` if the caller still used the keyword's old name (with a
+    DeprecationWarning): the old name works until the next release."""
+    if old_value is NOT_GIVEN:
+        return new_value
+    warnings.warn(
+        f"{where}({old}=...) is deprecated; use {new}=..., which means the same "
+        f"(`timeout` now always means the step deadline; the old keyword goes in the next release)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return old_value

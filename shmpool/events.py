@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from .errors import EventQueueFull
+from .errors import NOT_GIVEN, EventQueueFullError, renamed_keyword
 from .protocol import EventRings, WriterLock
 
-#: The shortest wait for the writers' lock, even with ``timeout=0``: a live holder keeps it for
+#: The shortest wait for the writers' lock, even with ``wait=0``: a live holder keeps it for
 #: microseconds, so only a stopped or stuck one makes a sender wait this long.
 LOCK_GRACE = 0.25
 
@@ -125,16 +125,18 @@ class EventSender:
         payload: Any = None,
         *,
         at_step: int | None = None,
-        timeout: float | None = 0.0,
+        wait: float | None = 0.0,
+        timeout: float | None = NOT_GIVEN,
     ) -> None:
         """Queues a one-shot event for ``hook`` (its name) concerning ``env_ids`` (ids, a slice, or
         None: every env).
 
         It is delivered once, in send order, to that hook's ``ctx.events`` at the next step, or at
         global step ``at_step``. ``payload``: up to ``event_payload`` numbers. When a ring is full,
-        waits up to ``timeout`` seconds (0: not at all; None: as long as it takes), then raises
-        ``EventQueueFull``.
+        waits up to ``wait`` seconds (0: not at all; None: as long as it takes), then raises
+        ``EventQueueFullError``; ``timeout`` is its deprecated old name.
         """
+        wait = renamed_keyword("events.send", "timeout", "wait", timeout, wait)
         self._check_open()
         try:
             hook_index = self._hook_indices[hook]
@@ -167,8 +169,8 @@ class EventSender:
             raise ValueError(f"at_step must be a non-negative int, got {at_step!r}")
         parts = [(worker, self._record(hook_index, values, at_step, mask)) for worker, mask in masks]
         workers = [worker for worker, _ in parts]
-        deadline = None if timeout is None else time.monotonic() + timeout
-        lock_wait = None if timeout is None else max(timeout, LOCK_GRACE)
+        deadline = None if wait is None else time.monotonic() + wait
+        lock_wait = None if wait is None else max(wait, LOCK_GRACE)
         while True:
             with self._lock.hold(lock_wait, self._check_open):
                 full = self._rings.full(workers)
@@ -176,9 +178,9 @@ class EventSender:
                     self._rings.publish(parts)
                     return
             if deadline is not None and time.monotonic() >= deadline:
-                raise EventQueueFull(
+                raise EventQueueFullError(
                     f"{self._label}: the event ring of worker {full[0]} is full ({self.capacity} events "
-                    f"waiting); send with a timeout, or launch with a larger event_capacity"
+                    f"waiting); send with a wait, or launch with a larger event_capacity"
                 )
             time.sleep(0.0005)
             self._check_open()  # a sender waiting for room stops when the pool closes

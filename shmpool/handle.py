@@ -7,7 +7,14 @@ from typing import Any
 
 import numpy as np
 
-from .errors import LayoutMismatchError, PoolClosedError, PoolNotFoundError, SegmentNotReadyError
+from .errors import (
+    NOT_GIVEN,
+    LayoutMismatchError,
+    PoolClosedError,
+    PoolNotFoundError,
+    SegmentNotReadyError,
+    renamed_keyword,
+)
 from .layout import CONTROL_WORDS, H_GLOBAL_STEP, H_STATE, STATE_CLOSING, Layout, header_words
 from .protocol import check_memory_model
 from .registry import list_pools
@@ -39,7 +46,7 @@ class PoolHandle(Channels):
         try:
             if "writers" not in views:
                 raise LayoutMismatchError(f"pool {name!r} has no 'writers' field")
-            self._view = PoolView(name, segment, views, self._header, meta, self._check_open)
+            self._channels = PoolView(name, segment, views, self._header, meta, self._check_open)
         except BaseException:
             self._owner.close()  # attach raises: nothing else will release the pidfd
             raise
@@ -68,7 +75,7 @@ class PoolHandle(Channels):
         if self._closed:
             return
         self._closed = True
-        self._view.close()
+        self._channels.close()
         self._owner.close()
         self._segment.close()
 
@@ -82,11 +89,11 @@ class PoolHandle(Channels):
         return f"PoolHandle({self.name!r}, env={self.env!r}, num_envs={self.num_envs}, alive={self.alive})"
 
 
-def attach(name: str, *, timeout: float | None = None) -> PoolHandle:
+def attach(name: str, *, wait: float | None = None, timeout: float | None = NOT_GIVEN) -> PoolHandle:
     """Finds the running pool called ``name`` and maps it, after validating its segment.
 
-    Waits up to ``timeout`` seconds for the pool to appear, and for a pool being launched to finish
-    its header (None: do not wait). Raises
+    Waits up to ``wait`` seconds for the pool to appear, and for a pool being launched to finish its
+    header (None: do not wait); ``timeout`` is its deprecated old name. Raises
     ``PoolNotFoundError`` (listing the pools that exist, or saying the owner is dead or in another pid
     namespace), ``LayoutMismatchError`` for a segment that is not a shmpool one of this layout version
     or is damaged in any way, and ``PermissionError`` for another user's pool. Nothing in the segment
@@ -96,10 +103,12 @@ def attach(name: str, *, timeout: float | None = None) -> PoolHandle:
         >>> import shmpool
         >>> with shmpool.launch("CartPole-v1", 4, params={"length": shmpool.Param()}) as pool:
         ...     with shmpool.attach(pool.name) as handle:
-        ...         handle.params.write([0, 1], length=0.8)
+        ...         handle.params.write([0, 1], length=0.8)  # the write's version
+        1
     """
+    wait = renamed_keyword("attach", "timeout", "wait", timeout, wait)
     check_memory_model()
-    deadline = None if timeout is None else time.monotonic() + timeout
+    deadline = None if wait is None else time.monotonic() + wait
     while True:  # until the segment exists and has its header (a pool being launched gets both soon)
         segment = None
         try:

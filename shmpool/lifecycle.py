@@ -1,5 +1,6 @@
-"""A pool's life: planning its segment, creating it, starting the workers, sending them commands,
-and stopping and releasing everything exactly once (by ``close()``, garbage collection or exit).
+"""A pool's life: probing an env and planning its segment, creating it, starting the workers, sending
+them commands, and stopping and releasing everything exactly once (by ``close()``, garbage
+collection or exit).
 
 :class:`Lifecycle` holds no reference to the ``Pool``, so a ``weakref.finalize`` can release it when
 the pool is garbage collected.
@@ -12,12 +13,13 @@ import os
 import signal
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import multiprocess
 import numpy as np
 
-from .config import LOCAL_SLOT_ENTRY_POINT, WORKER_ENTRY_POINT, PoolConfig, WorkerConfig
+from .bindings import initial_records
+from .config import LOCAL_SLOT_ENTRY_POINT, WORKER_ENTRY_POINT, PoolConfig, WorkerConfig, make_env
 from .episodes import episode_dtype
 from .events import event_dtype, mask_bytes
 from .infos import INFO_KEY_DTYPE
@@ -35,7 +37,7 @@ from .layout import (
     command_word,
     header_words,
 )
-from .params import REFUSAL_TEXT_DTYPE, applied_dtype, block_dtype
+from .params import REFUSAL_TEXT_DTYPE, applied_dtype, block_dtype, constructor_defaults
 from .profiling import WORKER_PHASES
 from .protocol import WRITERS_WORDS
 from .spaces import Leaf
@@ -53,6 +55,35 @@ WORKER_SPIN = 300
 WORKER_POLL_INTERVAL = 0.2
 #: How long close() waits for workers to leave by themselves before terminating, then killing, them.
 CLOSE_GRACE = 2.0
+
+
+class EnvProbe(NamedTuple):
+    """What one env, made at launch and closed again, tells the pool before its segment is planned."""
+
+    metadata: dict[str, Any]
+    render_mode: str | None
+    observation_space: Any
+    action_space: Any
+    #: The first ``params`` and ``applied`` records of every env; None without params.
+    initial_params: tuple[np.ndarray, np.ndarray] | None
+
+
+def probe_env(config: PoolConfig) -> EnvProbe:
+    """Makes env 0 (with the params' constructor defaults), reads its metadata, render mode and
+    spaces, then the params' first records (checking every bind path against it), and closes it."""
+    declared = config.declared_params
+    env = make_env(
+        config.factory_of(0), {**(config.env_kwargs or {}), **constructor_defaults(config.param_specs, declared)}
+    )
+    try:
+        metadata, render_mode = dict(env.metadata), env.render_mode
+        observation_space, action_space = env.observation_space, env.action_space
+        initial = (
+            initial_records(config.param_specs, declared, env, config.env_label, config.num_envs) if declared else None
+        )
+    finally:
+        env.close()
+    return EnvProbe(metadata, render_mode, observation_space, action_space, initial)
 
 
 def plan_layout(config: PoolConfig, observation_leaves: Sequence[Leaf], action_leaves: Sequence[Leaf]) -> Layout:

@@ -22,7 +22,7 @@ from .errors import LayoutMismatchError
 from .params import ParamSpec, applied_dtype, bad_rows, block_dtype, problem, show
 from .protocol import Seqlock, WriterLock
 
-#: How long :meth:`ParamBlock.write` waits for another writer before raising ``WriterLockTimeout``.
+#: How long :meth:`ParamBlock.write` waits for another writer before raising ``WriterLockTimeoutError``.
 WRITE_LOCK_TIMEOUT = 5.0
 
 
@@ -107,19 +107,33 @@ class ParamBlock:
     def __repr__(self) -> str:
         return f"ParamBlock({self.names}, num_envs={len(self)})"
 
-    def write(self, env_ids: int | Sequence[int] | slice | np.ndarray | None, **values: Any) -> None:
-        """Validates ``values`` (bounds, shape, finite) and writes them for ``env_ids``, atomically per env.
+    def write(self, env_ids: int | Sequence[int] | slice | np.ndarray | None, **values: Any) -> int:
+        """Validates ``values`` (bounds, shape, finite) and writes them for ``env_ids``, atomically per
+        env; returns the write's version.
 
         ``env_ids``: an env id, a sequence or array of them (row ``k`` of a value goes to env
         ``env_ids[k]``; an env given twice takes its last row), a slice, or None for every env. A
         distribution's arguments are given as a dict, e.g. ``length={"low": 0.4, "high": 0.6}``.
         Raises ``ValueError`` naming the parameter, the env and the value; nothing is written then.
+
+        The version is the block's write count once this write is published. Every writer of the
+        pool (the trainer, its threads, attached processes) counts under the writers' lock, so
+        versions are unique and increasing per pool, each one more than the write before (a write
+        that a killed writer left half done uses up a number when the next writer rolls it back).
+        A write of no env writes nothing and returns the current version.
+
+        Example:
+            >>> import shmpool
+            >>> with shmpool.launch("CartPole-v1", 4, params={"length": shmpool.Param()}) as pool:
+            ...     first = pool.params.write([0, 1], length=0.8)
+            ...     pool.params.write(None, length=0.6) == first + 1
+            True
         """
         self._check_open()
         ids = self._env_ids(env_ids)
         specs = named_specs(self.specs, values)
         if not len(ids):  # no env (an empty list or slice): nothing to check or write
-            return
+            return self._seqlock.version
         rows = slice(None) if env_ids is None else ids  # every env: plain views are cheaper than indexing
         plain = self._plain_values(specs, values, len(ids))
         with self._lock.hold(WRITE_LOCK_TIMEOUT, self._check_open):
@@ -134,7 +148,7 @@ class ParamBlock:
             last = None if env_ids is None else last_rows(ids)
             if last is not None:  # an env given twice: its last row, each env's counter bumped once
                 rows, staged = ids[last], [(column, array[last]) for column, array in staged]
-            self._seqlock.write(rows, staged)
+            return self._seqlock.write(rows, staged)
 
     def _plain_values(self, specs: list[ParamSpec], values: dict[str, Any], count: int) -> list[np.ndarray] | None:
         """The values as they are when every one is a float64 array of one value per env for a scalar

@@ -9,7 +9,7 @@ so the step pays nothing: no flag is tested per call.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -57,6 +57,32 @@ class PhaseClock:
                 row[1] += 1
 
         return timed_call
+
+
+class PhaseProfile:
+    """A pool's phase times since its last reset: the trainer's, timed by wrapping the ``timed``
+    calls (owner, method name, phase) of its parts, and the workers' (their ``profile`` field)."""
+
+    def __init__(self, worker_totals: np.ndarray, timed: Iterable[tuple[Any, str, str]]) -> None:
+        self._trainer_totals = np.zeros((len(TRAINER_PHASES), 2), dtype=np.int64)
+        self._worker_totals = worker_totals
+        self._since = 0  # the global step of the last reset
+        clock = PhaseClock(TRAINER_PHASES, self._trainer_totals)
+        for owner, attribute, phase in timed:
+            clock.instrument(owner, attribute, phase)
+
+    def restart(self, global_step: int) -> None:
+        """Forgets the times so far (at a reset: the workers are idle, they only write theirs during a command)."""
+        self._trainer_totals[:] = 0
+        self._worker_totals[:] = 0
+        self._since = global_step
+
+    def read(self, global_step: int) -> dict[str, dict[str, float]]:
+        """Microseconds per step of each phase since the last reset (see ``Pool.phase_profile``)."""
+        return {
+            "trainer": per_step(self._trainer_totals, TRAINER_PHASES, global_step - self._since),
+            "workers": per_worker_step(self._worker_totals),
+        }
 
 
 def per_step(totals: np.ndarray, phases: Sequence[str], steps: int) -> dict[str, float]:

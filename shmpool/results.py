@@ -1,21 +1,40 @@
 """What the trainer hands back after a step or reset, assembled from the segment: observations,
 rewards, flags and the infos (the env's own, ``final_obs``, ``episode``, ``params``), plus the one
-warning per parameter whose raw write a worker refused."""
+warning per parameter whose raw write a worker refused. An async batch's rows are a :class:`SlotSet`,
+which :mod:`shmpool.batches` makes and :meth:`Results.batch` reads."""
 
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from .config import PoolConfig
-
-if TYPE_CHECKING:
-    from .batches import SlotSet
 from .infos import InfoReader
 from .layout import CONTROL_WORDS, CTL_NUM_DONE, CTL_NUM_INFO, CTL_PARAM_REFUSALS
 from .spaces import Leaf, assemble, is_leaf
+
+
+class SlotSet:
+    """The rows of a set of whole slots, worked out once per set: their env ids in worker order, the
+    index that reads them from a field (a slice when the slots are adjacent: no index array), and
+    the read-only ``infos["env_id"]`` that ``send`` recognises."""
+
+    __slots__ = ("workers", "rows", "index", "env_id")
+
+    def __init__(self, slots: Sequence[tuple[int, int]], workers: tuple[int, ...]) -> None:
+        self.workers = workers
+        self.rows = np.concatenate([np.arange(*slots[k]) for k in workers])
+        adjacent = all(slots[a][1] == slots[b][0] for a, b in zip(workers, workers[1:]))
+        self.index: slice | np.ndarray = slice(int(self.rows[0]), int(self.rows[-1]) + 1) if adjacent else self.rows
+        self.env_id = self.rows.astype(np.int32)
+        self.env_id.flags.writeable = False  # handed to users, and compared by identity in send
+
+    def take(self, field: np.ndarray) -> np.ndarray:
+        """A copy of the set's rows of ``field``."""
+        return field[self.index].copy() if isinstance(self.index, slice) else field[self.index]
 
 
 class Results:

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import checkpoints
 from .episodes import EpisodeReader
-from .errors import LayoutMismatchError
+from .errors import LayoutMismatchError, WriterLockTimeoutError
 from .events import EventSender
 from .layout import (
     CTL_STATUS,
@@ -31,7 +31,7 @@ from .layout import (
 )
 from .param_block import ParamBlock
 from .params import ParamSpec
-from .protocol import event_rings, params_seqlock, writer_lock
+from .protocol import W_EVENTS_JOURNAL, W_PARAMS_JOURNAL, event_rings, params_seqlock, writer_lock
 from .system import Segment, segment_file
 
 _WORKER_STATES = {WORKER_STARTING: "starting", WORKER_READY: "ready", WORKER_FAILED: "failed", WORKER_CLOSED: "closed"}
@@ -70,6 +70,7 @@ class PoolView:
         self.episode_index = views["episode_index"]
         self._views = views
         self._header = header
+        self._check_open = check_open
         self._created = float(meta.get("created", time.time()))
         self._owner_pid = int(header[H_OWNER_PID])
         self.specs = [ParamSpec.from_json(index, data) for index, data in enumerate(meta.get("params") or [])]
@@ -106,6 +107,18 @@ class PoolView:
             age=time.time() - self._created,
         )
 
+    def recover_writers(self) -> None:
+        """Rolls back what a writer that died mid-write left (its rows stay unread until then), unless
+        the next writer does it first; a writer still at work keeps the lock, and is left alone. The
+        pool's owner calls it every 64 steps."""
+        writers = self._views["writers"]
+        if writers[W_PARAMS_JOURNAL] or writers[W_EVENTS_JOURNAL]:
+            try:
+                with self.lock.hold(0.0, self._check_open):
+                    pass  # taking the lock runs the recovery
+            except WriterLockTimeoutError:
+                pass
+
     def close(self) -> None:
         """Refuses further writes through this view's lock."""
         self.lock.close()
@@ -113,9 +126,10 @@ class PoolView:
 
 class Channels:
     """The properties ``Pool`` and ``PoolHandle`` share: each checks that its owner is usable, then
-    hands out the channel from the view. Subclasses set ``_view`` and define ``_check_open``."""
+    hands out the channel from its :class:`PoolView`, which subclasses set as ``_channels``; they
+    define ``_check_open``."""
 
-    _view: PoolView
+    _channels: PoolView
     name: str
 
     def _check_open(self) -> None:  # pragma: no cover - every subclass defines it
@@ -125,9 +139,9 @@ class Channels:
     def params(self) -> ParamBlock:
         """The parameter block: writable numpy views per parameter, and ``write()`` (see ParamBlock)."""
         self._check_open()
-        if self._view.params is None:
+        if self._channels.params is None:
             raise AttributeError(f"pool {self.name!r} was launched without params")
-        return self._view.params
+        return self._channels.params
 
     @property
     def applied(self) -> np.ndarray:
@@ -137,27 +151,27 @@ class Channels:
     @property
     def param_specs(self) -> dict[str, ParamSpec]:
         """The declared parameters by name, as plain data."""
-        return {spec.name: spec for spec in self._view.specs}
+        return {spec.name: spec for spec in self._channels.specs}
 
     @property
     def events(self) -> EventSender:
         """Sends one-shot events to the pool's hooks (see EventSender.send)."""
         self._check_open()
-        if self._view.events is None:
+        if self._channels.events is None:
             raise AttributeError(f"pool {self.name!r} was launched without hooks, so it takes no events")
-        return self._view.events
+        return self._channels.events
 
     @property
     def episodes(self) -> EpisodeReader:
         """Finished-episode records since this reader's last ``read()``."""
         self._check_open()
-        return self._view.episodes
+        return self._channels.episodes
 
     @property
     def stats(self) -> PoolStats:
         """Global step, steps/s, worker states, refusal counts, finished episodes."""
         self._check_open()
-        return self._view.stats()
+        return self._channels.stats()
 
     def state_dict(self) -> checkpoints.PoolState:
         """A checkpoint of the pool's shared state, as plain data that ``pickle`` and ``torch.save`` store:
@@ -174,7 +188,7 @@ class Channels:
             ...     fresh.load_state_dict(state)  # its next reset draws what the first pool's would
         """
         self._check_open()
-        return checkpoints.state_dict(self._view)
+        return checkpoints.state_dict(self._channels)
 
     def load_state_dict(self, state: Mapping[str, Any], *, same_draws: bool = True) -> None:
         """Loads a :meth:`state_dict` of a pool launched with the same env, ``num_envs`` and params.
@@ -194,4 +208,4 @@ class Channels:
                 refuse; nothing is written then.
         """
         self._check_open()
-        checkpoints.load_state_dict(self._view, state, same_draws=same_draws)
+        checkpoints.load_state_dict(self._channels, state, same_draws=same_draws)

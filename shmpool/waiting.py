@@ -19,6 +19,7 @@ from typing import Any
 from .calls import IN_RESULT, Failure, decode_answer
 from .config import PoolConfig
 from .errors import PoolClosedError, PoolTimeoutError, WorkerDiedError, WorkerError
+from .interrupts import interrupts_deferred
 from .layout import (
     CONTROL_WORDS,
     CTL_DONE,
@@ -31,7 +32,6 @@ from .layout import (
     WORKER_STARTING,
 )
 from .lifecycle import Lifecycle
-from .protocol import interrupts_deferred
 from .system import monotonic
 
 #: Polls while waiting for workers before sleeping; each poll yields the core (~1 us when idle).

@@ -9,10 +9,10 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from helpers import shm_entries
 
 from shmpool.system import descendants as all_descendants
 
-SHM_DIR = "/dev/shm"
 # Long-lived helpers that multiprocess starts once per test session and keeps: not leaks.
 _HELPERS = ("forkserver import main", "resource_tracker import main")
 
@@ -29,11 +29,6 @@ def _is_helper(pid: int) -> bool:
     except OSError:
         return False
     return any(helper in command_line for helper in _HELPERS)
-
-
-def shm_entries(marker: str) -> list[str]:
-    """Entries of /dev/shm whose name contains ``marker``."""
-    return sorted(name for name in os.listdir(SHM_DIR) if marker in name)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -1,12 +1,16 @@
-"""Tiny deterministic envs for tests, importable by spawned workers (the test folder is on sys.path)."""
+"""Tiny deterministic envs for tests, importable by spawned workers (the test folder is on sys.path), and
+the helpers tests share: scripts run in a fresh interpreter, the ``shmpool`` command, /dev/shm entries."""
 
 from __future__ import annotations
 
 import collections
 import importlib.util
+import os
 import subprocess
 import sys
+import textwrap
 import time
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -84,6 +88,58 @@ def start_sigint_storm(pid: int, seconds: float, gap: float, *, random_gap: bool
         "    os.kill(int(sys.argv[1]), signal.SIGINT)\n"
     )
     return subprocess.Popen([sys.executable, "-c", code, str(pid)])
+
+
+#: The repository's root, and the environment in which a fresh interpreter imports shmpool and this module.
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+SHM_DIR = "/dev/shm"
+
+
+def _run_python(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """Runs ``python ARGS`` in the repository root with a hard timeout; returns its exit status and output."""
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=ENV)
+
+
+def run_script(code: str, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """Runs ``code`` in a fresh interpreter, arguments in ``sys.argv[1:]``; returns its exit status and output."""
+    return _run_python("-c", code, *args, timeout=timeout)
+
+
+def shmpool_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """Runs the ``shmpool`` command (``python -m shmpool ARGS``) with a hard timeout."""
+    return _run_python("-m", "shmpool", *args)
+
+
+def start_script(code: str, *args: str, **popen: Any) -> subprocess.Popen[str]:
+    """Starts ``code`` (dedented) in a fresh interpreter, arguments in ``sys.argv[1:]``, its output piped."""
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        **popen,
+    )
+
+
+def shm_entries(marker: str) -> list[str]:
+    """Entries of /dev/shm whose name contains ``marker``."""
+    return sorted(name for name in os.listdir(SHM_DIR) if marker in name)
+
+
+def remove_shm_entries(marker: str) -> None:
+    """Removes the /dev/shm entries named with ``marker`` (a test's own marker: only ever ones it made),
+    whatever they are: segments, directories, links, fifos, names that are not UTF-8."""
+    folder = os.fsencode(SHM_DIR)
+    for name in os.listdir(folder):
+        if marker.encode() in name:
+            path = os.path.join(folder, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                os.rmdir(path)
+            else:
+                os.unlink(path)
 
 
 class CountingEnv(gym.Env):

@@ -13,11 +13,12 @@ from contextlib import closing
 import gymnasium as gym
 import numpy as np
 import pytest
-from helpers import CountingEnv
+from helpers import CountingEnv, run_script
 
 import shmpool
 import shmpool.batches
 import shmpool.hooks
+import shmpool.pool
 from shmpool.errors import PoolTimeoutError, WorkerDiedError, WorkerError
 
 
@@ -360,41 +361,135 @@ def test_ctrl_c_in_recv_loses_no_batch(pool_name: str) -> None:
         assert sorted(got) == sorted(sent)
 
 
-@pytest.mark.parametrize("nth", [1, 2])
+@pytest.mark.parametrize("where", ["marking ready", "handing out"])
 def test_a_ctrl_c_held_back_inside_recv_loses_no_batch(
-    pool_name: str, monkeypatch: pytest.MonkeyPatch, nth: int
+    pool_name: str, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
-    """A Ctrl-C that arrives while recv changes its queue is raised when that block ends: in the first
-    block (marking the finished worker ready) or the second (handing its batch out, held until recv
-    returns), the batch stays queued for the next recv. A real SIGINT, sent at that moment from inside the block."""
-    uses = iter(range(1, 100))
+    """A Ctrl-C that arrives while recv changes its queue is raised when that block ends: in the
+    block that marks finished workers ready, or in the one that hands a batch out (held until recv
+    returns); either way no batch is lost, and every slot keeps coming back. A real SIGINT, sent
+    from inside the block every time it runs."""
 
     class CtrlCInside(shmpool.batches.interrupts_deferred):  # type: ignore[misc]
         def __enter__(self) -> None:
             super().__enter__()
-            if next(uses) == nth:
-                os.kill(os.getpid(), signal.SIGINT)
+            # To this thread: a signal to the process may be taken by another thread, whose
+            # handler could then run after the block, when the test no longer expects it.
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)
 
         hold = __enter__
 
-    with shmpool.launch("CartPole-v1", 4, num_workers=2, batch_size=2, name=pool_name) as pool:
+    # batches marks workers ready; pool holds Ctrl-C back from the hand-out to recv's return.
+    module = shmpool.batches if where == "marking ready" else shmpool.pool
+    actions = np.zeros(2, dtype=np.int64)
+    with shmpool.launch(CountingEnv, 4, num_workers=2, batch_size=2, name=pool_name) as pool:
         pool.async_reset(seed=0)
-        *_, infos = pool.recv()
-        pool.send(np.zeros(2, dtype=np.int64), infos["env_id"])
-        *_, infos = pool.recv()
-        pool.send(np.zeros(2, dtype=np.int64), infos["env_id"])
-        time.sleep(0.2)  # both slots done, neither marked ready yet
-        monkeypatch.setattr(shmpool.batches, "interrupts_deferred", CtrlCInside)
-        monkeypatch.setattr(shmpool.pool, "interrupts_deferred", CtrlCInside)  # the hand-out's hold
-        with pytest.raises(KeyboardInterrupt):
-            pool.recv()
-        monkeypatch.undo()
-        returned = []
-        for _ in range(4):
-            *_, infos = pool.recv()
-            returned.append(tuple(infos["env_id"].tolist()))
-            pool.send(np.zeros(2, dtype=np.int64), infos["env_id"])
+        interrupts = 0
+        monkeypatch.setattr(module, "interrupts_deferred", CtrlCInside)
+        try:
+            for _ in range(6):  # a recv with a worker already queued marks none: it may return
+                try:
+                    *_, infos = pool.recv()
+                except KeyboardInterrupt:
+                    interrupts += 1
+                    continue
+                pool.send(actions, infos["env_id"])
+        finally:
+            monkeypatch.undo()
+        assert interrupts >= (6 if where == "handing out" else 1)
+        returned: list[tuple[int, ...]] = []
+        give_up = time.monotonic() + 20  # a lost batch never comes back; a slot may wait for a core
+        while len(set(returned)) < 2 and time.monotonic() < give_up:
+            observations, *_, infos = pool.recv()
+            ids = tuple(infos["env_id"].tolist())
+            returned.append(ids)
+            # Both envs of a slot step together: the same count, whatever was interrupted.
+            assert observations[0, 0] == observations[1, 0], ids
+            pool.send(actions, infos["env_id"])
         assert sorted(set(returned)) == [(0, 1), (2, 3)]  # both slots keep coming back
+
+
+ASYNC_STORM = """
+import os, signal, subprocess, sys, time
+import numpy as np
+import shmpool
+sys.path.insert(0, "tests")
+import helpers
+
+pool = shmpool.launch(lambda: helpers.CountingEnv(length=10**9), 6, num_workers=3, batch_size=2, name=sys.argv[1])
+pool.async_reset(seed=0)
+storm = helpers.start_sigint_storm(os.getpid(), 2.0, 0.0005)
+Sent = shmpool.StepSentInterrupt
+actions = np.ones(2, dtype=np.int64)
+interrupts = sent_interrupted = rounds = 0
+batch = None  # a batch received and not sent yet
+done_at = time.monotonic() + 3.0  # by then the storm is over
+
+def work():
+    # No call between a pool call's return and the store of what it says (a Ctrl-C is raised only
+    # at a call or a loop's back edge): the script's own bookkeeping must not lose a batch either.
+    global interrupts, sent_interrupted, rounds, batch
+    while True:
+        try:
+            if time.monotonic() > done_at:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                return
+            if batch is None:
+                batch = pool.recv()
+            pool.send(actions, batch[4]["env_id"])
+            batch = None
+            rounds += 1
+        except Sent:
+            batch = None
+            sent_interrupted += 1
+        except KeyboardInterrupt:
+            interrupts += 1
+
+def until_done(body):
+    # An interrupt can also land on a loop's back edge, outside the try in it: each level catches
+    # what the one below lets out; two levels leave a window too small to be hit.
+    global interrupts, sent_interrupted, batch
+    while True:
+        try:
+            body()
+            return
+        except Sent:
+            batch = None
+            sent_interrupted += 1
+        except KeyboardInterrupt:
+            interrupts += 1
+
+until_done(lambda: until_done(work))
+os.waitpid(storm.pid, 0)
+storm.returncode = 0
+if batch is not None:
+    pool.send(actions, batch[4]["env_id"])
+seen = set()
+give_up = time.monotonic() + 20  # a lost batch never comes back; others may wait for a core a while
+while len(seen) < 6 and time.monotonic() < give_up:  # every env still flows, none handed out twice
+    observations, rewards, terminations, truncations, infos = pool.recv()
+    seen.update(infos["env_id"].tolist())
+    pool.send(actions, infos["env_id"])
+print(interrupts, sent_interrupted, rounds, sorted(seen))
+pool.close()
+"""
+
+
+def test_ctrl_c_storm_in_async_recv_and_send_loses_no_batch_and_sends_none_twice(pool_name: str) -> None:
+    """A Ctrl-C in recv hands nothing out (the next recv returns the batch); one in send either
+    sent nothing (KeyboardInterrupt) or sent the step (StepSentInterrupt). A batch lost makes a
+    later recv raise for want of envs in flight; one sent twice makes send raise."""
+    result = run_script(ASYNC_STORM, pool_name, timeout=120)
+    printed = result.stdout.strip().split(" ", 3)
+    # The storm's last signals can arrive during interpreter shutdown, after the line is printed
+    # and the default handler is back: not this test's subject, so that exit is accepted, and only
+    # with the whole line printed.
+    late_sigint = result.returncode == -signal.SIGINT and len(printed) == 4 and printed[3].startswith("[")
+    assert result.returncode == 0 or late_sigint, result.stderr[-2000:]
+    interrupts, sent_interrupted, rounds, seen = printed
+    assert int(interrupts) + int(sent_interrupted) > 100  # the storm really hit the trainer
+    assert int(rounds) > 100
+    assert seen == "[0, 1, 2, 3, 4, 5]"
 
 
 class SlowThird(CountingEnv):

@@ -10,7 +10,6 @@ import struct
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import helpers
 import numpy as np
@@ -21,17 +20,9 @@ import shmpool
 from shmpool import Param
 from shmpool.layout import LAYOUT_VERSION, MAGIC
 
-ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
-
-
-def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=ENV)
-
-
 ATTACHED = """
 import json, sys, shmpool
-with shmpool.attach(sys.argv[1], timeout=10) as handle:
+with shmpool.attach(sys.argv[1], wait=10) as handle:
     handle.params.write([2], length=0.9)
     records = handle.episodes.recent(1000)
     specs = {n: [s.when, s.dist, float(s.low), float(s.high)] for n, s in handle.param_specs.items()}
@@ -50,7 +41,7 @@ def test_an_attached_process_writes_params_and_reads_episodes(pool_name: str) ->
             if "episode" in infos:
                 done = np.flatnonzero(infos["_episode"])
                 finished += [(int(e), float(infos["episode"]["r"][e]), int(infos["episode"]["l"][e])) for e in done]
-        result = run("-c", ATTACHED, pool.name)
+        result = helpers.run_script(ATTACHED, pool.name)
         assert result.returncode == 0, result.stderr
         seen = json.loads(result.stdout)
         assert seen["specs"] == {"length": ["step", None, 0.1, 2.0], "masscart": ["reset", "uniform", 0.5, 2.0]}
@@ -126,7 +117,11 @@ time.sleep(60)
 
 def test_owner_death_and_close_make_handles_dead_not_crash(pool_name: str) -> None:
     owner = subprocess.Popen(
-        [sys.executable, "-c", OWNER, pool_name], stdout=subprocess.PIPE, text=True, env=ENV, start_new_session=True
+        [sys.executable, "-c", OWNER, pool_name],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=helpers.ENV,
+        start_new_session=True,
     )
     try:
         pids = json.loads(owner.stdout.readline())
@@ -158,7 +153,11 @@ def test_owner_death_and_close_make_handles_dead_not_crash(pool_name: str) -> No
 
 def test_stale_pool_is_reported_as_stale(pool_name: str) -> None:
     child = subprocess.Popen(
-        [sys.executable, "-c", OWNER, pool_name], stdout=subprocess.PIPE, text=True, env=ENV, start_new_session=True
+        [sys.executable, "-c", OWNER, pool_name],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=helpers.ENV,
+        start_new_session=True,
     )
     pids = json.loads(child.stdout.readline())
     os.killpg(child.pid, signal.SIGKILL)  # owner and workers at once: the segment stays behind
@@ -167,10 +166,10 @@ def test_stale_pool_is_reported_as_stale(pool_name: str) -> None:
     try:
         with pytest.raises(shmpool.PoolNotFoundError, match="stale: its owner .* is dead"):
             shmpool.attach(pool_name)
-        listing = run("-m", "shmpool", "ls")
+        listing = helpers.shmpool_cli("ls")
         assert pool_name in listing.stdout and "stale" in listing.stdout
     finally:
-        assert pool_name in run("-m", "shmpool", "gc").stdout
+        assert pool_name in helpers.shmpool_cli("gc").stdout
 
 
 @pytest.mark.parametrize("engine", helpers.ENGINES)
@@ -180,32 +179,33 @@ def test_cli_show_set_watch_against_a_live_pool(engine: str, pool_name: str) -> 
         pool.reset()
         for _ in range(100):
             pool.step(pool.action_space.sample())
-        listing = run("-m", "shmpool", "ls")
+        listing = helpers.shmpool_cli("ls")
         assert listing.returncode == 0 and pool_name in listing.stdout and "alive" in listing.stdout
-        shown = run("-m", "shmpool", "show", pool_name)
+        shown = helpers.shmpool_cli("show", pool_name)
         assert shown.returncode == 0, shown.stderr
         assert "length (param)" in shown.stdout and "{low=0.5, high=2}" in shown.stdout
         assert len([line for line in shown.stdout.splitlines() if line[:1].isdigit()]) == 4  # one row per env
-        written = run("-m", "shmpool", "set", pool_name, "length=0.8", "masscart.high=1.5", "--envs", "1:3")
+        written = helpers.shmpool_cli("set", pool_name, "length=0.8", "masscart.high=1.5", "--envs", "1:3")
         assert written.returncode == 0, written.stderr
         assert pool.params["length"].tolist() == [0.5, 0.8, 0.8, 0.5]
         assert pool.params["masscart"]["high"].tolist() == [2.0, 1.5, 1.5, 2.0]
-        refused = run("-m", "shmpool", "set", pool_name, "length=9")
+        refused = helpers.shmpool_cli("set", pool_name, "length=9")
         assert refused.returncode == 2 and "params['length'][0] = 9.0 rejected: outside [0.1, 2.0]" in refused.stderr
-        ordered = run("-m", "shmpool", "set", pool_name, "length=0.3,0.2", "--envs", "3,1")
+        ordered = helpers.shmpool_cli("set", pool_name, "length=0.3,0.2", "--envs", "3,1")
         assert ordered.returncode == 0 and pool.params["length"].tolist() == [0.5, 0.2, 0.8, 0.3]
-        beyond = run("-m", "shmpool", "set", pool_name, "length=0.3", "--envs", "0:9")
+        beyond = helpers.shmpool_cli("set", pool_name, "length=0.3", "--envs", "0:9")
         assert beyond.returncode == 2 and "--envs 0:9 is outside the pool's 4 envs" in beyond.stderr
-        watched = run("-m", "shmpool", "watch", pool_name, "--count", "2", "--interval", "0.1")
+        watched = helpers.shmpool_cli("watch", pool_name, "--count", "2", "--interval", "0.1")
         assert watched.returncode == 0 and watched.stdout.count("env steps/s") == 2 and "masscart" in watched.stdout
     with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name) as pool:
-        nothing = run("-m", "shmpool", "set", pool_name, "length=0.3")
+        nothing = helpers.shmpool_cli("set", pool_name, "length=0.3")
         assert nothing.returncode == 2 and "was launched without params" in nothing.stderr
 
 
 def test_cli_set_refuses_an_env_selection_that_is_empty_negative_or_past_the_end(pool_name: str) -> None:
-    """Issue #24: ``--envs 3:1`` printed "wrote" and wrote nothing, and ``--envs -1`` wrote the last env
-    as numpy counts. Each is now an error naming the --envs value and the valid ids; nothing is written."""
+    """An --envs that selects nothing (``3:1``) or names an id outside the pool (``-1``, which numpy
+    would count from the end) is an error naming the --envs value and the valid ids: nothing is
+    written, rather than a "wrote" that wrote nothing or a write to the wrong env."""
     params = {"length": Param(low=0.1, high=2.0)}
     with shmpool.launch("CartPole-v1", 4, num_workers=1, name=pool_name, params=params, seed=0) as pool:
         refusals = {
@@ -220,15 +220,15 @@ def test_cli_set_refuses_an_env_selection_that_is_empty_negative_or_past_the_end
         valid = "valid: ids 0 to 3, ranges START:STOP with 0 <= START < STOP <= 4"
         for envs, message in refusals.items():
             option = ["--envs" + envs] if envs.startswith("=") else ["--envs", envs]
-            refused = run("-m", "shmpool", "set", pool_name, "length=0.3", *option)
+            refused = helpers.shmpool_cli("set", pool_name, "length=0.3", *option)
             assert refused.returncode == 2, (envs, refused.stdout, refused.stderr)
             assert message in refused.stderr and valid in refused.stderr, envs
             assert "wrote" not in refused.stdout, envs
         assert pool.params["length"].tolist() == [0.5] * 4  # nothing was written
-        written = run("-m", "shmpool", "set", pool_name, "length=0.3", "--envs", "2:")
+        written = helpers.shmpool_cli("set", pool_name, "length=0.3", "--envs", "2:")
         assert written.returncode == 0 and "wrote" in written.stdout, written.stderr
         assert pool.params["length"].tolist() == [0.5, 0.5, 0.3, 0.3]
-    helped = run("-m", "shmpool", "set", "--help")
+    helped = helpers.shmpool_cli("set", "--help")
     text = " ".join(helped.stdout.split())  # argparse wraps the help to the terminal's width
     assert helped.returncode == 0 and "A range START:STOP is the ids START to STOP-1" in text and "negative id" in text
 
@@ -259,7 +259,7 @@ def test_episode_metrics_read_the_info_keys_at_each_episodes_last_step(pool_name
 WAITING_ATTACHER = """
 import sys, time, shmpool
 print("attaching", flush=True)
-with shmpool.attach(sys.argv[1], timeout=60) as handle:
+with shmpool.attach(sys.argv[1], wait=60) as handle:
     print("attached", handle.num_envs, handle.alive, flush=True)
 """
 
@@ -267,18 +267,18 @@ with shmpool.attach(sys.argv[1], timeout=60) as handle:
 def test_attach_with_a_timeout_waits_for_the_pool_to_appear(pool_name: str) -> None:
     started = time.monotonic()
     with pytest.raises(shmpool.PoolNotFoundError, match="no pool named"):
-        shmpool.attach(pool_name, timeout=0.5)  # nothing appears: it gives up after its timeout
+        shmpool.attach(pool_name, wait=0.5)  # nothing appears: it gives up after its timeout
     assert 0.5 <= time.monotonic() - started < 10.0
     _fake_segment(pool_name, b"SOMETHING ELSE")
     try:
         started = time.monotonic()
         with pytest.raises(shmpool.LayoutMismatchError, match="bad magic"):
-            shmpool.attach(pool_name, timeout=30)  # not a pool being created: no waiting for it
+            shmpool.attach(pool_name, wait=30)  # not a pool being created: no waiting for it
         assert time.monotonic() - started < 5.0
     finally:
         posix_ipc.unlink_shared_memory(f"/shmpool-{pool_name}")
     attacher = subprocess.Popen(
-        [sys.executable, "-c", WAITING_ATTACHER, pool_name], stdout=subprocess.PIPE, text=True, env=ENV
+        [sys.executable, "-c", WAITING_ATTACHER, pool_name], stdout=subprocess.PIPE, text=True, env=helpers.ENV
     )
     try:
         assert attacher.stdout.readline().strip() == "attaching"

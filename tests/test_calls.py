@@ -10,22 +10,16 @@ step within seconds, instead of the default minute.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
-from helpers import CountingEnv
+from helpers import CountingEnv, run_script
 
 import shmpool
 from shmpool.errors import RemoteTraceback, WorkerError
 
-ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
 #: Env 3 is in worker 1's slot: a worker process, or the trainer's own slot with ``trainer_slot=True``.
 SLOTS = pytest.mark.parametrize("trainer_slot", [False, True], ids=["workers", "trainer_slot"])
 
@@ -229,18 +223,11 @@ pool.close()
 def test_calls_retried_under_a_ctrl_c_storm_complete_and_the_pool_still_steps(
     pool_name: str, trainer_slot: bool
 ) -> None:
-    """Ctrl-C every 20 ms for 2.5 s; each get_attr cut short is retried. Before the fix, a retry of a
-    call whose answers had already been read waited 50 ms for more, so that it was cut short again,
-    and so was every retry after it: from the first such Ctrl-C to the storm's end (about 2.4 s) no
-    call completed. Now one completes every few milliseconds."""
-    result = subprocess.run(
-        [sys.executable, "-c", CALLS_UNDER_A_STORM, pool_name, str(int(trainer_slot))],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=ENV,
-        cwd=ROOT,
-    )
+    """Ctrl-C every 20 ms for 2.5 s; each get_attr cut short is retried, and one completes every few
+    milliseconds. A retry of a call whose answers were already read must not wait for more: a 50 ms
+    wait would be cut short again, and so would every retry after it, so that no call completed from
+    the first such Ctrl-C to the storm's end."""
+    result = run_script(CALLS_UNDER_A_STORM, pool_name, str(int(trainer_slot)))
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["interrupts"] > 30, report  # the storm really hit the trainer

@@ -221,9 +221,9 @@ def test_a_refused_value_of_an_env_that_has_drawn_nothing_loads_as_the_pools_own
 
 
 def test_episode_counters_that_could_overflow_are_refused_by_value(pool_name: str) -> None:
-    """Issue #24: a uint64 of 2**64-1 loaded as -1, an int64 of 2**63-1 wrapped to -2**63 at the next
-    reset, and then the pool's own state no longer loaded. A counter is checked by value, whatever its
-    dtype, against a bound (2**62) that leaves room for more resets than any run makes."""
+    """A counter is checked by value, whatever its dtype, against a bound (2**62) that leaves room for
+    more resets than any run makes: cast as it comes, a uint64 of 2**64-1 would load as -1, and an
+    int64 of 2**63-1 would wrap to -2**63 at the next reset, a state the pool could not load back."""
     limit = 1 << 62
     with launch(pool_name, num_workers=1) as pool:
         state = pool.state_dict()
@@ -251,9 +251,10 @@ def test_episode_counters_that_could_overflow_are_refused_by_value(pool_name: st
 
 
 def test_a_malformed_state_is_refused_whole_naming_the_field(pool_name: str) -> None:
-    """Issue #24: a ``dist`` parameter without ``high`` loaded as a partial write (merged with the pool's
-    own ``high``), a None seed raised a bare TypeError and an unhashable name "unhashable type". Every
-    field is now checked before anything is written, and the error names the field and its value."""
+    """Every field is checked before anything is written, and a malformed one is a ValueError naming
+    the field and its value: a ``dist`` parameter without ``high`` is refused rather than merged with
+    the pool's own ``high`` as a partial write, and a None seed or a name that is not a str says so
+    rather than raising a bare TypeError."""
     with launch(pool_name, num_workers=1) as pool:
         good = pool.state_dict()
         before = dict(pool.state_dict())

@@ -15,7 +15,7 @@ from shmpool import hooks
 from shmpool.errors import WorkerError
 
 pytest.importorskip("numba")
-from shmpool.kernels import hooks as compiled_hooks  # noqa: E402 - needs numba
+from shmpool.kernels import compiled_hooks  # noqa: E402 - needs numba
 
 ENGINES = ("python", "numba")
 CHOICES = (False, True, None)
@@ -193,7 +193,7 @@ def test_compiled_true_where_it_cannot_run_compiled_fails_the_launch(pool_name: 
 
 
 def test_compiled_true_needs_numba(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hooks, "_numba_installed", lambda: False)
+    monkeypatch.setattr(hooks.compiled, "_numba_installed", lambda: False)  # checked where the hooks are made
     for hook in (hooks.ObservationNoise, hooks.ActionNoise, hooks.ActionDelay, hooks.RewardScale, hooks.Perturb):
         with pytest.raises(ImportError, match=rf'{hook.__name__}\(compiled=True\) needs numba.*"shmpool\[numba\]"'):
             hook(compiled=True)

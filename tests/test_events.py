@@ -1,23 +1,33 @@
-"""The event channel end to end in one process: what a sender packs is what the worker's reader hands out.
+"""The event channel: what a sender packs is what the worker's reader hands out, exactly once.
 
-Senders build each record's bytes with :mod:`struct` (no numpy for one env or a few), and the reader
-decodes them the same way; these tests hold every form of ``env_ids`` and ``payload`` to the numpy
-reference, including slots wider than one 64-bit mask word, scheduled events, rings that wrap, bad
-input, garbage records, and a send of record bytes that dies at any store.
+In one process: senders build each record's bytes with :mod:`struct` (no numpy for one env or a few),
+and the reader decodes them the same way; these tests hold every form of ``env_ids`` and ``payload``
+to the numpy reference, including slots wider than one 64-bit mask word, scheduled events, rings that
+wrap, bad input, garbage records, and a send of record bytes that dies at any store.
+
+Through a running pool: threads sending at once lose no event, an event for several workers from a
+sender killed between their rings reaches none of them, and a sender waiting for room stops when the
+pool closes.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import signal
+import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import helpers
 import numpy as np
 import pytest
 
-from shmpool.errors import EventQueueFull
+import shmpool
+from shmpool.errors import EventQueueFullError
 from shmpool.events import Event, EventReader, EventSender, event_dtype, mask_bytes
 from shmpool.protocol import W_EVENTS_JOURNAL, W_EVENTS_PUBLISHED, WRITERS_WORDS, EventRings, writer_lock
 
@@ -195,7 +205,7 @@ def test_bad_input_is_refused_with_what_was_wrong_and_queues_nothing(
 def test_a_full_ring_refuses_the_whole_event(channel: Channel) -> None:
     for _ in range(8):
         channel.sender.send("Kick", [70])
-    with pytest.raises(EventQueueFull, match="test env: the event ring of worker 1 is full .8 events"):
+    with pytest.raises(EventQueueFullError, match="test env: the event ring of worker 1 is full .8 events"):
         channel.sender.send("Kick", [0, 70])
     assert channel.views["event_heads"].tolist() == [0, 8]  # not even the room in worker 0's ring was used
 
@@ -295,7 +305,7 @@ def test_a_consumer_with_a_head_from_before_a_rollback_never_takes_a_record_bein
     """A sender dies after advancing ring 0's head, before publishing; a worker has read that head
     (and is paused); the next lock holder rolls the head back and a new sender starts rewriting the
     same slot. The slot's ticket never reads as published meanwhile, so the worker, resuming with its
-    stale head, takes nothing (it used to take the half-written record, ticket 0, and pass the head)."""
+    stale head, takes nothing: not the half-written record (ticket 0), and its head does not pass it."""
     rings, views = channel.rings, channel.views
     dead = channel.sender._filler(0, 0, np.array([0]), [1.0], None)
     with pytest.raises(Died):
@@ -325,3 +335,112 @@ def test_a_consumer_with_a_head_from_before_a_rollback_never_takes_a_record_bein
 def _die_at(key: Any, word: int) -> None:
     if key == word:
         raise Died
+
+
+# -- through a running pool -----------------------------------------------------------------------
+
+
+def test_threads_sending_events_lose_none(pool_name: str, tmp_path: Path) -> None:
+    per_thread = 400
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often, inside critical sections too
+    try:
+        with shmpool.launch(
+            "CartPole-v1",
+            4,
+            num_workers=2,
+            name=pool_name,
+            hooks=[helpers.EventLog(str(tmp_path))],
+            event_payload=3,
+            event_capacity=64,
+        ) as pool:
+            pool.reset(seed=0)
+
+            def sender(thread_id: int) -> None:
+                for seq in range(per_thread):
+                    pool.events.send("Log", None, [thread_id, seq, 0], wait=None)  # to both workers
+
+            threads = [threading.Thread(target=sender, args=(k,)) for k in range(4)]
+            for thread in threads:
+                thread.start()
+            while any(thread.is_alive() for thread in threads):
+                pool.step(np.zeros(4, dtype=np.int64))
+            for _ in range(3):
+                pool.step(np.zeros(4, dtype=np.int64))
+    finally:
+        sys.setswitchinterval(previous)
+    delivered = [
+        tuple(int(v) for v in line.split()[:2])
+        for file in tmp_path.glob("events-*")
+        for line in file.read_text().splitlines()
+    ]
+    assert sorted(delivered) == sorted((k, seq) for k in range(4) for seq in range(per_thread) for _ in range(2))
+
+
+HALF_SENDER = """
+import os, signal, sys
+import numpy as np
+import shmpool
+
+handle = shmpool.attach(sys.argv[1], wait=10)
+sender = handle.events
+def die(record):
+    print("dying", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+ids = np.array([0, 3])  # one env of each worker
+with sender._lock.hold(None, lambda: None):
+    parts = [(0, sender._filler(0, 0, ids[:1], np.array([9.0, 9.0, 9.0]), None)), (1, die)]
+    sender._rings.publish(parts)
+"""
+
+
+def test_an_event_to_several_workers_from_a_killed_sender_reaches_none(pool_name: str, tmp_path: Path) -> None:
+    with shmpool.launch(
+        "CartPole-v1", 4, num_workers=2, name=pool_name, hooks=[helpers.EventLog(str(tmp_path))], event_payload=3
+    ) as pool:
+        pool.reset(seed=0)
+        result = helpers.run_script(HALF_SENDER, pool_name)
+        assert result.returncode == -signal.SIGKILL and "dying" in result.stdout, result.stderr[-2000:]
+        pool.step(np.zeros(4, dtype=np.int64))
+        pool.events.send("Log", [1, 2], [1, 1, 1])  # the next sender recovers the rings, then sends
+        for _ in range(2):
+            pool.step(np.zeros(4, dtype=np.int64))
+    delivered = sorted(line.split()[0] for file in tmp_path.glob("events-*") for line in file.read_text().splitlines())
+    assert delivered == ["1", "1"]  # the new event in both workers; the dead sender's in neither
+
+
+SENDER_DURING_CLOSE = """
+import sys, threading, time
+import shmpool
+sys.path.insert(0, "tests")
+import helpers
+
+pool = shmpool.launch("CartPole-v1", 4, num_workers=2, name=sys.argv[1], hooks=[helpers.EventLog(sys.argv[2])],
+                      event_capacity=2, event_payload=3)
+pool.reset(seed=0)
+outcome = []
+
+def sender():
+    try:
+        for seq in range(10):  # the ring holds 2 and nobody steps: the third send waits for room
+            pool.events.send("Log", None, [0, 0, seq], wait=None)
+        outcome.append("sent all")
+    except shmpool.PoolClosedError:
+        outcome.append("PoolClosedError")
+    except BaseException as exc:
+        outcome.append(type(exc).__name__)
+
+thread = threading.Thread(target=sender)
+thread.start()
+time.sleep(0.5)
+started = time.monotonic()
+pool.close()
+thread.join(5)
+print(outcome, thread.is_alive(), time.monotonic() - started < 10)
+"""
+
+
+def test_a_sender_waiting_for_room_stops_when_the_pool_closes(pool_name: str, tmp_path: Path) -> None:
+    result = helpers.run_script(SENDER_DURING_CLOSE, pool_name, str(tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split("\n")[0] == "['PoolClosedError'] False True"

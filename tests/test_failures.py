@@ -1,4 +1,6 @@
-"""Faults surface as named exceptions within seconds, and leave no process or segment behind."""
+"""Faults surface as named exceptions within seconds, and leave no process or segment behind: an env
+or a worker that fails, a trainer that dies (its workers notice within seconds, even inside a hanging
+env step, and remove only what they opened), bad actions and bad launch options."""
 
 from __future__ import annotations
 
@@ -7,8 +9,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -20,8 +20,6 @@ from gymnasium.vector import AutoresetMode
 
 import shmpool
 from shmpool import PoolBrokenError, PoolClosedError, PoolTimeoutError, RemoteTraceback, WorkerDiedError, WorkerError
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_env_raising_in_step_names_worker_env_and_traceback(pool_name: str) -> None:
@@ -198,21 +196,9 @@ def test_box_action_shape_is_checked(pool_name: str) -> None:
     unconverted.close()
 
 
-def _run_child(script: str, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(script)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"},
-        **kwargs,
-    )
-
-
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
 def test_trainer_killed_workers_exit_and_segment_goes(start_method: str, pool_name: str) -> None:
-    child = _run_child(
+    child = helpers.start_script(
         f"""
         import json, sys, time, shmpool
         if __name__ == "__main__":
@@ -239,7 +225,7 @@ def test_trainer_killed_workers_exit_and_segment_goes(start_method: str, pool_na
 
 
 def test_ctrl_c_during_step_leaves_nothing(pool_name: str) -> None:
-    child = _run_child(
+    child = helpers.start_script(
         f"""
         import json, shmpool, helpers
         with shmpool.launch(lambda: helpers.CountingEnv(length=10**9, sleep=0.05), 4, num_workers=2,
@@ -268,7 +254,7 @@ def test_ctrl_c_during_step_leaves_nothing(pool_name: str) -> None:
 
 
 def test_whole_group_killed_then_gc_removes_the_segment(pool_name: str) -> None:
-    child = _run_child(
+    child = helpers.start_script(
         f"""
         import json, time, shmpool
         pool = shmpool.launch("CartPole-v1", 2, num_workers=2, name={pool_name!r})
@@ -282,9 +268,7 @@ def test_whole_group_killed_then_gc_removes_the_segment(pool_name: str) -> None:
     child.communicate()
     assert helpers.wait_gone(pids, 2.0) == []
     assert [n for n in os.listdir("/dev/shm") if pool_name in n]
-    result = subprocess.run(
-        [sys.executable, "-m", "shmpool", "gc"], cwd=ROOT, capture_output=True, text=True, timeout=30
-    )
+    result = helpers.shmpool_cli("gc")
     assert result.returncode == 0, result.stderr
     # A pool launched meanwhile by another process (the machine is shared; CI runs one suite at a
     # time) sweeps dead pools too, and may get there first: then gc finds nothing left of this one.
@@ -295,19 +279,15 @@ def test_whole_group_killed_then_gc_removes_the_segment(pool_name: str) -> None:
     assert not [n for n in os.listdir("/dev/shm") if pool_name in n]
 
 
-def _shm(marker: str) -> list[str]:
-    return sorted(n for n in os.listdir("/dev/shm") if marker in n)
-
-
 def test_launch_under_the_name_of_a_live_pool_raises_pool_exists(pool_name: str) -> None:
     with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, params={"length": shmpool.Param()}) as pool:
         pool.reset(seed=0)
-        before = _shm(pool_name)
+        before = helpers.shm_entries(pool_name)
         with pytest.raises(shmpool.PoolExistsError, match=re.escape(pool_name)) as caught:
             shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name)
         assert isinstance(caught.value, FileExistsError) and isinstance(caught.value, shmpool.ShmpoolError)
         # The live pool lost nothing: its segment and doorbells, its workers, its name.
-        assert _shm(pool_name) == before
+        assert helpers.shm_entries(pool_name) == before
         pool.params.write(None, length=0.7)
         pool.step([0, 1])
         assert pool.applied["length"].tolist() == [0.7, 0.7]
@@ -324,8 +304,8 @@ def test_the_next_launch_removes_a_pool_whose_owner_and_workers_died(pool_name: 
         sys.stdin.read()  # until the test closes stdin (or kills it)
         pool.close()
         """
-    victim = _run_child(owner.replace("NAME", repr(dead)), stdin=subprocess.PIPE)
-    survivor = _run_child(owner.replace("NAME", repr(alive)), stdin=subprocess.PIPE)
+    victim = helpers.start_script(owner.replace("NAME", repr(dead)), stdin=subprocess.PIPE)
+    survivor = helpers.start_script(owner.replace("NAME", repr(alive)), stdin=subprocess.PIPE)
     try:
         workers = json.loads(victim.stdout.readline())
         json.loads(survivor.stdout.readline())
@@ -336,9 +316,9 @@ def test_the_next_launch_removes_a_pool_whose_owner_and_workers_died(pool_name: 
         assert helpers.wait_gone(workers, 5.0) == []
         os.kill(victim.pid, signal.SIGKILL)
         assert helpers.wait_gone([victim.pid], 5.0) == []
-        assert f"shmpool-{dead}" in _shm(dead)  # nobody could clean up
+        assert f"shmpool-{dead}" in helpers.shm_entries(dead)  # nobody could clean up
         with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name + "-new") as pool:
-            assert _shm(dead) == []  # swept: the dead owner's segment and doorbells
+            assert helpers.shm_entries(dead) == []  # swept: the dead owner's segment and doorbells
             pool.reset(seed=0)
             pool.step([0, 1])
             with shmpool.attach(alive) as handle:  # a live owner's pool is left alone
@@ -348,6 +328,156 @@ def test_the_next_launch_removes_a_pool_whose_owner_and_workers_died(pool_name: 
         victim.communicate(timeout=10)
         survivor.communicate(input="", timeout=30)  # closes its pool
     assert survivor.returncode == 0
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks, None if it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            data = file.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(b")") + 2 :].split()
+    return None if fields[0] in (b"Z", b"X") else int(fields[19])
+
+
+def _family(root: int) -> dict[int, int]:
+    """Every live process below ``root`` (helpers such as the forkserver included): pid -> start ticks."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as file:
+                    data = file.read()
+            except OSError:
+                continue
+            parents[int(entry)] = int(data[data.rindex(b")") + 2 :].split()[1])
+    found: dict[int, int] = {}
+    frontier = [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, ppid in parents.items():
+            ticks = _start_ticks(pid)
+            if ppid == parent and pid not in found and ticks is not None:
+                found[pid] = ticks
+                frontier.append(pid)
+    return found
+
+
+def _survivors(family: dict[int, int], seconds: float) -> dict[int, str]:
+    """Waits up to ``seconds`` for every process of ``family`` to end; the survivors and their command lines."""
+    deadline = time.monotonic() + seconds
+    while True:
+        alive = [pid for pid, ticks in family.items() if _start_ticks(pid) == ticks]
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    found = {}
+    for pid in alive:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as file:
+                found[pid] = file.read().replace(b"\0", b" ").decode(errors="replace")[:200]
+        except OSError:
+            found[pid] = "?"
+    return found
+
+
+def _clean_up(child: subprocess.Popen[str], family: dict[int, int], marker: str) -> None:
+    """Kills the trainer ``child`` and the processes of ``family`` it started that still run (only
+    after a failure), first, as they hold the child's output pipes open; then removes what they left
+    in /dev/shm under ``marker``."""
+    child.kill()
+    for pid, ticks in family.items():
+        if _start_ticks(pid) == ticks:
+            os.kill(pid, signal.SIGKILL)
+    _survivors(family, 5.0)
+    child.communicate(timeout=10)
+    helpers.remove_shm_entries(marker)
+
+
+def _wait_no_entries(marker: str, seconds: float) -> list[str]:
+    """Waits up to ``seconds`` for /dev/shm to hold nothing named with ``marker``; returns what is left."""
+    deadline = time.monotonic() + seconds
+    while helpers.shm_entries(marker) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return helpers.shm_entries(marker)
+
+
+def _identities(name: str) -> dict[str, tuple[int, int]]:
+    """(st_dev, st_ino) of the segment and semaphore files of the pool called ``name``."""
+    files = [f for f in os.listdir(helpers.SHM_DIR) if f == f"shmpool-{name}" or f.startswith(f"sem.shmpool-{name}.")]
+    return {
+        f: (os.lstat(os.path.join(helpers.SHM_DIR, f)).st_dev, os.lstat(os.path.join(helpers.SHM_DIR, f)).st_ino)
+        for f in files
+    }
+
+
+HANGING_TRAINER = """
+import functools, json, sys, shmpool, helpers
+if __name__ == "__main__":
+    hanging = functools.partial(helpers.CountingEnv, length=10**9, sleep=1000)  # importable by every start method
+    pool = shmpool.launch(hanging, 2, num_workers=2, name=sys.argv[1], start_method=sys.argv[2], timeout=None)
+    pool.reset()
+    print(json.dumps(pool.worker_pids), flush=True)
+    pool.step([0, 0])  # never returns: every env sleeps 1000 s in its step
+"""
+
+
+@pytest.mark.parametrize("start_method", ["forkserver", "fork"])
+def test_trainer_killed_during_a_hanging_step_leaves_no_process_and_no_memory(
+    start_method: str, pool_name: str
+) -> None:
+    """A worker notices its owner's death within seconds even inside a hanging env step, with every
+    start method, and nothing the trainer started (forkserver, resource tracker) outlives it."""
+    child = helpers.start_script(HANGING_TRAINER, pool_name, start_method)
+    family: dict[int, int] = {}
+    try:
+        workers = json.loads(child.stdout.readline())
+        time.sleep(0.5)  # the workers are inside env.step now, sleeping
+        family = _family(child.pid)
+        assert set(workers) <= set(family), (workers, family)
+        child.kill()
+        child.wait(5)
+        assert _survivors(family, 3.0) == {}
+        assert _wait_no_entries(pool_name, 1.0) == []
+    finally:
+        _clean_up(child, family, pool_name)
+
+
+IDLE_TRAINER = """
+import json, sys, time, shmpool
+pool = shmpool.launch("CartPole-v1", 2, num_workers=1, name=sys.argv[1], start_method="fork")
+print(json.dumps(pool.worker_pids), flush=True)
+time.sleep(60)
+"""
+
+
+def test_late_worker_of_a_dead_owner_spares_a_new_pool_of_the_same_name(pool_name: str) -> None:
+    """A worker cleaning up after its dead owner removes only the objects it opened: a new pool that
+    took the same name meanwhile keeps its segment and doorbells."""
+    child = helpers.start_script(IDLE_TRAINER, pool_name)
+    family: dict[int, int] = {}
+    try:
+        [worker] = json.loads(child.stdout.readline())
+        family = _family(child.pid)
+        os.kill(worker, signal.SIGSTOP)  # a worker as slow to notice as can be: it cannot run until SIGCONT
+        child.kill()
+        child.wait(5)
+        # The new launch sweeps the dead owner's segment and semaphores, then makes its own under the same name.
+        with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, seed=0) as pool:
+            pool.reset()
+            mine = _identities(pool_name)
+            assert f"shmpool-{pool_name}" in mine and len(mine) == 3, mine  # segment, trainer and worker doorbells
+            os.kill(worker, signal.SIGCONT)
+            assert _survivors(family, 5.0) == {}
+            assert _identities(pool_name) == mine  # the late worker removed nothing of the new pool
+            with shmpool.attach(pool_name) as handle:
+                assert handle.alive
+            for _ in range(50):
+                pool.step(pool.action_space.sample())
+        assert _wait_no_entries(pool_name, 1.0) == []
+    finally:
+        _clean_up(child, family, pool_name)
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import pickle
 import re
 import subprocess
@@ -16,12 +15,10 @@ import gymnasium as gym
 import helpers
 import numpy as np
 import pytest
-from gymnasium.vector import AutoresetMode
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 import shmpool
 from shmpool import Param, hooks
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def plain_run(env_id: str, seed: int, actions: list, stop_at_done: bool = True) -> list[np.ndarray]:
@@ -50,6 +47,25 @@ def test_action_delay_shifts_actions(env_id: str, pool_name: str) -> None:
         expected = plain_run(env_id, 4 + env, shifted)
         for t, obs in enumerate(expected):
             np.testing.assert_array_equal(observations[t][env], obs, err_msg=f"env {env} step {t}")
+
+
+@pytest.mark.parametrize("order", ["reset_hook_first", "delay_first"])
+def test_action_delay_never_delivers_the_previous_episodes_actions(order: str, pool_name: str) -> None:
+    delay = hooks.ActionDelay(2)
+    chain = [helpers.ResetWhereNotResetting(1, at=6), delay] if order == "reset_hook_first" else [delay, hooks.Reset()]
+    with shmpool.launch(helpers.EchoActionEnv, 2, num_workers=2, name=pool_name, hooks=chain) as pool:
+        pool.reset(seed=0)
+        received = []
+        for step in range(11):
+            if step == 6 and order == "delay_first":
+                pool.events.send("Reset", [1])
+            received.append(pool.step(np.full((2, 1), float(step)))[0][:, 1].tolist())
+    received = np.array(received)
+    # Env 0 never resets: a0, a0, a0, a1, a2, ...
+    assert received[:, 0].tolist() == [0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8]
+    # Env 1 resets in place of step 6; its new episode's first action is a7: a7, a7, a7, a8.
+    assert received[6, 1] == -1.0
+    assert received[7:, 1].tolist() == [7, 7, 7, 8]
 
 
 def test_reward_scale_and_episode_returns(pool_name: str) -> None:
@@ -101,6 +117,17 @@ def step_kicked(env: gym.Env, action: np.ndarray, strengths: tuple[float, ...]) 
         outcomes.append((observation, np.array(env.unwrapped.state)))
     env.unwrapped.state = start
     return outcomes
+
+
+def test_noise_streams_of_names_sharing_8_characters_differ(pool_name: str) -> None:
+    observations = []
+    for suffix in ("Left", "Right"):
+        noise = hooks.ObservationNoise(1.0, name=f"ObsNoise{suffix}")
+        with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name + suffix, hooks=[noise], seed=0) as pool:
+            observations.append(pool.reset()[0])
+    plain = SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(2)]).reset(seed=0)[0]
+    assert not np.array_equal(observations[0], plain)
+    assert not np.allclose(observations[0], observations[1])
 
 
 def test_perturb_kicks_on_events_and_on_schedule(pool_name: str) -> None:
@@ -218,6 +245,14 @@ def test_reset_event_resets_in_place_of_the_step(pool_name: str) -> None:
         assert np.any(np.abs(observations[0]) > 0.05)
 
 
+def test_hooks_later_in_the_chain_see_resets_that_earlier_hooks_asked_for(pool_name: str) -> None:
+    chain = [helpers.ResetWhereNotResetting(1, at=3), helpers.SeesResetting()]
+    with shmpool.launch(helpers.EchoActionEnv, 3, num_workers=1, name=pool_name, hooks=chain) as pool:
+        pool.reset(seed=0)
+        seen = [pool.step(np.zeros((3, 1)))[1].tolist() for _ in range(5)]
+    assert seen == [[0, 0, 0], [0, 0, 0], [0, 0, 0], [0, 1, 0], [0, 0, 0]]
+
+
 def test_resample_redraws_dist_params(pool_name: str) -> None:
     params = {"masscart": Param(dist="uniform", low=0.5, high=2.0, when="reset")}
     with shmpool.launch(
@@ -281,11 +316,11 @@ def test_events_at_step_and_full_rings(pool_name: str, tmp_path: Path) -> None:
         pool.events.send("Log", [3], [1, 1], at_step=4)
         pool.events.send("Log", [0, 3], [2, 2])
         pool.events.send("Log", None, [3, 3])
-        with pytest.raises(shmpool.EventQueueFull, match="worker 1 is full .3 events"):
+        with pytest.raises(shmpool.EventQueueFullError, match="worker 1 is full .3 events"):
             pool.events.send("Log", [2], [4, 4])
         started = time.monotonic()
-        with pytest.raises(shmpool.EventQueueFull):
-            pool.events.send("Log", [2], [4, 4], timeout=0.3)
+        with pytest.raises(shmpool.EventQueueFullError):
+            pool.events.send("Log", [2], [4, 4], wait=0.3)
         assert 0.25 < time.monotonic() - started < 10.0  # waited its timeout, then gave up: no hang
         with pytest.raises(ValueError, match="allows 2"):
             pool.events.send("Log", [0], [1, 2, 3])
@@ -293,7 +328,7 @@ def test_events_at_step_and_full_rings(pool_name: str, tmp_path: Path) -> None:
 
         def send_when_there_is_room() -> None:
             try:
-                pool.events.send("Log", [2], [4, 4], timeout=None)
+                pool.events.send("Log", [2], [4, 4], wait=None)
                 outcome.append("sent")
             except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
                 outcome.append(exc)
@@ -327,11 +362,11 @@ SENDER = """
 import sys, numpy as np, shmpool
 name, writer, count, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 after = np.zeros(count, dtype=np.int64)
-with shmpool.attach(name, timeout=10) as handle:
+with shmpool.attach(name, wait=10) as handle:
     print("attached", flush=True)
     for seq in range(count):
         before = handle.global_step
-        handle.events.send("Log", [seq % handle.num_envs], [writer, seq, before], timeout=None)
+        handle.events.send("Log", [seq % handle.num_envs], [writer, seq, before], wait=None)
         after[seq] = handle.global_step
 np.save(out, after)
 """
@@ -348,7 +383,7 @@ def test_100k_events_from_two_processes_exactly_once_in_order(pool_name: str, tm
                 [sys.executable, "-c", SENDER, pool.name, str(w), str(per_writer), str(tmp_path / f"sent{w}.npy")],
                 stdout=subprocess.PIPE,
                 text=True,
-                env={**os.environ, "PYTHONPATH": str(ROOT)},
+                env=helpers.ENV,
             )
             for w in (1, 2)
         ]
@@ -379,7 +414,7 @@ def test_100k_events_from_two_processes_exactly_once_in_order(pool_name: str, tm
 
 KILLED_SENDER = """
 import sys, time, shmpool
-with shmpool.attach(sys.argv[1], timeout=10) as handle:
+with shmpool.attach(sys.argv[1], wait=10) as handle:
     handle.events._lock.hold(None, lambda: None).__enter__()   # dies holding the senders' lock
     print("holding", flush=True)
     time.sleep(60)
@@ -395,13 +430,13 @@ def test_a_sender_killed_mid_send_does_not_wedge_the_ring(pool_name: str, tmp_pa
             [sys.executable, "-c", KILLED_SENDER, pool.name],
             stdout=subprocess.PIPE,
             text=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            env=helpers.ENV,
         )
         assert sender.stdout.readline().strip() == "holding"
         sender.kill()
         sender.wait(5)
         started = time.monotonic()
-        pool.events.send("Log", [1], [7, 7, 7], timeout=30)
+        pool.events.send("Log", [1], [7, 7, 7], wait=30)
         assert time.monotonic() - started < 10.0  # the kernel dropped the dead sender's lock: no waiting it out
         pool.step(np.zeros(2, int))
     assert "7 7 7 0" in "".join(f.read_text() for f in tmp_path.glob("events-*.txt"))

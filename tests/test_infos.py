@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import warnings
 
+import gymnasium as gym
 import helpers
 import numpy as np
 import pytest
@@ -12,6 +13,12 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from test_equivalence import assert_same
 
 import shmpool
+
+MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP]
+
+
+def without_episode(infos: dict) -> dict:
+    return {key: value for key, value in infos.items() if key not in ("episode", "_episode")}
 
 
 @pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
@@ -104,3 +111,69 @@ def test_infos_of_kinds_that_differ_between_envs_match_sync_and_stay_put(scenari
         for t, (ours, theirs) in enumerate(kept):
             assert_same(ours, theirs, f"step {t}, read after the last step")
     reference.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_frozenlake_prob_info_matches_sync(mode: AutoresetMode, pool_name: str) -> None:
+    # FrozenLake reports prob as the int 1 at reset and as a float on every step.
+    kwargs = {"is_slippery": True}
+    reference = SyncVectorEnv([lambda: gym.make("FrozenLake-v1", **kwargs) for _ in range(4)], autoreset_mode=mode)
+    with shmpool.launch(
+        "FrozenLake-v1", 4, num_workers=2, autoreset_mode=mode, env_kwargs=kwargs, name=pool_name
+    ) as pool:
+        assert_same(pool.reset(seed=2)[1], reference.reset(seed=2)[1], "reset infos")
+        rng = np.random.default_rng(0)
+        fractions = 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a mixed step truncates, as gymnasium does
+            for t in range(60):
+                actions = rng.integers(0, 4, 4)
+                ours, theirs = pool.step(actions), reference.step(actions)
+                for index in range(4):
+                    assert_same(ours[index], theirs[index], f"step {t} item {index}")
+                our_infos, their_infos = without_episode(ours[4]), dict(theirs[4])
+                their_infos.pop("final_obs", None), our_infos.pop("final_obs", None)
+                assert_same(our_infos, their_infos, f"step {t} infos")
+                assert set(our_infos) == set(their_infos), t
+                fractions += int(np.any((our_infos["prob"] > 0) & (our_infos["prob"] < 1)))
+        assert fractions > 10, "slippery steps report a probability of 1/3"
+    reference.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_info_dtype_and_shape_changes_match_sync(mode: AutoresetMode, pool_name: str) -> None:
+    reference = SyncVectorEnv([helpers.ShiftingInfoEnv for _ in range(4)], autoreset_mode=mode)
+    with shmpool.launch(helpers.ShiftingInfoEnv, 4, num_workers=2, autoreset_mode=mode, name=pool_name) as pool:
+
+        def run(seed: int, steps: int) -> None:
+            assert_same(pool.reset(seed=seed)[1], reference.reset(seed=seed)[1], f"reset {seed}")
+            for t in range(steps):
+                actions = np.zeros(4, int)
+                our_infos, their_infos = without_episode(pool.step(actions)[4]), dict(reference.step(actions)[4])
+                their_infos.pop("final_obs", None), our_infos.pop("final_obs", None)
+                assert_same(our_infos, their_infos, f"seed {seed} step {t} infos")
+                assert set(our_infos) == set(their_infos), t
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # int into float, new shapes in new steps: nothing to warn about
+            run(3, 11)  # env 0 reports odd_dist as a float: the others' ints become floats
+        with pytest.warns(RuntimeWarning, match=r"info key '(final_info/)?odd_dist'.*int64.*truncat"):
+            run(4, 11)  # env 0 reports it as an int: gymnasium truncates the others' floats, we warn
+    reference.close()
+
+
+def test_info_values_that_do_not_fit_one_step_warn_once_per_key(pool_name: str) -> None:
+    # SyncVectorEnv raises here (a 3-vector does not fit a row of 2); shmpool leaves it out, loudly.
+    with shmpool.launch(lambda: helpers.ShiftingInfoEnv(with_vec_mix=True), 2, num_workers=2, name=pool_name) as pool:
+        pool.reset(seed=0)  # env 0 even: 2 entries and ints; env 1 odd: 3 entries and floats
+        with pytest.warns(RuntimeWarning) as caught:
+            infos = pool.step([0, 0])[4]
+        text = " ".join(str(w.message) for w in caught)
+        assert "'mixed_vec'" in text and "'odd_dist'" in text
+        assert infos["_mixed_vec"].tolist() == [True, False]
+        np.testing.assert_array_equal(infos["mixed_vec"], [[1.0, 1.0], [0.0, 0.0]])
+        assert infos["odd_dist"].tolist() == [1, 0] and infos["odd_dist"].dtype == np.int64
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            infos = pool.step([0, 0])[4]  # warned once per key, not per step
+        assert infos["mixed_vec"].tolist() == [[2.0, 2.0], [0.0, 0.0]]

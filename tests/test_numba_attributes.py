@@ -1,4 +1,4 @@
-"""Attributes of the numba engine's envs through control calls (issue #24 item 4): ``set_attr`` and
+"""Attributes of the numba engine's envs through control calls: ``set_attr`` and
 ``get_attr`` do what they do on gymnasium's envs (``SyncVectorEnv``, ``engine="python"``) with the same
 seeds and actions, or raise; a write is never silently ignored."""
 

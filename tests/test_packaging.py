@@ -1,4 +1,5 @@
-"""How shmpool installs: the worker code lives in shmpool's namespace, so user modules cannot shadow it."""
+"""How shmpool installs: the worker code lives in shmpool's namespace, so user modules cannot shadow it;
+its submodules are attributes of the package; its layers import one way."""
 
 from __future__ import annotations
 
@@ -52,3 +53,20 @@ def test_the_worker_package_is_shmpools() -> None:
 
     assert shmpool.workers.main.__name__ == "shmpool.workers.main"
     assert "workers" not in sys.modules or getattr(sys.modules["workers"], "__file__", "") != shmpool.workers.__file__
+
+
+def test_env_family_modules_are_attributes_of_shmpool() -> None:
+    import shmpool
+
+    assert shmpool.classic_control.__name__ == "shmpool.classic_control"
+    assert shmpool.adapters.__name__ == "shmpool.adapters"
+
+
+def test_the_layers_hold_and_no_modules_import_each_other() -> None:
+    """import-linter's contracts in pyproject.toml: the layers (integrations, pool, channels,
+    layout, OS and protocol) and no import cycle between shmpool's modules."""
+    root = Path(__file__).resolve().parents[1]
+    lint = Path(sys.executable).with_name("lint-imports")
+    result = subprocess.run([str(lint)], cwd=root, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "Contracts: 2 kept, 0 broken." in result.stdout

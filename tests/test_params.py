@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -302,6 +303,41 @@ def test_write_gives_each_env_its_own_row_in_the_order_the_ids_are_given(pool_na
         np.testing.assert_array_equal(pool.params["gravity"], expected)
 
 
+def test_write_returns_the_blocks_write_count_whoever_writes(pool_name: str) -> None:
+    """``params.write`` returns its version: the block's write count once the write is published, one
+    more than the write before it whoever made that (the pool, an attached handle, another thread);
+    a write of no env, or one refused, writes nothing and takes no number."""
+    params = {
+        "gravity": Param(9.8, low=1.0, high=20.0),
+        "length": Param(dist="uniform", default={"low": 0.5, "high": 0.5}, low=0.1, high=2.0),
+    }
+    with shmpool.launch("CartPole-v1", 4, num_workers=2, name=pool_name, params=params) as pool:
+        with shmpool.attach(pool.name) as handle:
+            assert pool.params.write(None, gravity=10.0) == 1  # the first write (launch writes no version)
+            assert handle.params.write([1, 3], length={"low": 0.4}) == 2
+            assert pool.params.write(2, gravity=11.0) == 3
+            assert handle.params.write([], gravity=np.array([])) == 3  # no env: nothing written
+            assert pool.params.write(slice(0, 0), gravity=12.0) == 3
+            with pytest.raises(ValueError, match="rejected"):
+                handle.params.write(0, gravity=30.0)
+            assert handle.params.write(0, gravity=12.0) == 4
+            assert pool.params.write(None, gravity=np.full(4, 13.0)) == 5  # the one-check path of float arrays
+            versions: list[int] = []
+
+            def write(block: shmpool.ParamBlock, value: float) -> None:
+                for _ in range(200):
+                    versions.append(block.write([0, 2], gravity=value))
+
+            writers = [threading.Thread(target=write, args=(block, 14.0)) for block in (pool.params, handle.params)]
+            for thread in writers:
+                thread.start()
+            for thread in writers:
+                thread.join()
+            assert sorted(versions) == list(range(6, 406))  # each once: numbered under the writers' lock
+            assert pool.params.write([], gravity=np.array([])) == 405  # the current version
+            assert handle.params.write(None, gravity=15.0) == 406
+
+
 def test_bad_declarations_fail_at_launch(pool_name: str) -> None:
     with pytest.raises(AttributeError, match=r"has no 'not_there'.*never creates attributes"):
         shmpool.launch("CartPole-v1", 2, name=pool_name, params={"not_there": Param(1.0)})
@@ -356,7 +392,7 @@ def test_rebuild_params_remake_the_env(engine: str, pool_name: str) -> None:
 WRITER = """
 import sys, numpy as np, shmpool
 name, count = sys.argv[1], int(sys.argv[2])
-with shmpool.attach(name, timeout=10) as handle:
+with shmpool.attach(name, wait=10) as handle:
     rng = np.random.default_rng(1)
     print("attached", flush=True)
     for i in range(count):

@@ -151,7 +151,7 @@ def assert_same(ours: Any, theirs: Any, path: str = "") -> None:
 def test_step_equals_a_local_pool_of_the_same_size(pool_name: str) -> None:
     rng = np.random.default_rng(0)
     with (
-        shmpool.ray.launch("CartPole-v1", 3, name=pool_name, num_workers=1, seed=5) as fleet,
+        shmpool.ray.launch("CartPole-v1", 6, name=pool_name, num_workers=1, seed=5) as fleet,
         shmpool.launch("CartPole-v1", 6, name=f"{pool_name}-local", num_workers=2, seed=5) as local,
     ):
         assert [node.env_ids for node in fleet.nodes] == [range(0, 3), range(3, 6)]
@@ -190,12 +190,16 @@ def test_step_equals_a_local_pool_of_the_same_size(pool_name: str) -> None:
             actions = rng.integers(0, 2, 6)
             expected = local.step(actions)[:3]
             for node in fleet.nodes:
-                fleet.send(actions[node.env_ids.start : node.env_ids.stop], node=node.index)
+                if round_ % 2:  # the node by its index
+                    fleet.send(actions[node.env_ids.start : node.env_ids.stop], node=node.index)
+                else:  # by its env ids, as a local pool's send takes them: any order, one row each
+                    env_ids = np.array(node.env_ids)[::-1]
+                    fleet.send(actions[env_ids], env_ids)
 
 
 def test_a_write_reaches_exactly_those_envs_on_their_nodes(pool_name: str) -> None:
     params = {"a": shmpool.Param(0.0, low=-10.0, high=10.0), "b": shmpool.Param(0.0, low=-10.0, high=10.0)}
-    with shmpool.ray.launch(PairEnv, 3, name=pool_name, num_workers=1, params=params, seed=0) as fleet:
+    with shmpool.ray.launch(PairEnv, 6, name=pool_name, num_workers=1, params=params, seed=0) as fleet:
         fleet.reset()
         version = fleet.params.write([1, 4], a=5.0)  # env 1 on node 0, env 4 on node 1
         observations = fleet.step(np.zeros(6, np.int64))[0]
@@ -238,7 +242,7 @@ def test_a_write_reaches_exactly_those_envs_on_their_nodes(pool_name: str) -> No
 
 
 def test_episode_records_come_from_every_node(pool_name: str) -> None:
-    with shmpool.ray.launch(CountingEnv, 2, name=pool_name, num_workers=1, env_kwargs={"length": 3}) as fleet:
+    with shmpool.ray.launch(CountingEnv, 4, name=pool_name, num_workers=1, env_kwargs={"length": 3}) as fleet:
         fleet.reset(seed=0)
         for _ in range(7):  # episodes end at steps 3 and 7 (next-step autoreset in between)
             fleet.step(np.ones(4, np.int64))
@@ -261,7 +265,7 @@ def test_an_attached_curriculum_process_widens_a_parameter_on_every_node(pool_na
         *("--buffer", "1", "--p-boundary", "1", "--low-threshold", "-1", "--high-threshold", "0", "--delta", "0.1"),
         *("--poll", "0.02", "--attach-timeout", "60"),
     ]
-    with shmpool.ray.launch("CartPole-v1", 2, name=pool_name, num_workers=1, params={"length": length}) as fleet:
+    with shmpool.ray.launch("CartPole-v1", 4, name=pool_name, num_workers=1, params={"length": length}) as fleet:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             fleet.reset(seed=0)
@@ -294,10 +298,10 @@ def test_a_killed_host_actor_raises_an_error_naming_its_node(pool_name: str) -> 
     import ray
 
     params = {"a": shmpool.Param(0.0, low=-10.0, high=10.0)}
-    with shmpool.ray.launch(PairEnv, 2, name=pool_name, num_workers=1, params=params, timeout=20.0) as fleet:
+    with shmpool.ray.launch(PairEnv, 4, name=pool_name, num_workers=1, params=params, timeout=20.0) as fleet:
         fleet.reset()
         fleet.step(np.zeros(4, np.int64))
-        workers = fleet.worker_pids[1]
+        workers = fleet.worker_pids_by_node[1]
         ray.kill(ray.get_actor(f"shmpool/{pool_name}/1", namespace="shmpool"))
 
         started = time.monotonic()
@@ -336,7 +340,17 @@ def test_send_misuse_and_calls_after_close_are_clear_errors(pool_name: str) -> N
         fleet.async_reset(seed=0)
         *_, infos = fleet.recv()
         with pytest.raises(TypeError, match=r"node is a node index \(infos\['node'\]\[0\]"):
-            fleet.send(np.ones(2, dtype=np.int64), infos["env_id"])  # a local pool's send(actions, env_ids)
+            fleet.send(np.ones(2, dtype=np.int64), node=infos["env_id"])  # env ids where the node goes
+        with pytest.raises(TypeError, match="to name node 0, pass node=0"):
+            fleet.send(np.ones(2, dtype=np.int64), 0)  # the old send(actions, node)
+        with pytest.raises(ValueError, match=r"one whole node at a time: .* got \[1\]"):
+            fleet.send(np.ones(1, dtype=np.int64), [1])  # part of a node
+        with pytest.raises(ValueError, match="env_ids are those of node 0, but node=1"):
+            fleet.send(np.ones(2, dtype=np.int64), infos["env_id"], node=1)
+        fleet.send(np.ones(2, dtype=np.int64), infos["env_id"])  # a local pool's send(actions, env_ids)
+        with pytest.raises(RuntimeError, match="node 0, which is still stepping"):
+            fleet.send(np.ones(2, dtype=np.int64))
+        *_, infos = fleet.recv()
         fleet.send(np.ones(2, dtype=np.int64))  # in flight at close
     fleet.close()
     for call in (lambda: fleet.step(np.ones(2, dtype=np.int64)), fleet.async_reset, fleet.recv):
@@ -370,10 +384,10 @@ def test_a_node_removed_mid_step_leaves_no_segment_after_close(
         folder.mkdir()
     envs = [functools.partial(StepMarkerEnv, str(quick), 0.0), functools.partial(StepMarkerEnv, str(stuck), 60.0)]
     nodes = [head, extra_node.node_id]
-    fleet = shmpool.ray.launch(envs, 1, nodes=nodes, name=pool_name, num_workers=1, timeout=20.0)
+    fleet = shmpool.ray.launch(envs, 2, nodes=nodes, name=pool_name, num_workers=1, timeout=20.0)
     try:
         fleet.reset(seed=0)
-        workers = [pid for pids in fleet.worker_pids for pid in pids]
+        workers = fleet.worker_pids
         # Ray kills a dead actor's process group: a worker left in its host's would die with it,
         # before removing anything. Checked here too because on a shared machine another user's
         # launch may sweep the leftovers before the checks below look.
@@ -397,7 +411,7 @@ def test_a_node_removed_mid_step_leaves_no_segment_after_close(
         # Nothing can reach the removed node to sweep it: its own workers remove its pool.
         node_1 = f"{pool_name}-1"
         assert not wait_for(lambda: shm_entries(node_1), 5.0), f"left in /dev/shm: {shm_entries(node_1)}"
-        assert not wait_gone(fleet.worker_pids[1], 5.0), "the removed node's pool workers outlived their host"
+        assert not wait_gone(fleet.worker_pids_by_node[1], 5.0), "the removed node's pool workers outlived their host"
     finally:
         fleet.close()
     assert not wait_for(lambda: shm_entries(pool_name), 5.0), f"left in /dev/shm: {shm_entries(pool_name)}"
@@ -409,7 +423,7 @@ def test_reads_after_a_node_failed_raise_an_error_naming_it(pool_name: str) -> N
 
     params = {"sleep": shmpool.Param(0.0, low=0.0, high=0.01)}
     launch_options: dict[str, Any] = {"num_workers": 1, "params": params, "env_kwargs": {"length": 2}, "timeout": 20.0}
-    with shmpool.ray.launch(CountingEnv, 2, name=pool_name, **launch_options) as fleet:
+    with shmpool.ray.launch(CountingEnv, 4, name=pool_name, **launch_options) as fleet:
         fleet.reset(seed=0)
         for _ in range(2):  # every env ends an episode, on both nodes
             fleet.step(np.ones(4, np.int64))
@@ -439,3 +453,124 @@ def test_reads_after_a_node_failed_raise_an_error_naming_it(pool_name: str) -> N
                 read()
             assert raised.value.node == 1 and raised.value.records is None
         fleet.params.write([0], sleep=0.0)  # node 0's envs still take writes
+
+
+def test_num_envs_is_the_total_and_the_old_keywords_still_work_with_a_warning(pool_name: str) -> None:
+    with pytest.raises(ValueError, match=r"num_envs=3 does not split evenly over 2 nodes .* such as 2 or 4"):
+        shmpool.ray.launch(CountingEnv, 3, name=pool_name, num_workers=1)
+    with pytest.raises(TypeError, match="needs num_envs"):
+        shmpool.ray.launch(CountingEnv, name=pool_name, num_workers=1)
+    with pytest.raises(TypeError, match="give num_envs alone"):
+        shmpool.ray.launch(CountingEnv, 4, num_envs_per_node=2, name=pool_name, num_workers=1)
+    started = time.monotonic()
+    with pytest.raises(shmpool.PoolNotFoundError, match=pool_name):
+        shmpool.ray.attach(pool_name, wait=0.5)
+    assert time.monotonic() - started >= 0.5  # waited for it to appear
+    with pytest.warns(DeprecationWarning, match=r"launch\(num_envs_per_node=\.\.\.\) is deprecated; give num_envs"):
+        old = shmpool.ray.launch(CountingEnv, num_envs_per_node=2, name=pool_name, num_workers=1, seed=0)
+    with old, shmpool.ray.launch(CountingEnv, 4, name=f"{pool_name}-new", num_workers=1, seed=0) as new:
+        assert old.num_envs == new.num_envs == 4 and old.batch_size == new.batch_size == 2
+        assert [node.env_ids for node in old.nodes] == [node.env_ids for node in new.nodes] == [range(2), range(2, 4)]
+        assert_same(old.reset(), new.reset())
+        actions = np.array([0, 1, 2, 1])
+        assert_same(old.step(actions), new.step(actions))
+        with pytest.raises(AttributeError, match="launched without hooks, so it takes no events"):
+            old.events  # noqa: B018
+        with pytest.warns(DeprecationWarning, match=r"shmpool.ray.attach\(timeout=\.\.\.\) is deprecated; use wait="):
+            handle = shmpool.ray.attach(pool_name, timeout=5.0)
+        with handle, shmpool.ray.attach(pool_name, wait=5.0) as same:
+            assert handle.num_envs == same.num_envs == 4 and handle.alive and same.alive
+
+
+def test_events_env_apply_global_step_and_state_dict_go_through_the_nodes(pool_name: str, tmp_path: Path) -> None:
+    import pickle
+    import re
+    import threading
+
+    from helpers import EventLog
+
+    from shmpool.interfaces import HandleAPI, ParamsAPI, PoolAPI
+
+    params = {"a": shmpool.Param(0.0, low=-10.0, high=10.0)}
+    hooks = [EventLog(str(tmp_path))]
+    options: dict[str, Any] = {"num_workers": 1, "params": params, "hooks": hooks, "event_capacity": 1, "seed": 0}
+    with shmpool.ray.launch(PairEnv, 4, name=pool_name, **options) as fleet, shmpool.ray.attach(pool_name) as handle:
+        assert isinstance(fleet, PoolAPI) and isinstance(fleet.params, ParamsAPI)
+        assert isinstance(handle, HandleAPI) and isinstance(handle.params, ParamsAPI)
+        assert fleet.batch_size == 2
+        assert fleet.worker_pids == [pid for pids in fleet.worker_pids_by_node for pid in pids]
+        assert len(fleet.worker_pids) == 2
+
+        # env_apply: global env ids in any order, repeats kept, each run on its node.
+        fleet.set_attr("a", [0.0, 1.0, 2.0, 3.0])
+        assert fleet.env_apply("a", [3, 0, 2, 0]) == [3.0, 0.0, 2.0, 0.0]
+        assert fleet.env_apply("a") == [0.0, 1.0, 2.0, 3.0] and fleet.call("a") == (0.0, 1.0, 2.0, 3.0)
+        with pytest.raises(IndexError, match=r"env_apply: env ids \[4\] are outside 0..3"):
+            fleet.env_apply("a", [4])
+
+        # global_step: a step() counts one, a send() one, as a local pool counts; a handle agrees.
+        fleet.reset(seed=0)
+        fleet.step(np.zeros(4, np.int64))
+        fleet.step(np.zeros(4, np.int64))
+        assert fleet.global_step == handle.global_step == 2
+        fleet.async_reset(seed=0)
+        for _ in range(3):
+            *_, infos = fleet.recv()
+            fleet.send(np.zeros(2, np.int64), infos["env_id"])
+        for _ in range(NODES):
+            fleet.recv()
+        assert fleet.global_step == handle.global_step == 5
+        fleet.reset(seed=0)
+
+        # events: each goes to the nodes that hold its envs, with their local env ids.
+        with pytest.raises(KeyError, match="no hook named 'Nope'"):
+            fleet.events.send("Nope", [0])
+        fleet.events.send("Log", [1, 2], [7])  # env 1 on node 0, env 2 on node 1
+        fleet.step(np.zeros(4, np.int64))
+        fleet.events.send("Log", [0], [8])  # fills node 0's ring (capacity 1)
+        with pytest.raises(shmpool.EventQueueFullError, match=r"an event ring on node 0 \(.*\) is full"):
+            fleet.events.send("Log", [0, 3], [9])  # node 1 had room: it keeps its event
+        outcome: list[object] = []
+
+        def send_when_there_is_room() -> None:
+            try:
+                handle.events.send("Log", [1], [10], wait=None)
+                outcome.append("sent")
+            except BaseException as error:  # noqa: BLE001 - checked below
+                outcome.append(error)
+
+        sender = threading.Thread(target=send_when_there_is_room)
+        sender.start()
+        sender.join(0.5)
+        assert sender.is_alive() and outcome == [], outcome  # node 0's ring is full and nobody steps
+        fleet.step(np.zeros(4, np.int64))  # drains the rings
+        sender.join(30.0)
+        assert not sender.is_alive() and outcome == ["sent"], outcome
+        fleet.step(np.zeros(4, np.int64))
+
+        def logged(node: int) -> list[str]:  # payload and env ids (numpy 2 writes np.int64(3)), not the step
+            file = tmp_path / f"events-{fleet.worker_pids_by_node[node][0]}.txt"
+            lines = file.read_text().splitlines()
+            return [re.sub(r"np\.int64\((-?\d+)\)", r"\1", re.sub(r" \d+ \[", " [", line)) for line in lines]
+
+        assert logged(0) == ["7 [1]", "8 [0]", "10 [1]"]
+        assert logged(1) == ["7 [0]", "9 [1]"]
+
+        # state_dict: every node's state, loaded back whole (from any process) or not at all.
+        fleet.params.write([1, 2], a=4.0)
+        state = pickle.loads(pickle.dumps(fleet.state_dict()))
+        assert state["num_envs"] == 4 and len(state["nodes"]) == NODES
+        np.testing.assert_array_equal(np.concatenate([part["params"]["a"] for part in state["nodes"]]), [0, 4, 4, 0])
+        fleet.params.write(None, a=-1.0)
+        handle.load_state_dict(state)
+        np.testing.assert_array_equal(fleet.params["a"], [0, 4, 4, 0])
+        fleet.params.write(None, a=-2.0)
+        refused = pickle.loads(pickle.dumps(state))
+        refused["nodes"][1]["params"]["a"][:] = 99.0  # node 0's part loads, node 1 refuses its own
+        with pytest.raises(ValueError, match=r"99\.0"):
+            fleet.load_state_dict(refused)
+        np.testing.assert_array_equal(fleet.params["a"], [-2, -2, -2, -2])  # node 0 got its state back
+        with pytest.raises(ValueError, match="saved from 1 node"):
+            fleet.load_state_dict({**state, "nodes": state["nodes"][:1]})
+        with pytest.raises(ValueError, match="not a cluster pool state"):
+            fleet.load_state_dict(state["nodes"][0])

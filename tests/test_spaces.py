@@ -112,3 +112,60 @@ def test_mismatched_worker_spaces_fail_at_launch(pool_name: str) -> None:
 
     with pytest.raises(shmpool.WorkerError, match="every env of a pool must have the same spaces"):
         shmpool.launch(factory, 2, num_workers=1, name=pool_name)
+
+
+BAD_OBSERVATIONS = [
+    ("shape1", "reset", False, r"shape \(1,\)"),
+    ("scalar", "step", False, r"shape \(\)"),
+    ("none", "step", False, r"NoneType"),
+    ("complex", "reset", False, r"complex128"),
+    ("shape1", "step", True, r"observation\['pos'\].*shape \(1,\)"),
+    ("complex", "step", True, r"observation\['pos'\].*complex128"),
+    ("none", "reset", True, r"observation\['pos'\].*NoneType"),
+]
+
+
+@pytest.mark.parametrize(("bad", "when", "nested", "expected"), BAD_OBSERVATIONS)
+def test_observation_that_does_not_fit_the_space_raises(
+    bad: str, when: str, nested: bool, expected: str, pool_name: str
+) -> None:
+    def make() -> gym.Env:
+        return helpers.BadObservationEnv(bad, when, nested, bad_seed=2)
+
+    reference = SyncVectorEnv([make for _ in range(3)])
+    with pytest.raises((ValueError, TypeError)):  # gymnasium refuses it too
+        reference.reset(seed=0)
+        for _ in range(3):
+            reference.step(np.zeros(3, int))
+    with shmpool.launch(make, 3, num_workers=2, name=pool_name) as pool:
+        phase = "reset" if when == "reset" else "step"
+        with pytest.raises(shmpool.WorkerError, match=rf"failed in env 2 .*during {phase}: .*{expected}") as caught:
+            pool.reset(seed=0)
+            for _ in range(3):
+                pool.step(np.zeros(3, int))
+        assert caught.value.env_id == 2
+        assert "needs shape (4,) and dtype float32" in str(caught.value)
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+@pytest.mark.parametrize("kind", ["dict", "tuple"])
+def test_single_leaf_dict_and_tuple_spaces_match_sync(kind: str, mode: AutoresetMode, pool_name: str) -> None:
+    def make() -> gym.Env:
+        return helpers.SingleLeafEnv(kind)
+
+    reference = SyncVectorEnv([make for _ in range(3)], autoreset_mode=mode)
+    with shmpool.launch(make, 3, num_workers=2, autoreset_mode=mode, name=pool_name) as pool:
+        assert pool.observation_space == reference.observation_space
+        assert pool.action_space == reference.action_space
+        assert_same(pool.reset(seed=1)[0], reference.reset(seed=1)[0], "reset")
+        pool.action_space.seed(3)
+        for t in range(7):
+            actions = pool.action_space.sample()
+            ours, theirs = pool.step(actions), reference.step(actions)
+            for index in range(4):
+                assert_same(ours[index], theirs[index], f"step {t} item {index}")
+            if "final_obs" in theirs[4]:
+                assert_same(ours[4]["final_obs"], theirs[4]["final_obs"], f"step {t} final_obs")
+        with pytest.raises(ValueError, match=r"actions\['a'\] has shape \(3, 2\)"):
+            pool.step({"a": np.zeros((3, 2), np.float32)})
+    reference.close()

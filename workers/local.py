@@ -17,8 +17,8 @@ import numpy as np
 
 from shmpool.calls import Request, decode_answer, run_requests
 from shmpool.config import WorkerConfig
+from shmpool.interrupts import interrupts_deferred
 from shmpool.layout import CMD_CALL, CMD_CLOSE
-from shmpool.protocol import interrupts_deferred
 from shmpool.workers.main import Worker
 
 

@@ -61,7 +61,7 @@ from shmpool.system import (
     unlink_if_same,
 )
 from shmpool.workers.envs import EnvSlice
-from shmpool.workers.hooks import HookFailed, HookRunner
+from shmpool.workers.hook_runner import HookFailed, HookRunner
 from shmpool.workers.kernels import KernelParams, KernelSlice
 from shmpool.workers.params import ParamApplier
 

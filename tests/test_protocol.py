@@ -1,13 +1,15 @@
-"""Property tests of the shared-memory protocol primitives of :mod:`shmpool.protocol`.
+"""The shared-memory protocol of :mod:`shmpool.protocol`: its primitives, then the writers' lock and
+the memory-model check as a running pool uses them.
 
 The event rings and the seqlock run over plain numpy arrays against a small model of what must be
-delivered. A writer's death is an exception raised at a chosen point of a send or a write: inside a
-ring's fill, inside the ``__array__`` of the values a seqlock writes, or just before any store into the
-protocol's heads, journals and counters (the arrays are a numpy subclass that watches its stores).
-``recover()`` then runs, as the next holder of the writers' lock would. Concurrent readers are
-simulated by running ``consume()`` or ``seqlock_read()`` at those same points, so they observe the
-half-done state. The writers' lock itself is tested with real threads, a subprocess holding the
-``flock`` and forked children.
+delivered (property tests). A writer's death is an exception raised at a chosen point of a send or a
+write: inside a ring's fill, inside the ``__array__`` of the values a seqlock writes, or just before
+any store into the protocol's heads, journals and counters (the arrays are a numpy subclass that
+watches its stores). ``recover()`` then runs, as the next holder of the writers' lock would.
+Concurrent readers are simulated by running ``consume()`` or ``seqlock_read()`` at those same points,
+so they observe the half-done state. The writers' lock itself is tested with real threads, a
+subprocess holding the ``flock`` and forked children; through a pool, with a holder stopped by
+SIGSTOP, Ctrl-C while waiting for it and inside it, and a handle whose pool was replaced.
 """
 
 from __future__ import annotations
@@ -22,17 +24,20 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
+from pathlib import Path
 from typing import Any
 
+import helpers
 import numpy as np
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from shmpool import protocol
+import shmpool
+from shmpool import Param
 from shmpool.episodes import EpisodeReader, EpisodeWriter, episode_dtype
-from shmpool.errors import WriterLockTimeout
+from shmpool.errors import WriterLockTimeoutError
 from shmpool.events import event_dtype
 from shmpool.protocol import (
     W_EVENTS_JOURNAL,
@@ -47,6 +52,7 @@ from shmpool.protocol import (
     seqlock_read,
     writer_lock,
 )
+from shmpool.protocol import lock as lock_module
 
 Hook = Callable[[], None]
 PAIR_DTYPE = np.dtype([("a", "<f8"), ("b", "<f8")])
@@ -673,7 +679,7 @@ def test_lock_held_by_another_process_times_out(lock_file: tuple[str, np.ndarray
     try:
         assert process.stdout is not None and process.stdout.readline() == "held\n"
         start = time.monotonic()
-        with pytest.raises(WriterLockTimeout) as info, lock.hold(0.3, no_check):
+        with pytest.raises(WriterLockTimeoutError) as info, lock.hold(0.3, no_check):
             pass
         elapsed = time.monotonic() - start
         assert 0.3 <= elapsed < 10.0, elapsed  # its timeout, then it gives up: no hang
@@ -684,7 +690,7 @@ def test_lock_held_by_another_process_times_out(lock_file: tuple[str, np.ndarray
         while process_state(process.pid) not in ("T", "t"):
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        with pytest.raises(WriterLockTimeout, match="stopped"), lock.hold(0.1, no_check):
+        with pytest.raises(WriterLockTimeoutError, match="stopped"), lock.hold(0.1, no_check):
             pass
         process.kill()
         process.wait(5.0)
@@ -723,7 +729,7 @@ def test_lock_excludes_forked_children(lock_file: tuple[str, np.ndarray]) -> Non
         try:
             with lock.hold(0.2, no_check):
                 return 1
-        except WriterLockTimeout:
+        except WriterLockTimeoutError:
             return 0 if time.monotonic() - start < 10.0 else 3  # its 0.2 s timeout, not a hang
 
     def acquires() -> int:
@@ -752,7 +758,7 @@ def test_lock_excludes_forked_children(lock_file: tuple[str, np.ndarray]) -> Non
             os._exit(code)
     try:
         assert os.read(ready_read, 1) == b"1"
-        with pytest.raises(WriterLockTimeout) as info, lock.hold(0.2, no_check):
+        with pytest.raises(WriterLockTimeoutError) as info, lock.hold(0.2, no_check):
             pass
         assert info.value.holder_pid == pid
     finally:
@@ -766,7 +772,7 @@ def test_lock_excludes_forked_children(lock_file: tuple[str, np.ndarray]) -> Non
 
 
 class OpenTogether:
-    """``os`` for :mod:`shmpool.protocol`, but for ``open``: two callers wait for each other (up to
+    """``os`` for :mod:`shmpool.protocol.lock`, but for ``open``: two callers wait for each other (up to
     0.5 s) before opening, so a second thread reaches it only if it could also open."""
 
     def __init__(self) -> None:
@@ -788,15 +794,20 @@ class OpenTogether:
 def test_lock_first_use_from_two_threads_at_once(
     lock_file: tuple[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two threads taking a fresh lock at the same moment leave it free for every other writer."""
+    """Two threads taking a fresh lock at the same moment open one file description between them (a
+    second would be locked and never unlocked), each holds the lock in turn, and it is left free for
+    every other writer."""
     path, words = lock_file
     lock = WriterLock(path, words)
-    monkeypatch.setattr(protocol, "os", OpenTogether())
+    opener = OpenTogether()
+    monkeypatch.setattr(lock_module, "os", opener)
     errors: list[BaseException] = []
+    holders: list[int] = []
 
     def work() -> None:
         try:
             with lock.hold(1.0, no_check):
+                holders.append(int(words[W_HOLDER]))
                 time.sleep(0.05)
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
@@ -809,8 +820,11 @@ def test_lock_first_use_from_two_threads_at_once(
     monkeypatch.undo()
     if errors:
         raise errors[0]
+    assert opener.opens == 1
+    assert holders == [os.getpid(), os.getpid()] and words[W_HOLDER] == 0
     with WriterLock(path, words).hold(0.3, no_check):  # another writer (its own description)
-        pass
+        assert words[W_HOLDER] == os.getpid()
+    assert words[W_HOLDER] == 0
 
 
 def test_lock_freed_when_its_holder_dies_despite_forked_children(lock_file: tuple[str, np.ndarray]) -> None:
@@ -821,7 +835,7 @@ def test_lock_freed_when_its_holder_dies_despite_forked_children(lock_file: tupl
     holder = os.fork()
     if holder == 0:  # pragma: no cover - the holder
         try:
-            lock = WriterLock(path, np.zeros(WRITERS_WORDS, np.int64))
+            lock = WriterLock(path, words)
             with lock.hold(1.0, no_check):
                 pass
             child = os.fork()  # a child that never touches the lock
@@ -840,8 +854,11 @@ def test_lock_freed_when_its_holder_dies_despite_forked_children(lock_file: tupl
     try:
         grandchild = int(os.read(pid_read, 32) or 0)
         os.waitpid(holder, 0)
+        assert words[W_HOLDER] == holder  # it died holding the lock
+        assert process_state(grandchild) not in ("Z", "X")  # its child, forked after it opened the lock, lives
         with WriterLock(path, words).hold(0.3, no_check):
-            pass
+            assert words[W_HOLDER] == os.getpid()
+        assert words[W_HOLDER] == 0
     finally:
         os.close(release_write)  # the grandchild exits
         os.close(pid_read)
@@ -853,3 +870,174 @@ def test_lock_freed_when_its_holder_dies_despite_forked_children(lock_file: tupl
             except OSError:
                 break
             time.sleep(0.01)
+
+
+# -- through a running pool -----------------------------------------------------------------------
+
+LOCK_HOLDER = """
+import sys, time, shmpool
+handle = shmpool.attach(sys.argv[1], wait=10)
+handle.params._lock.hold(None, lambda: None).__enter__()
+print("holding", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_stopped_writer_holding_the_lock_makes_writes_time_out_not_hang(pool_name: str, tmp_path: Path) -> None:
+    with shmpool.launch(
+        "CartPole-v1",
+        4,
+        num_workers=2,
+        name=pool_name,
+        params={"length": Param()},
+        hooks=[helpers.EventLog(str(tmp_path))],
+        event_payload=3,
+    ) as pool:
+        holder = subprocess.Popen(
+            [sys.executable, "-c", LOCK_HOLDER, pool_name], stdout=subprocess.PIPE, text=True, env=helpers.ENV
+        )
+        outcomes: list[tuple[str, float]] = []
+        try:
+            assert holder.stdout.readline().strip() == "holding"
+            holder.send_signal(signal.SIGSTOP)  # Ctrl-Z
+
+            def try_both() -> None:
+                for call in (
+                    lambda: pool.events.send("Log", [0], [1, 2, 3], wait=0.0),
+                    lambda: pool.params.write(0, length=0.7),
+                ):
+                    started = time.monotonic()
+                    try:
+                        call()
+                        outcomes.append(("worked", time.monotonic() - started))
+                    except shmpool.WriterLockTimeoutError as exc:
+                        assert exc.holder_pid == holder.pid and "stopped" in str(exc)
+                        outcomes.append(("timeout", time.monotonic() - started))
+
+            thread = threading.Thread(target=try_both, daemon=True)
+            thread.start()
+            thread.join(30)
+            assert not thread.is_alive(), "a write hung behind a stopped writer"
+        finally:
+            holder.kill()
+            holder.wait(5)
+        assert [what for what, _ in outcomes] == ["timeout", "timeout"], outcomes
+        send_wait, write_wait = (seconds for _, seconds in outcomes)
+        assert 0.25 <= send_wait < 4.0, outcomes  # a send gives up after at least 0.25 s, long before 5 s
+        assert 5.0 <= write_wait < 15.0, outcomes  # a write after 5 s, never a hang
+        pool.params.write(0, length=0.7)  # the kernel dropped the dead holder's lock
+        assert pool.params["length"][0] == 0.7
+
+
+INTERRUPT_WHILE_WAITING = """
+import os, signal, subprocess, sys, threading, time
+import shmpool
+
+pool = shmpool.launch("CartPole-v1", 2, num_workers=1, name=sys.argv[1], params={"a": shmpool.Param(0.0, bind=False)})
+holder = subprocess.Popen([sys.executable, "-c", sys.argv[2], sys.argv[1]], stdout=subprocess.PIPE, text=True)
+assert holder.stdout.readline().strip() == "holding"
+holder.send_signal(signal.SIGSTOP)
+threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+started = time.monotonic()
+try:
+    pool.params.write(None, a=1.0)
+    outcome = "written"
+except KeyboardInterrupt:
+    outcome = "KeyboardInterrupt"
+waited = time.monotonic() - started
+holder.kill()
+holder.wait()
+pool.params.write(None, a=2.0)  # the lock was left free
+print(outcome, waited < 2.0, pool.params["a"].tolist())
+pool.close()
+"""
+
+
+def test_ctrl_c_while_waiting_for_the_writer_lock_interrupts_the_wait(pool_name: str) -> None:
+    result = helpers.run_script(INTERRUPT_WHILE_WAITING, pool_name, LOCK_HOLDER)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "KeyboardInterrupt True [2.0, 2.0]"
+
+
+INTERRUPTED_WRITER = """
+import os, signal, subprocess, sys, time
+import numpy as np
+import shmpool
+sys.path.insert(0, "tests")
+import helpers
+
+pool = shmpool.launch("CartPole-v1", 4, num_workers=1, name=sys.argv[1], params={"a": shmpool.Param(0.0, bind=False)},
+                      hooks=[helpers.EventLog(sys.argv[2])], event_payload=3, event_capacity=1 << 16)
+pool.reset(seed=0)
+storm = helpers.start_sigint_storm(os.getpid(), 2.0, 0.0005)
+interrupts = rounds = 0
+done_at = time.monotonic() + 3.0  # by then the storm is over (time, not storm.poll(): Ctrl-C can wedge that)
+
+def work():
+    global interrupts, rounds
+    while True:
+        try:
+            if time.monotonic() > done_at:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # one still in flight must not end the script
+                return
+            rounds += 1
+            if rounds % 1000 == 0:  # drains the ring (a step can be interrupted too: it completes later)
+                pool.step(np.zeros(4, dtype=np.int64))
+            pool.params.write(None, a=1.0)
+            pool.events.send("Log", [0], [1, 2, 3], wait=0.0)
+        except KeyboardInterrupt:
+            interrupts += 1
+
+while True:  # an interrupt can also land on the loop's back edge, outside the inner try
+    try:
+        work()
+        break
+    except KeyboardInterrupt:
+        interrupts += 1
+os.waitpid(storm.pid, 0)
+storm.returncode = 0
+started = time.monotonic()
+pool.params.write(None, a=2.0)  # within the lock's 5 s only if no interrupt left the lock held
+pool.events.send("Log", [0], [4, 5, 6], wait=0.0)
+other = subprocess.run([sys.executable, "-c",
+    "import shmpool, sys\\n"
+    "with shmpool.attach(sys.argv[1]) as handle:\\n"
+    "    handle.params.write(None, a=3.0)\\n", sys.argv[1]], timeout=30)
+print(interrupts, other.returncode, round(time.monotonic() - started) < 3, pool.params["a"].tolist())
+pool.close()
+"""
+
+
+def test_ctrl_c_inside_the_writer_lock_never_leaves_it_held(pool_name: str, tmp_path: Path) -> None:
+    result = helpers.run_script(INTERRUPTED_WRITER, pool_name, str(tmp_path), timeout=120)
+    # What is tested is printed before the script closes the pool and exits. On a loaded machine the
+    # storm's last signals can arrive during interpreter shutdown, after that line, once the default
+    # handler is back: not this test's subject, so that exit is accepted, and only with the whole
+    # line printed.
+    printed = result.stdout.strip().split(" ", 3)
+    late_sigint = result.returncode == -signal.SIGINT and len(printed) == 4 and printed[3].startswith("[")
+    assert result.returncode == 0 or late_sigint, result.stderr[-2000:]
+    interrupts, other, quick, values = printed
+    assert int(interrupts) > 100
+    assert (other, quick, values) == ("0", "True", "[3.0, 3.0, 3.0, 3.0]")
+
+
+def test_a_handle_of_a_closed_pool_never_locks_a_new_pool_of_the_same_name(pool_name: str) -> None:
+    params = {"a": Param(0.0, bind=False)}
+    with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, params=params) as pool:
+        handle = shmpool.attach(pool.name)
+    with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, params=params) as new_pool:
+        # The handle's lock was never used: its first use opens the file by name, now the new pool's.
+        with pytest.raises(shmpool.PoolClosedError, match="replaced"):
+            handle._channels.lock.hold(1.0, lambda: None).__enter__()
+        new_pool.params.write(None, a=1.0)  # and the new pool's writers are not blocked
+        assert new_pool.params["a"].tolist() == [1.0, 1.0]
+        handle.close()
+
+
+def test_cpus_without_total_store_order_are_refused_with_a_clear_error() -> None:
+    from shmpool.protocol import check_memory_model
+
+    with pytest.raises(shmpool.ShmpoolError, match="aarch64.*unsafe"):
+        check_memory_model("aarch64")
+    check_memory_model("x86_64")

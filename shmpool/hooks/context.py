@@ -1,0 +1,121 @@
+"""What a hook sees and how it is addressed: :class:`HookContext`, the phases, :func:`hook_name`.
+
+The hook contract itself (which methods a hook may have and when each runs) is in :mod:`shmpool.hooks`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from ..events import Event
+
+
+class HookContext:
+    """What a hook sees: numpy views of its worker's slot, and the slot's envs.
+
+    Attributes:
+        env_ids: the pool-wide ids of the slot's envs (row ``i`` of every array is env ``env_ids[i]``).
+        envs: the slot's gymnasium envs, for physics-level hooks.
+        actions: in ``before_step``, the slot's actions (a writable copy; structured like the action
+            space for Dict/Tuple spaces); None in the other phases.
+        observations, rewards, terminations, truncations: the slot's rows of the results.
+        resetting: in ``before_step``, which envs reset instead of stepping this step (those that
+            hooks earlier in the chain asked to reset included).
+        stepped: in ``after_step``, which envs stepped (False: they reset this step instead).
+        reset_rows: in ``on_reset``, the rows of the envs that just reset.
+        params: the slot's parameter records as the worker last read them whole and accepted them
+            (read-only; never a half-written record); None without params.
+        applied: the slot's rows of the applied block (None without params).
+        step_counts: steps taken in the current episode, per env.
+        episode_indices: the index of the current episode, per env.
+        global_step: the index of the current step of the pool (0 for the first step).
+        rng: a ``numpy.random.Generator`` per worker, seeded from the pool seed and the worker id.
+        seed: the pool's seed.
+        events: the events addressed to the running hook and due this step.
+        observation_space, action_space: one env's spaces.
+        engine: the engine stepping the slot: ``"python"`` or ``"numba"``.
+        kernel: with ``engine="numba"``, the slot's ``shmpool.kernels.BatchKernel``; else None.
+        state: with ``engine="numba"``, the slot's kernel state, ``(envs, kernel.state_size)``
+            float64 (row ``i`` is ``envs[i].state``); else None.
+    """
+
+    env_ids: np.ndarray
+    envs: list[Any]
+    actions: Any
+    observations: Any
+    rewards: np.ndarray
+    terminations: np.ndarray
+    truncations: np.ndarray
+    reset_rows: np.ndarray
+    params: np.ndarray | None
+    applied: np.ndarray | None
+    episode_indices: np.ndarray
+    global_step: int
+    rng: np.random.Generator
+    seed: int
+    events: list[Event]
+    action_space: spaces.Space[Any]
+    observation_space: spaces.Space[Any]
+    engine: str = "python"
+    kernel: Any = None
+    state: np.ndarray | None = None
+
+    def __init__(
+        self, request_reset: Callable[[np.ndarray], None], resample: Callable[[list[str], np.ndarray], None]
+    ) -> None:
+        self._request_reset = request_reset
+        self._resample = resample
+        self.events = []
+        self.begin_phase([], [], [])
+
+    def begin_phase(self, lengths: list[int], resetting: list[bool], stepped: list[bool]) -> None:
+        """Sets the per-env flags of the coming phase; they become arrays only if a hook reads them."""
+        self._lists = (lengths, resetting, stepped)
+        self._arrays: dict[int, np.ndarray] = {}
+
+    def _array(self, which: int) -> np.ndarray:
+        array = self._arrays.get(which)
+        if array is None:
+            array = self._arrays[which] = np.array(self._lists[which])
+        return array
+
+    @property
+    def step_counts(self) -> np.ndarray:
+        """Steps taken in the current episode, per env."""
+        return self._array(0)
+
+    @property
+    def resetting(self) -> np.ndarray:
+        """In ``before_step``: which envs reset instead of stepping this step (those that hooks earlier
+        in the chain asked to reset included: read it again after ``request_reset``)."""
+        return self._array(1)
+
+    @property
+    def stepped(self) -> np.ndarray:
+        """In ``after_step``: which envs stepped (False: they reset this step instead)."""
+        return self._array(2)
+
+    def rows(self, env_ids: np.ndarray) -> np.ndarray:
+        """The rows of the slot's arrays that hold the given pool-wide env ids."""
+        return np.asarray(env_ids) - self.env_ids[0]
+
+    def request_reset(self, rows: np.ndarray) -> None:
+        """In ``before_step``: reset the envs at ``rows`` instead of stepping them this step."""
+        self._request_reset(np.asarray(rows))
+        self._arrays.pop(1, None)  # the flags changed: the next read of ``resetting`` shows the new resets
+
+    def resample(self, names: list[str], rows: np.ndarray) -> None:
+        """Draws new values of the named ``dist`` parameters for the envs at ``rows``, now."""
+        self._resample(list(names), np.asarray(rows))
+
+
+PHASES = ("before_step", "after_step", "on_reset")
+
+
+def hook_name(hook: Any) -> str:
+    """The name that events use to address ``hook``."""
+    return str(getattr(hook, "name", None) or type(hook).__name__)

@@ -1,0 +1,56 @@
+"""The command channel (:mod:`shmpool.commands`): a command that Ctrl-C cuts short stays pending and is
+finished by the next call, each worker runs it once, so under a storm of Ctrl-Cs the workers stay in
+lockstep and the global step counts exactly the steps they took.
+
+The storm runs in a subprocess: its SIGINTs go to that interpreter, not to the test run.
+"""
+
+from __future__ import annotations
+
+import helpers
+import pytest
+
+CTRL_C_STORM = """
+import os, random, signal, sys, threading, time
+import numpy as np
+import shmpool
+sys.path.insert(0, "tests")
+import helpers
+
+pool = shmpool.launch(lambda: helpers.CountingEnv(length=10**9), 6, num_workers=3, name=sys.argv[1])
+pool.reset(seed=0)
+main = threading.main_thread()
+
+def storm():
+    rng = random.Random(int(sys.argv[2]))
+    for _ in range(300):
+        time.sleep(rng.uniform(0.0002, 0.004))
+        os.kill(os.getpid(), signal.SIGINT)
+
+thread = threading.Thread(target=storm, daemon=True)
+thread.start()
+interrupts = violations = steps = 0
+while thread.is_alive() or steps < 10:
+    try:
+        observations, *_ = pool.step(np.ones(6, dtype=np.int64))
+        counts = observations[:, 0]  # steps each env took since the reset
+        steps += 1
+        if not (counts == pool.global_step).all():
+            violations += 1
+    except KeyboardInterrupt:
+        interrupts += 1
+observations, *_ = pool.step(np.ones(6, dtype=np.int64))
+print(interrupts, violations, observations[:, 0].tolist(), pool.global_step)
+pool.close()
+"""
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_ctrl_c_storm_keeps_workers_in_lockstep_and_the_step_count_right(pool_name: str, seed: int) -> None:
+    result = helpers.run_script(CTRL_C_STORM, pool_name, str(seed), timeout=90)
+    assert result.returncode == 0, result.stderr[-2000:]
+    interrupts, violations, final = result.stdout.split(" ", 2)
+    assert int(interrupts) > 50  # the storm really hit the trainer
+    assert int(violations) == 0, result.stdout
+    counts, global_step = final.rsplit(" ", 1)
+    assert counts == str([float(global_step)] * 6)

@@ -1,0 +1,248 @@
+"""A pool's life (:mod:`shmpool.lifecycle`): it belongs to the process that launched it, releases its
+segment and workers exactly once (``close()`` from any thread, garbage collection, a launch stopped by
+Ctrl-C), and what a caller keeps past ``close()`` stays safe to touch.
+
+A use after close reads memory that close could unmap: a mistake there is a SIGSEGV, so those tests
+run their pool in a subprocess, where a crash fails the test instead of ending the test run.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import os
+import signal
+import threading
+import time
+
+import gymnasium as gym
+import helpers
+import numpy as np
+import pytest
+from gymnasium.vector import SyncVectorEnv
+
+import shmpool
+import shmpool.hooks
+
+
+def test_a_pool_nothing_refers_to_is_released_at_once(pool_name: str) -> None:
+    """No part of a pool refers back to it: dropping the last reference releases it there and then,
+    without waiting for the cyclic garbage collector (so its name is free again at once)."""
+    gc.disable()  # a cycle would now keep it for good
+    try:
+        pool = shmpool.launch(
+            "CartPole-v1",
+            4,
+            num_workers=2,
+            name=pool_name,
+            params={"length": shmpool.Param(low=0.1, high=1.0)},
+            hooks=[shmpool.hooks.ObservationNoise(0.1)],
+            batch_size=2,
+            profile=True,
+        )
+        pool.reset(seed=0)
+        pool.step([0, 1, 0, 1])
+        params = pool.params
+        del pool
+        assert not os.path.exists(f"/dev/shm/shmpool-{pool_name}")
+        with pytest.raises(shmpool.PoolClosedError, match="is closed"):
+            params.write(None, length=0.5)
+        with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name) as again:
+            assert again.num_envs == 2
+    finally:
+        gc.enable()
+
+
+USE_AFTER_CLOSE = """
+import sys, threading, time
+import numpy as np
+import shmpool
+from shmpool import Param
+
+name = sys.argv[1]
+with shmpool.launch("CartPole-v1", 4, num_workers=2, name=name, copy=False, params={"length": Param()}) as pool:
+    observations, _ = pool.reset(seed=0)
+    lengths = pool.params["length"]
+    with shmpool.attach(name) as handle:
+        applied = handle.applied
+    handle_after_close = handle
+junk = [np.ones(1 << 18) for _ in range(200)]  # lets the allocator reuse a freed mapping
+print(float(lengths.sum()), float(np.abs(observations).sum() >= 0), float(applied["length"].sum()))
+for name_, get in [("pool.params", lambda: pool.params), ("pool.applied", lambda: pool.applied),
+                   ("pool.episodes", lambda: pool.episodes), ("pool.step", lambda: pool.step([0, 0, 0, 0])),
+                   ("handle.applied", lambda: handle_after_close.applied),
+                   ("handle.params", lambda: handle_after_close.params)]:
+    try:
+        get()
+        print(name_, "no error")
+    except shmpool.PoolClosedError:
+        print(name_, "PoolClosedError")
+    except Exception as exc:
+        print(name_, type(exc).__name__)
+"""
+
+
+def test_views_kept_after_close_stay_readable_and_every_use_raises_closed(pool_name: str) -> None:
+    result = helpers.run_script(USE_AFTER_CLOSE, pool_name)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert lines[0].split()[0] == "2.0" and lines[0].split()[2] == "2.0"  # CartPole's nominal length 0.5 x 4
+    assert lines[1:] == [
+        "pool.params PoolClosedError",
+        "pool.applied PoolClosedError",
+        "pool.episodes PoolClosedError",
+        "pool.step PoolClosedError",
+        "handle.applied PoolClosedError",
+        "handle.params PoolClosedError",
+    ]
+
+
+CLOSE_DURING_STEP = """
+import sys, threading, time
+import numpy as np
+import shmpool
+sys.path.insert(0, "tests")
+import helpers
+
+pool = shmpool.launch(lambda: helpers.CountingEnv(length=10**9, sleep=float(sys.argv[2])), 2, num_workers=1,
+                      name=sys.argv[1])
+pool.reset(seed=0)
+outcome = []
+
+def stepper():
+    try:
+        while True:
+            pool.step(np.zeros(2, dtype=np.int64))
+    except Exception as exc:
+        outcome.append(type(exc).__name__)
+
+thread = threading.Thread(target=stepper)
+thread.start()
+time.sleep(0.1)
+pool.close()
+thread.join(10)
+print(outcome, thread.is_alive())
+"""
+
+
+@pytest.mark.parametrize("step_seconds", [0.0, 0.3])
+def test_close_from_another_thread_during_step_raises_closed_in_the_stepper(
+    pool_name: str, step_seconds: float
+) -> None:
+    for _ in range(3):  # the race lands differently each time
+        result = helpers.run_script(CLOSE_DURING_STEP, pool_name, str(step_seconds))
+        # A close that released the doorbell under the stepper's wait would end the script with SIGSEGV.
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout.strip() == "['PoolClosedError'] False"
+
+
+FORKER = """
+import os, sys
+import numpy as np
+import shmpool
+
+pool = shmpool.launch("CartPole-v1", 4, num_workers=2, name=sys.argv[1], params={"length": shmpool.Param()})
+pool.reset(seed=0)
+expected, *_ = pool.step(np.zeros(4, dtype=np.int64))
+pid = os.fork()
+if pid == 0:
+    codes = []
+    for call in (lambda: pool.step(np.ones(4, dtype=np.int64)), lambda: pool.params.write(0, length=0.9),
+                 lambda: pool.reset(seed=5)):
+        try:
+            call()
+            codes.append("worked")
+        except shmpool.ShmpoolError as exc:
+            codes.append(type(exc).__name__)
+    print("child", codes, flush=True)
+    sys.exit(0)  # a normal exit: atexit handlers run in the child
+_, status = os.waitpid(pid, 0)
+observations, *_ = pool.step(np.zeros(4, dtype=np.int64))
+print("parent", os.waitstatus_to_exitcode(status), pool.params["length"].tolist(), flush=True)
+pool.close()
+"""
+
+
+def test_a_forked_child_cannot_touch_its_parents_pool_and_its_exit_spares_the_workers(pool_name: str) -> None:
+    result = helpers.run_script(FORKER, pool_name)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert lines[0] == "child ['ForeignProcessError', 'ForeignProcessError', 'ForeignProcessError']"
+    assert lines[1] == "parent 0 [0.5, 0.5, 0.5, 0.5]"
+
+
+FORK_DURING_STEP = """
+import os, sys, threading, time
+import numpy as np
+import shmpool
+sys.path.insert(0, "tests")
+import helpers
+
+pool = shmpool.launch(lambda: helpers.CountingEnv(length=10**9, sleep=0.5), 2, num_workers=1, name=sys.argv[1])
+pool.reset(seed=0)
+stepper = threading.Thread(target=pool.step, args=(np.zeros(2, dtype=np.int64),))
+stepper.start()
+time.sleep(0.1)  # the parent's thread is inside step(), holding the pool's call lock
+pid = os.fork()
+if pid == 0:
+    started = time.monotonic()
+    try:
+        pool.step(np.zeros(2, dtype=np.int64))
+        code = 1
+    except shmpool.ForeignProcessError:
+        code = 0 if time.monotonic() - started < 2.0 else 2
+    os._exit(code)
+_, status = os.waitpid(pid, 0)
+stepper.join()
+print(os.waitstatus_to_exitcode(status))
+pool.close()
+"""
+
+
+def test_a_child_forked_while_a_thread_steps_gets_an_error_not_a_hang(pool_name: str) -> None:
+    result = helpers.run_script(FORK_DURING_STEP, pool_name)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "0"
+
+
+def _slow_to_build_in_workers(trainer: int) -> helpers.CountingEnv:
+    if os.getpid() != trainer:  # the trainer's probe env is quick
+        time.sleep(8.0)
+    return helpers.CountingEnv()
+
+
+def test_a_second_ctrl_c_while_a_failed_launch_cleans_up_leaves_no_worker_behind(pool_name: str) -> None:
+    """The first Ctrl-C stops the launch while the workers build their envs; the second comes while
+    the launch stops them again. That cleanup runs to its end, as close() does, and then the
+    Ctrl-C is raised: no worker outlives the segment it was started for."""
+    main = threading.main_thread().ident
+    timers = [threading.Timer(delay, signal.pthread_kill, (main, signal.SIGINT)) for delay in (0.5, 0.7)]
+    for timer in timers:
+        timer.start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        shmpool.launch([functools.partial(_slow_to_build_in_workers, os.getpid())] * 2, num_workers=2, name=pool_name)
+    for timer in timers:
+        timer.join()
+    assert time.monotonic() - started < 6.0  # close's grace, then SIGTERM: not the constructors' 8 s
+    assert helpers.shm_entries(pool_name) == []  # the segment and doorbells went before the Ctrl-C was raised
+
+
+def _restores_ctrl_c() -> None:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def test_a_worker_init_that_restores_ctrl_c_does_not_let_it_kill_the_workers(pool_name: str) -> None:
+    reference = SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(2)])
+    actions = np.zeros(2, dtype=np.int64)
+    with shmpool.launch("CartPole-v1", 2, num_workers=2, name=pool_name, worker_init=_restores_ctrl_c) as pool:
+        np.testing.assert_array_equal(pool.reset(seed=0)[0], reference.reset(seed=0)[0])
+        os.kill(pool.worker_pids[0], signal.SIGINT)  # as a terminal's Ctrl-C reaches the whole group
+        time.sleep(0.3)
+        assert helpers.pid_alive(pool.worker_pids[0])
+        observations, rewards, terminations, truncations, _ = pool.step(actions)
+        expected = reference.step(actions)
+        # The worker stepped its env on from where the reset left it, as if no Ctrl-C had come.
+        np.testing.assert_array_equal(observations, expected[0])
+        assert rewards.tolist() == [1.0, 1.0] and not terminations.any() and not truncations.any()
+    reference.close()
