@@ -51,7 +51,17 @@ _LAZY = {
 }
 
 
-_SUBMODULES = {"hooks", "curricula", "params", "episodes", "events", "mujoco", "adapters", "classic_control"}
+_SUBMODULES = {
+    "hooks",
+    "curricula",
+    "params",
+    "episodes",
+    "events",
+    "mujoco",
+    "env_families",
+    "classic_control",
+    "adapters",  # env_families' old name: deprecated (it warns on import) until the next release
+}
 
 
 def __getattr__(name: str) -> Any:

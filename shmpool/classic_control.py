@@ -1,4 +1,4 @@
-"""What shmpool knows about gymnasium's classic-control envs (see :mod:`shmpool.adapters`).
+"""What shmpool knows about gymnasium's classic-control envs (see :mod:`shmpool.env_families`).
 
 Their parameters are plain attributes of the unwrapped env, bound by name (``Param(...)`` for
 ``"gravity"`` binds ``env.unwrapped.gravity``), and every one of them is read on each step, except
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .adapters import EnvAdapter
+from .env_families import EnvAdapter
 
 
 class ClassicControl(EnvAdapter):

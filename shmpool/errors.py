@@ -8,6 +8,7 @@ resemble, so ``except TimeoutError`` or ``except ValueError`` code keeps working
 from __future__ import annotations
 
 import queue
+import sys
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -204,3 +205,25 @@ def renamed_keyword(where: str, old: str, new: str, old_value: Any, new_value: A
         stacklevel=3,
     )
     return old_value
+
+
+def renamed_module(old: str, new: str) -> None:
+    """Warns that module ``old`` is deprecated for ``new``; called by ``old`` as it is imported.
+
+    The warning names the line that imported it (``import old``, ``from shmpool import ...`` or
+    ``shmpool.<name>``), past the import machinery and ``shmpool``'s lazy ``__getattr__``, which no
+    fixed ``stacklevel`` reaches on both paths: Python's default filters then show it in a script.
+    """
+    frame = sys._getframe(1)
+    name = frame.f_globals.get("__name__", "")
+    while frame.f_back is not None and (name in (old, __package__) or name.startswith("importlib")):
+        frame = frame.f_back
+        name = frame.f_globals.get("__name__", "")
+    warnings.warn_explicit(
+        f"{old} is deprecated; use {new}, which holds the same objects (the old name goes in the next release)",
+        DeprecationWarning,
+        frame.f_code.co_filename,
+        frame.f_lineno,
+        module=name,
+        registry=frame.f_globals.setdefault("__warningregistry__", {}),
+    )

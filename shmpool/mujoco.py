@@ -21,7 +21,7 @@ trainer (which makes one env at launch to read nominal values).
 
 This module imports ``mujoco`` only when a binding is resolved (inside a worker or at launch) or
 :func:`log_to_python` is called; it declares the adapter of gymnasium's MuJoCo envs
-(:mod:`shmpool.adapters`).
+(:mod:`shmpool.env_families`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .adapters import EnvAdapter
+from .env_families import EnvAdapter
 
 _OBJECTS = {"body": "mjOBJ_BODY", "geom": "mjOBJ_GEOM", "joint": "mjOBJ_JOINT", "actuator": "mjOBJ_ACTUATOR"}
 

@@ -3,8 +3,8 @@ the ``params`` and ``applied`` blocks, and the rules a value must satisfy to be 
 
 Writers (the trainer, attached processes) write the ``params`` block through
 :class:`shmpool.param_block.ParamBlock`; workers read it on every step, validate what changed, and
-apply it to their envs per each parameter's ``when`` (:mod:`shmpool.workers.params`, through the
-bindings of :mod:`shmpool.bindings`, drawing ``dist`` values with :mod:`shmpool.draws`); what each
+apply it to their envs per each parameter's ``when`` (:mod:`shmpool.workers.param_applier`, through
+the bindings of :mod:`shmpool.bindings`, drawing ``dist`` values with :mod:`shmpool.draws`); what each
 env really uses is published in the ``applied`` block, which only workers write.
 """
 

@@ -368,15 +368,13 @@ class Pool(Channels, VectorEnv):
             except ShmpoolError as error:
                 self._commands.broken = error
                 raise
-        # A Ctrl-C held back since the batch was handed out (the lock's release included) is raised
-        # here, and the batch is queued again. Nothing after the release checks for signals (none of
-        # its bytecodes do) before the caller has stored the batch: no window loses it.
+        # A Ctrl-C held back since the hand-out (the lock's release included) is raised here, and the
+        # batch queued again; no bytecode after the release checks for signals before the caller has
+        # stored the batch. The take-back is inline (a call's entry is where a second Ctrl-C would
+        # land) and retried if one cuts it short; Ctrl-Cs meanwhile are one with the one raised.
         try:
             held.release()
         except KeyboardInterrupt:
-            # Inline, not a method: a call's entry is where a second Ctrl-C (a storm) would land.
-            # Ctrl-Cs meanwhile are one with the KeyboardInterrupt being raised; one that cut the
-            # take-back short retries it (idempotent), one raised after it ran ends the loop.
             taken_back = False
             while not taken_back:
                 try:

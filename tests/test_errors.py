@@ -1,10 +1,11 @@
 """The errors: one base class, the builtins they resemble, pickling across processes, and the old
-names of renamed errors."""
+names of renamed errors and modules."""
 
 from __future__ import annotations
 
 import pickle
 import queue
+import sys
 
 import pytest
 
@@ -19,6 +20,32 @@ def test_a_renamed_error_keeps_its_old_name_with_a_deprecation_warning(old: str,
             assert getattr(module, old) is getattr(errors, new)
     with pytest.warns(DeprecationWarning):
         exec(f"from shmpool.errors import {old}", {})
+
+
+def test_shmpool_adapters_is_env_families_under_its_old_name_with_a_deprecation_warning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from shmpool import env_families
+
+    def forget() -> None:  # a module warns when it is imported, the first time only
+        monkeypatch.delitem(sys.modules, "shmpool.adapters", raising=False)
+        monkeypatch.delitem(vars(shmpool), "adapters", raising=False)  # delattr would import it
+
+    warning = r"shmpool\.adapters is deprecated; use shmpool\.env_families"
+    forget()
+    with pytest.warns(DeprecationWarning, match=warning) as caught:
+        import shmpool.adapters as imported
+    forget()
+    with pytest.warns(DeprecationWarning, match=warning) as caught_from:
+        from shmpool import adapters
+    forget()
+    with pytest.warns(DeprecationWarning, match=warning) as caught_attribute:
+        attribute = shmpool.adapters
+    for warned in (caught, caught_from, caught_attribute):  # at the line that imported it
+        assert [record.filename for record in warned] == [__file__]
+    for module in (imported, adapters, attribute):
+        assert module.__all__ == env_families.__all__
+        assert all(getattr(module, name) is getattr(env_families, name) for name in env_families.__all__)
 
 
 def test_an_unknown_name_is_still_an_attribute_error() -> None:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import shmpool
-from shmpool import Param, adapters, hooks
+from shmpool import Param, env_families, hooks
 from shmpool import mujoco as smj
 
 mujoco = pytest.importorskip("mujoco", reason='needs mujoco: pip install -e ".[mujoco]"')
@@ -188,7 +188,7 @@ def test_perturb_pushes_a_mujoco_body(mode: str, pool_name: str) -> None:
 
 
 def test_perturb_needs_a_push_for_mujoco_envs(pool_name: str) -> None:
-    assert isinstance(adapters.adapter_for(gym.make(ENV)), smj.MujocoAdapter)
+    assert isinstance(env_families.adapter_for(gym.make(ENV)), smj.MujocoAdapter)
     with pytest.raises(shmpool.WorkerError, match="failed in hook 'Perturb'.* during launch") as caught:
         shmpool.launch(ENV, 1, num_workers=1, name=pool_name, hooks=[hooks.Perturb(1.0)], worker_init=smj.log_to_python)
     assert "give it kick=shmpool.mujoco.Push(body)" in caught.value.__cause__.text

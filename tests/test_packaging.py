@@ -59,7 +59,7 @@ def test_env_family_modules_are_attributes_of_shmpool() -> None:
     import shmpool
 
     assert shmpool.classic_control.__name__ == "shmpool.classic_control"
-    assert shmpool.adapters.__name__ == "shmpool.adapters"
+    assert shmpool.env_families.__name__ == "shmpool.env_families"
 
 
 def test_the_layers_hold_and_no_modules_import_each_other() -> None:

@@ -16,7 +16,7 @@ import pytest
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 import shmpool
-from shmpool import Param, adapters, classic_control
+from shmpool import Param, classic_control, env_families
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -457,12 +457,12 @@ def impostor() -> gym.Env:
 
 
 def test_adapters_are_found_by_the_unwrapped_class_not_the_name() -> None:
-    cartpole = adapters.adapter_for(gym.make("CartPole-v1"))  # wrapped: looked up on env.unwrapped
+    cartpole = env_families.adapter_for(gym.make("CartPole-v1"))  # wrapped: looked up on env.unwrapped
     assert isinstance(cartpole, classic_control.CartPole)
-    assert adapters.adapter_for(RenamedCartPole()) is cartpole
-    assert adapters.adapter_for(impostor()) is adapters.GENERIC
-    assert adapters.GENERIC.refresher(impostor()) is None and adapters.GENERIC.kicker(impostor()) is None
-    pendulum = adapters.adapter_for(gym.make("Pendulum-v1"))
+    assert env_families.adapter_for(RenamedCartPole()) is cartpole
+    assert env_families.adapter_for(impostor()) is env_families.GENERIC
+    assert env_families.GENERIC.refresher(impostor()) is None and env_families.GENERIC.kicker(impostor()) is None
+    pendulum = env_families.adapter_for(gym.make("Pendulum-v1"))
     assert isinstance(pendulum, classic_control.ClassicControl) and pendulum.refresher(gym.make("Pendulum-v1")) is None
     env = RenamedCartPole()
     env.masspole, env.length = 0.3, 0.9
@@ -484,11 +484,11 @@ def test_cartpole_derived_values_follow_in_a_subclass_made_by_a_callable(pool_na
             np.testing.assert_array_equal(pool.step([t % 2])[0][0], reference.step(t % 2)[0], err_msg=f"step {t}")
 
 
-class MirrorAdapter(adapters.EnvAdapter):
+class MirrorAdapter(env_families.EnvAdapter):
     """A family of one's own: PairEnv derives ``b`` from ``a``."""
 
     name = "mirror"
-    classes = (adapters.class_key(helpers.PairEnv),)
+    classes = (env_families.class_key(helpers.PairEnv),)
 
     def refresher(self, env):
         unwrapped = env.unwrapped
@@ -500,14 +500,14 @@ class MirrorAdapter(adapters.EnvAdapter):
 
 
 def test_a_registered_adapter_is_used_by_the_workers(pool_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(adapters, "_registered", {})  # undone after the test: the registry is per process
-    monkeypatch.setattr(adapters, "_table", None)
-    monkeypatch.setattr(adapters, "_by_type", {})
-    assert adapters.adapter_for(helpers.PairEnv()) is adapters.GENERIC
-    mirror = adapters.register(MirrorAdapter())
-    assert adapters.adapter_for(helpers.PairEnv()) is mirror
+    monkeypatch.setattr(env_families, "_registered", {})  # undone after the test: the registry is per process
+    monkeypatch.setattr(env_families, "_table", None)
+    monkeypatch.setattr(env_families, "_by_type", {})
+    assert env_families.adapter_for(helpers.PairEnv()) is env_families.GENERIC
+    mirror = env_families.register(MirrorAdapter())
+    assert env_families.adapter_for(helpers.PairEnv()) is mirror
     with pytest.raises(ValueError, match="module:QualName"):
-        adapters.register(type("Bad", (adapters.EnvAdapter,), {"classes": ("PairEnv",)})())
+        env_families.register(type("Bad", (env_families.EnvAdapter,), {"classes": ("PairEnv",)})())
     # The default start method forks: the workers inherit the registration.
     with shmpool.launch(helpers.PairEnv, 2, num_workers=2, name=pool_name, params={"a": Param(0.0)}) as pool:
         pool.reset(seed=0)
@@ -519,8 +519,8 @@ IMPORTS = """
 import sys
 import gymnasium as gym
 import shmpool
-assert "shmpool.adapters" not in sys.modules and "shmpool.classic_control" not in sys.modules
-from shmpool.adapters import adapter_for
+assert "shmpool.env_families" not in sys.modules and "shmpool.classic_control" not in sys.modules
+from shmpool.env_families import adapter_for
 print(type(adapter_for(gym.make("CartPole-v1"))).__name__, "mujoco" in sys.modules)
 """
 

@@ -19,7 +19,7 @@ from shmpool.infos import InfoWriter
 from shmpool.layout import RESET_THIS_ENV, RESET_WITH_SEED, seed_of
 from shmpool.spaces import ObservationWriter, assemble, flatten, is_leaf, leaves
 from shmpool.workers.hook_runner import HookRunner
-from shmpool.workers.params import ParamApplier
+from shmpool.workers.param_applier import ParamApplier
 
 
 class Slot:

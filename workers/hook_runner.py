@@ -12,7 +12,7 @@ from shmpool.protocol import event_rings
 from shmpool.spaces import assemble, leaves
 
 
-class HookFailed(Exception):
+class HookError(Exception):
     """A hook raised; the message names it and the envs of the slot it was running over."""
 
     def __init__(self, name: str, env_ids: tuple[int, int], cause: BaseException) -> None:
@@ -129,4 +129,4 @@ class HookRunner:
             try:
                 method(ctx)
             except Exception as exc:  # noqa: BLE001 - reported to the trainer with the hook's name
-                raise HookFailed(name, self._slot, exc) from exc
+                raise HookError(name, self._slot, exc) from exc

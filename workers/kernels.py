@@ -6,7 +6,7 @@ array, stepped by one call of the kernel, with the time limit and the episode ac
 the slot's arrays at once. Resets run the kernel's Python reset per env, from each env's own
 ``np_random``; autoresets of a kernel with ``draw`` and ``start`` run compiled, from resets drawn
 ahead (:meth:`KernelSlice._restart_drawn`). :class:`KernelParams` is
-:class:`shmpool.workers.params.ParamApplier` (the same reads, validation, refusals, draws and
+:class:`shmpool.workers.param_applier.ParamApplier` (the same reads, validation, refusals, draws and
 ``applied``), writing accepted values into the kernel's parameter matrix instead of env attributes,
 and running the kernel's ``refresh`` where the Python engine runs an env's adapter refresher.
 """
@@ -24,7 +24,7 @@ from shmpool.kernels import NO_LIMIT, BatchKernel, KernelEnv, load
 from shmpool.params import ParamSpec
 from shmpool.spaces import leaves
 from shmpool.workers.envs import Slot
-from shmpool.workers.params import ParamApplier
+from shmpool.workers.param_applier import ParamApplier
 
 #: Option-less resets each env draws ahead for compiled autoresets. The refill (a generator state
 #: saved, one ``draw`` call: about 10 us) is paid once per this many episodes of an env.

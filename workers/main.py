@@ -61,9 +61,9 @@ from shmpool.system import (
     unlink_if_same,
 )
 from shmpool.workers.envs import EnvSlice
-from shmpool.workers.hook_runner import HookFailed, HookRunner
+from shmpool.workers.hook_runner import HookError, HookRunner
 from shmpool.workers.kernels import KernelParams, KernelSlice
-from shmpool.workers.params import ParamApplier
+from shmpool.workers.param_applier import ParamApplier
 
 
 class OwnerGone(BaseException):
@@ -401,7 +401,7 @@ class Worker:
         """Publishes where it failed (first line) and the current exception's traceback; the
         trainer raises them as a WorkerError."""
         failure = sys.exc_info()[1]
-        if isinstance(failure, HookFailed):
+        if isinstance(failure, HookError):
             where, env_id = f"hook {failure.name!r} (envs {failure.env_ids[0]}..{failure.env_ids[1] - 1})", None
         elif env_id is not None:
             where = f"env {env_id}"

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..adapters import adapter_for
+from ..env_families import adapter_for
 from ..params import Param
 from .compiled import _compiled_functions
 from .context import HookContext
@@ -16,13 +16,13 @@ from .param_hook import ParamHook
 
 
 def default_kick(env: Any) -> Callable[[np.ndarray], None]:
-    """``env``'s own kick, from its family's adapter (:mod:`shmpool.adapters`): a function adding
+    """``env``'s own kick, from its family's adapter (:mod:`shmpool.env_families`): a function adding
     ``amounts`` to its velocities; ``TypeError`` if its adapter knows none."""
     adapter = adapter_for(env)
     kick = adapter.kicker(env)
     if kick is None:
         raise TypeError(
-            f"Perturb has no default kick for {type(env.unwrapped).__name__} (no adapter in shmpool.adapters "
+            f"Perturb has no default kick for {type(env.unwrapped).__name__} (no adapter in shmpool.env_families "
             f"knows its velocities); give it a kick function kick(env, amounts)"
         )
     return kick

@@ -5,8 +5,9 @@ A :class:`BatchKernel` describes one such env: its spaces, the float64 state it 
 parameters it reads (by their gymnasium attribute names, with nominal values), a jitted ``step`` over
 the slot and a Python ``reset`` for one env. A worker keeps the slot's state as an ``(envs, state_size)``
 array and the parameters as an ``(envs, len(params))`` matrix; parameters are read, validated, drawn
-and published exactly as with the Python engine (:mod:`shmpool.workers.params`), but an accepted value
-lands in its matrix column instead of an env attribute, and the kernel reads the matrix each step.
+and published exactly as with the Python engine (:mod:`shmpool.workers.param_applier`), but an
+accepted value lands in its matrix column instead of an env attribute, and the kernel reads the
+matrix each step.
 Values an env caches from its parameters (CartPole's ``total_mass`` and ``polemass_length``) are
 parameters too, recomputed by the kernel's ``refresh`` wherever the Python engine's adapter recomputes
 them, and nowhere else: as on gymnasium's env, ``set_attr("masspole", ...)`` leaves them as they were.
@@ -17,7 +18,7 @@ gymnasium seeds it, so the same seeds give the same initial states. A kernel who
 autoreset in one compiled call (see :class:`BatchKernel`); the env's ``np_random`` is rewound to where
 gymnasium's would be whenever Python code asks for it.
 
-Built-in kernels (:mod:`shmpool.kernels.classic_control`) reproduce gymnasium's ``CartPole-v1``,
+Built-in kernels (:mod:`shmpool.kernels.builtin`) reproduce gymnasium's ``CartPole-v1``,
 ``Pendulum-v1``, ``MountainCar-v0``, ``MountainCarContinuous-v0`` and ``Acrobot-v1`` bit for bit
 (``gymnasium.make`` of them, ``TimeLimit`` included). Register one of your own with :func:`register`::
 
@@ -69,10 +70,11 @@ next step), and writing an attribute of the gymnasium env that the kernel does n
 plain attributes, as on a gymnasium env.
 
 Where each part lives: :class:`BatchKernel` in :mod:`shmpool.kernels.batch_kernel`, :class:`KernelEnv`
-in :mod:`shmpool.kernels.env`, the built-in kernels in :mod:`shmpool.kernels.classic_control`, the
-workers' compiled bookkeeping around a kernel's ``step`` in :mod:`shmpool.kernels.slot`. This module
-holds the registry (:func:`register`, :func:`find`, :func:`load`, :func:`check_options`) and gives the
-others their ``shmpool.kernels`` names (``shmpool.kernels.BatchKernel``, ``KernelEnv``, ``NO_LIMIT``).
+in :mod:`shmpool.kernels.env`, the built-in kernels in :mod:`shmpool.kernels.builtin` (one module
+each), the workers' compiled bookkeeping around a kernel's ``step`` in :mod:`shmpool.kernels.slot`.
+This module holds the registry (:func:`register`, :func:`find`, :func:`load`, :func:`check_options`)
+and gives the others their ``shmpool.kernels`` names (``shmpool.kernels.BatchKernel``, ``KernelEnv``,
+``NO_LIMIT``).
 
 This package imports neither numba nor any kernel: the registry holds import strings (or your
 objects) and :func:`load` imports a kernel only when a pool uses it.
@@ -92,11 +94,11 @@ NUMBA_EXTRA = 'pip install "shmpool[numba]"'
 
 #: The built-in kernels, by gymnasium id: import strings, imported on first use.
 BUILTIN: dict[str, str] = {
-    "CartPole-v1": "shmpool.kernels.classic_control:CARTPOLE",
-    "Pendulum-v1": "shmpool.kernels.classic_control:PENDULUM",
-    "MountainCar-v0": "shmpool.kernels.classic_control:MOUNTAIN_CAR",
-    "MountainCarContinuous-v0": "shmpool.kernels.classic_control:MOUNTAIN_CAR_CONTINUOUS",
-    "Acrobot-v1": "shmpool.kernels.classic_control:ACROBOT",
+    "CartPole-v1": "shmpool.kernels.builtin.cartpole:CARTPOLE",
+    "Pendulum-v1": "shmpool.kernels.builtin.pendulum:PENDULUM",
+    "MountainCar-v0": "shmpool.kernels.builtin.mountain_car:MOUNTAIN_CAR",
+    "MountainCarContinuous-v0": "shmpool.kernels.builtin.mountain_car:MOUNTAIN_CAR_CONTINUOUS",
+    "Acrobot-v1": "shmpool.kernels.builtin.acrobot:ACROBOT",
 }
 _registered: dict[str, BatchKernel | str] = {}
 

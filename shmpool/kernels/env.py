@@ -11,7 +11,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 
-from ..adapters import EnvAdapter
+from ..env_families import EnvAdapter
 from ..errors import KernelAttributeError
 from .batch_kernel import BatchKernel
 
@@ -305,5 +305,5 @@ class KernelAdapter(EnvAdapter):
         return unwrapped.kick  # type: ignore[no-any-return]
 
 
-#: Found by :func:`shmpool.adapters.adapter_for` (this module is one of its families).
+#: Found by :func:`shmpool.env_families.adapter_for` (this module is one of its families).
 ADAPTERS = [KernelAdapter()]

@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from shmpool.adapters import adapter_for
 from shmpool.bindings import Binding, plain_values
 from shmpool.draws import derive_seed, draw
+from shmpool.env_families import adapter_for
 from shmpool.layout import CTL_PARAM_REFUSALS
 from shmpool.params import ParamSpec, bad_rows, problem, show
 from shmpool.protocol import W_PARAMS_GENERATION, seqlock_read

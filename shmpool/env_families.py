@@ -1,0 +1,119 @@
+"""What shmpool knows about particular env families, found by the env's class.
+
+Generic code (parameter bindings, the workers, the built-in hooks) never names an env: it asks
+:func:`adapter_for` for the :class:`EnvAdapter` of an env once, when the env is attached (made or
+re-made), keeps what the adapter hands back for that env, and calls only that on each step.
+
+An adapter handles the env classes it lists in ``classes`` (as ``"module:QualName"`` strings, so
+nothing is imported to match them) and their subclasses; the match is on ``type(env.unwrapped)``'s
+method resolution order, most derived class first, never on the gymnasium id. An env that no
+adapter handles gets :data:`GENERIC`, which knows nothing (no derived values, no default kick).
+
+shmpool's own families live one module each (``shmpool.classic_control``, ``shmpool.mujoco``), each
+declaring an ``ADAPTERS`` list; they are imported on the first lookup (not by ``import shmpool``)
+and import nothing heavy themselves: ``mujoco`` is imported only once a MuJoCo env is used. A family
+of your own: subclass :class:`EnvAdapter` and :func:`register` an instance in every process that
+makes the envs (in the module that defines the env, or with ``launch(..., worker_init=...)``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+#: The modules that declare shmpool's own adapters (each as a module-level ``ADAPTERS`` list).
+FAMILIES = ("shmpool.classic_control", "shmpool.mujoco", "shmpool.kernels")
+
+
+class EnvAdapter:
+    """What shmpool needs to know about one family of envs; every method has a do-nothing default.
+
+    Attributes:
+        name: the family, for messages.
+        classes: the unwrapped env classes handled (subclasses included), as ``"module:QualName"``.
+    """
+
+    name: str = "generic"
+    classes: tuple[str, ...] = ()
+    #: The attributes of the unwrapped env that :meth:`refresher` derives values from: a parameter
+    #: bound to another plain attribute changes nothing it must recompute. None: any parameter.
+    refresh_inputs: frozenset[str] | None = None
+
+    def refresher(self, env: Any) -> Callable[[], None] | None:
+        """A function that recomputes what ``env`` caches from its parameters (values its
+        ``__init__`` derives once), run after parameters were applied to it; None if it caches
+        nothing. Called once per env, when it is attached."""
+        return None
+
+    def refresher_of_many(self, envs: list[Any]) -> Callable[[], None] | None:
+        """One function doing what :meth:`refresher` does for each of ``envs`` (all of this family),
+        for a slot whose every env changed; None: the envs' own refreshers are called one by one."""
+        return None
+
+    def kicker(self, env: Any) -> Callable[[Any], None] | None:
+        """``hooks.Perturb``'s default kick for ``env``: a function adding ``amounts`` (a float
+        array, one per velocity) to its velocities; None if they are unknown. May instead raise
+        ``TypeError`` saying which kick to use. Called once per env, at its first kick."""
+        return None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}: {', '.join(self.classes) or 'any env'}>"
+
+
+#: The adapter of envs no other adapter handles.
+GENERIC = EnvAdapter()
+
+_registered: dict[str, EnvAdapter] = {}  # by register(): win over the built-in ones
+_table: dict[str, EnvAdapter] | None = None  # class key -> adapter, once the families are imported
+_by_type: dict[type, EnvAdapter] = {}  # the lookups made so far
+
+
+def class_key(cls: type) -> str:
+    """How adapters name a class: ``"module:QualName"``."""
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def register(adapter: EnvAdapter) -> EnvAdapter:
+    """Adds an adapter for the classes it lists, ahead of shmpool's own ones; returns it.
+
+    Registration is per process: register in every process that makes the envs (the workers
+    included), for instance from ``launch(..., worker_init=...)``.
+    """
+    if not adapter.classes:
+        raise ValueError(f"{adapter!r} lists no env classes")
+    for key in adapter.classes:
+        if ":" not in key:
+            raise ValueError(f"adapter classes are 'module:QualName' strings, got {key!r}")
+        _registered[key] = adapter
+    _by_type.clear()
+    global _table
+    _table = None
+    return adapter
+
+
+def _classes() -> dict[str, EnvAdapter]:
+    global _table
+    if _table is None:
+        table: dict[str, EnvAdapter] = {}
+        for module in FAMILIES:
+            for adapter in importlib.import_module(module).ADAPTERS:
+                table.update(dict.fromkeys(adapter.classes, adapter))
+        table.update(_registered)
+        _table = table
+    return _table
+
+
+def adapter_for(env: Any) -> EnvAdapter:
+    """The adapter of ``env`` (a wrapped or unwrapped env), by its unwrapped class: the adapter of
+    the most derived class in its hierarchy that one lists, else :data:`GENERIC`."""
+    cls = type(env.unwrapped)
+    adapter = _by_type.get(cls)
+    if adapter is None:
+        table = _classes()
+        adapter = next((table[key] for key in map(class_key, cls.__mro__) if key in table), GENERIC)
+        _by_type[cls] = adapter
+    return adapter
+
+
+__all__ = ["FAMILIES", "GENERIC", "EnvAdapter", "adapter_for", "class_key", "register"]
