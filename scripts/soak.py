@@ -847,13 +847,7 @@ class Trainer:
         if not self.storm:
             return
         for process in self.storm:
-            if process.stdin and not process.stdin.closed:
-                process.stdin.close()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            _stop(process)
             if process.returncode != 0:
                 self.counts["storm errors (exit code)"] += 1
         self.storm = []
@@ -1246,13 +1240,7 @@ class Trainer:
             self._note("close", f"pool.close() raised {type(exc).__name__}: {exc}")
         for process in [*self.senders, *self.writers]:  # after a failed run they may still be there
             if process.poll() is None:
-                if process.stdin and not process.stdin.closed:
-                    process.stdin.close()
-                try:
-                    process.wait(10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+                _stop(process)
         return refusals
 
     def _collect(self, name: str) -> None:
@@ -1327,6 +1315,18 @@ class Trainer:
             print(f"note: {note}")
         print("FAILED" if failed else "all checks passed", flush=True)
         return 1 if failed else 0
+
+
+def _stop(process: subprocess.Popen[Any]) -> None:
+    """Ends a helper process: its stdin closed (its signal to stop), then killed if it is still there
+    10 s later."""
+    if process.stdin and not process.stdin.closed:
+        process.stdin.close()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 class _Stop(Exception):
