@@ -52,8 +52,10 @@ class CommandChannel:
         batches: Batches,
         check_open: Callable[[], None],
         closing: Callable[[], bool],
+        recover_writers: Callable[[], None],
     ) -> None:
         self._config = config
+        self._recover_writers = recover_writers
         self._name = lifecycle.name
         self._lifecycle = lifecycle
         self._waiter = waiter
@@ -103,14 +105,21 @@ class CommandChannel:
             self.broken = error
             raise
 
+    def prepare(self, command: int, seq: int | None = None) -> int:
+        """Makes ``command`` pending, and returns its sequence number: from here on, it is sent and
+        waited for by :meth:`finish`, or by the next :meth:`enter` if Ctrl-C comes first."""
+        self.usable = False
+        steps = self.global_step + (command == CMD_STEP)
+        seq = self._lifecycle.next_seq() if seq is None else seq
+        self.pending = (seq, command, steps)
+        return seq
+
     def run(self, command: int, phase: str, seq: int | None = None) -> None:
         """Sends ``command`` to every worker and, unless it is a call (whose requests go next), waits
         until all have done it."""
-        self.usable = False
-        steps = self.global_step + (command == CMD_STEP)
-        self.pending = (self._lifecycle.next_seq() if seq is None else seq, command, steps)
+        seq = self.prepare(command, seq)
         if command == CMD_CALL:
-            self._lifecycle.send(self.pending[0], command)
+            self._lifecycle.send(seq, command)
         else:
             self.finish(phase)
 
@@ -144,6 +153,14 @@ class CommandChannel:
         """Counts an async send that went out as one step of the pool, and publishes the count."""
         self.global_step += 1
         self._header[H_GLOBAL_STEP] = self.global_step
+
+    def count_env_steps(self, env_steps: int) -> None:
+        """Counts ``env_steps`` for ``stats``; every 64 steps (or sends) publishes the rate and rolls
+        back what a dead writer left (its rows stay unread until then, unless another writer does)."""
+        self.env_steps += env_steps
+        if self.global_step % 64 == 0:
+            self.publish_rate()
+            self._recover_writers()
 
     def publish_rate(self) -> None:
         """Env steps per second over the last second or so, for attached processes (``stats``)."""

@@ -39,6 +39,11 @@ class interrupts_deferred:  # noqa: N801 - used as a function: ``with interrupts
         """Ends the hold; raises ``KeyboardInterrupt`` if Ctrl-C came during it."""
         self.__exit__()
 
+    @property
+    def pending(self) -> bool:
+        """Whether a Ctrl-C has come during the hold so far (it is raised at ``release``)."""
+        return self._deferral is not None and self._deferral.received
+
 
 class DeferredInterrupt:
     """Holds back SIGINT's Python handler in the main thread (the only thread a ``KeyboardInterrupt``

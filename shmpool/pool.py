@@ -132,7 +132,9 @@ class Pool(Channels, VectorEnv):
             results = Results(config, fields, waiter.words, self.single_observation_space, observation_leaves)
             self._results = results
             batches = self._batches = Batches(config, lifecycle, waiter, results, actions, self.single_action_space)
-            commands = self._commands = CommandChannel(config, lifecycle, waiter, results, batches, check_open, closing)
+            commands = self._commands = CommandChannel(
+                config, lifecycle, waiter, results, batches, check_open, closing, self._channels.recover_writers
+            )
             self._resets = ResetEncoder(config, fields, commands.ended)
             self._call_router = CallRouter(config, lifecycle, commands)
             if config.profile:
@@ -250,8 +252,10 @@ class Pool(Channels, VectorEnv):
                     f"recv() returned yet: they would be dropped; recv() them first, or reset them too"
                 )
         self._commands.settle_batches(discard=True)
-        self._resets.write(seed, options, self._commands.global_step)
-        self._commands.run(CMD_RESET, "reset")
+        with interrupts_deferred():  # written and pending together: a reset written is one sent later
+            self._resets.write(seed, options, self._commands.global_step)
+            self._commands.prepare(CMD_RESET)
+        self._commands.finish("reset")
         observations, infos = self._results.reset()
         if self._profile is not None:  # the profile covers steps since the last reset, not the reset itself
             self._profile.restart(self._commands.global_step)
@@ -278,7 +282,7 @@ class Pool(Channels, VectorEnv):
             for field, part in zip(self._action_fields, parts):
                 field[...] = part
             commands.run(CMD_STEP, "step")
-            self._after_step(self.num_envs)
+            self._commands.count_env_steps(self.num_envs)
             return self._results.step()
 
     # -- async batches (EnvPool's API; see shmpool.batches) ----------------------------------------
@@ -309,8 +313,9 @@ class Pool(Channels, VectorEnv):
             if self._commands.ended is not None:
                 raise ValueError("async batches autoreset their envs: launch with NEXT_STEP or SAME_STEP, not DISABLED")
             self._commands.settle_batches(discard=True)
-            self._resets.write(seed, options, self._commands.global_step)
-            self._batches.start_reset(self._lifecycle.next_seq())
+            with interrupts_deferred():  # a reset written is a reset sent (see _reset)
+                self._resets.write(seed, options, self._commands.global_step)
+                self._batches.start_reset(self._lifecycle.next_seq())
 
     def send(self, actions: Any, env_ids: Any = None) -> None:
         """Starts stepping the envs ``env_ids`` (default: those the last ``recv()`` returned) with
@@ -328,7 +333,7 @@ class Pool(Channels, VectorEnv):
                     sent = self._batches.send(actions, env_ids, self._lifecycle.next_seq)
                     went_out = True
                     self._commands.count_send()
-                    self._after_step(sent)
+                    self._commands.count_env_steps(sent)
                 except BaseException as error:
                     if isinstance(error, ShmpoolError):
                         self._commands.broken = error
@@ -341,15 +346,6 @@ class Pool(Channels, VectorEnv):
             if went_out:
                 raise StepSentInterrupt from None  # the class: making an instance would be a call
             raise
-
-    def _after_step(self, env_steps: int) -> None:
-        """Counts ``env_steps`` for ``stats``; every 64 steps (or sends) publishes the rate and rolls
-        back what a dead writer left."""
-        commands = self._commands
-        commands.env_steps += env_steps
-        if commands.global_step % 64 == 0:
-            commands.publish_rate()
-            self._channels.recover_writers()
 
     def recv(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Waits for the first ``batch_size`` envs to finish their step (or reset) and returns their
@@ -368,21 +364,25 @@ class Pool(Channels, VectorEnv):
             except ShmpoolError as error:
                 self._commands.broken = error
                 raise
-        # A Ctrl-C held back since the hand-out (the lock's release included) is raised here, and the
-        # batch queued again; no bytecode after the release checks for signals before the caller has
-        # stored the batch. The take-back is inline (a call's entry is where a second Ctrl-C would
-        # land) and retried if one cuts it short; Ctrl-Cs meanwhile are one with the one raised.
+        # A Ctrl-C held back since the hand-out queues the batch again, then is raised (a handler that
+        # raises nothing: recv starts over, the batch first in line). One during the release itself is
+        # caught below; no bytecode after it checks for signals before the caller stores the batch.
+        if held.pending:
+            with self._calls:
+                self._batches.take_back(handout)
+            held.release()
+            return self.recv()
         try:
             held.release()
-        except KeyboardInterrupt:
-            taken_back = False
+        except BaseException:  # KeyboardInterrupt, or whatever a handler of the user's raises
+            taken_back = False  # inline, not a method: a call's entry is where another Ctrl-C lands
             while not taken_back:
                 try:
                     with interrupts_deferred(), self._calls:
-                        self._batches.take_back(handout)
+                        self._batches.take_back(handout)  # idempotent
                         taken_back = True
                 except KeyboardInterrupt:
-                    continue
+                    pass
             raise
         return handout.results
 

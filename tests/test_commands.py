@@ -7,8 +7,18 @@ The storm runs in a subprocess: its SIGINTs go to that interpreter, not to the t
 
 from __future__ import annotations
 
+import signal
+import threading
+from typing import Any
+
+import gymnasium as gym
 import helpers
+import numpy as np
 import pytest
+from gymnasium.vector import SyncVectorEnv
+
+import shmpool
+from shmpool.reset_encoding import ResetEncoder
 
 CTRL_C_STORM = """
 import os, random, signal, sys, threading, time
@@ -54,3 +64,26 @@ def test_ctrl_c_storm_keeps_workers_in_lockstep_and_the_step_count_right(pool_na
     assert int(violations) == 0, result.stdout
     counts, global_step = final.rsplit(" ", 1)
     assert counts == str([float(global_step)] * 6)
+
+
+def test_a_reset_cut_short_after_it_was_written_still_runs_with_the_launch_seed(
+    pool_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C that comes once the reset's seeds are written into the segment is held back until
+    the reset is pending: the next call then finishes that reset, seeded from the launch seed, instead
+    of forgetting it (and an env's first reset would then run unseeded)."""
+    write = ResetEncoder.write
+
+    def write_then_ctrl_c(self: ResetEncoder, *args: Any) -> None:
+        write(self, *args)
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)  # to this thread: see test_async
+
+    reference = SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 4)
+    with shmpool.launch("CartPole-v1", 4, num_workers=2, seed=10, name=pool_name) as pool:
+        monkeypatch.setattr(ResetEncoder, "write", write_then_ctrl_c)
+        with pytest.raises(KeyboardInterrupt):
+            pool.reset()
+        monkeypatch.undo()
+        reference.reset(seed=10)  # the interrupted reset, finished by the next call
+        np.testing.assert_array_equal(pool.reset()[0], reference.reset()[0])
+    reference.close()
