@@ -917,13 +917,7 @@ class Trainer:
     def _steps(self, pool: shmpool.Pool, env_steps: int, deadline: float, started: float) -> None:
         s = self.settings
         target = -(-env_steps // s.num_envs)
-        while pool.global_step < target and not self.stop_requested:
-            now = time.monotonic()
-            if now >= deadline:
-                break
-            if now >= self._next_progress:
-                self._next_progress = now + s.progress_every
-                self._progress(pool, now - started)
+        while pool.global_step < target and self._going_on(pool, deadline, started):
             self._k += 1
             try:
                 if s.call_every and self._k % s.call_every == 0 and not self._call_due:
@@ -945,6 +939,16 @@ class Trainer:
                 raise _Stop() from exc
             self.beat = time.monotonic()
             self._check_step(pool, infos)
+
+    def _going_on(self, pool: shmpool.Pool, deadline: float, started: float) -> bool:
+        """Whether a phase's loop goes on (no stop asked, the deadline not reached); prints progress."""
+        now = time.monotonic()
+        if self.stop_requested or now >= deadline:
+            return False
+        if now >= self._next_progress:
+            self._next_progress = now + self.settings.progress_every
+            self._progress(pool, now - started)
+        return True
 
     def _check_step(self, pool: shmpool.Pool, infos: dict[str, Any]) -> None:
         expected = self._base + pool.global_step
@@ -970,14 +974,8 @@ class Trainer:
         followed at once by the store that records what it did (a Ctrl-C is raised only at a call, a
         function's entry or a loop's back edge: none comes between), so the bookkeeping is exact."""
         s = self.settings
-        while self._env_steps_sent < env_steps and not self.stop_requested:
-            now = time.monotonic()
-            if now >= deadline:
-                break
-            if now >= self._next_progress:
-                self._next_progress = now + s.progress_every
-                self._progress(pool, now - started)
-            self._check_lost(now)
+        while self._env_steps_sent < env_steps and self._going_on(pool, deadline, started):
+            self._check_lost(time.monotonic())
             self._k += 1
             try:
                 if s.trainer_write_every and self._k % s.trainer_write_every == 0:

@@ -282,7 +282,7 @@ class Pool(Channels, VectorEnv):
             for field, part in zip(self._action_fields, parts):
                 field[...] = part
             commands.run(CMD_STEP, "step")
-            self._commands.count_env_steps(self.num_envs)
+            commands.count_env_steps(self.num_envs)
             return self._results.step()
 
     # -- async batches (EnvPool's API; see shmpool.batches) ----------------------------------------
