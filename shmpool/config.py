@@ -80,6 +80,7 @@ class WorkerConfig:
     same_observation_spaces: bool = True  # False: envs' observation spaces need equal shapes and dtypes only
     engine: str = "python"  # "numba": the slot is stepped by a compiled kernel (shmpool.workers.kernels)
     kernel: Any = None  # with engine="numba": the BatchKernel, or its "module:NAME" import string
+    threads: int = 1  # with engine="mujoco": the threads of the slot's mujoco.batch.Batch (the worker's own included)
 
 
 @dataclass(frozen=True)
@@ -163,10 +164,13 @@ class PoolConfig:
     """Called once in each worker process before its envs are made (thread counts, logging,
     ``shmpool.mujoco.log_to_python``); it must be picklable for ``spawn`` and ``forkserver``."""
     engine: str = "python"
-    """How a worker steps its slot: ``"python"``, env by env (any gymnasium env), or ``"numba"``, the
+    """How a worker steps its slot: ``"python"``, env by env (any gymnasium env); ``"numba"``, the
     whole slot in one compiled call of a batch kernel (:mod:`shmpool.kernels`: CartPole-v1,
-    Pendulum-v1, MountainCar-v0, MountainCarContinuous-v0, Acrobot-v1 and registered ones; the same
-    results, parameters and hooks; needs ``pip install "shmpool[numba]"``)."""
+    Pendulum-v1, MountainCar-v0, MountainCarContinuous-v0, Acrobot-v1 and registered ones; needs
+    ``pip install "shmpool[numba]"``); or ``"mujoco"``, the slot's physics in one
+    ``mujoco.batch.Batch`` on C threads (gymnasium's MuJoCo v5 envs, :mod:`shmpool.mujoco_tasks`;
+    needs ``pip install "shmpool[mujoco]"``). Every engine gives the same results, parameters and
+    hooks as ``"python"``."""
 
     param_seed: int = field(init=False)
     """The seed of the parameter draws: ``seed``, or a random one."""
@@ -266,6 +270,8 @@ class PoolConfig:
             raise ValueError(f"engine must be one of {list(ENGINES)}, got {self.engine!r}")
         if self.engine == "numba":
             settle("kernel", _compiled_kernel(self))
+        if self.engine == "mujoco":
+            _check_mujoco_engine(self)
 
     @functools.cached_property
     def env_label(self) -> str:
@@ -336,7 +342,27 @@ class PoolConfig:
 
 
 #: The values of ``PoolConfig.engine``.
-ENGINES = ("python", "numba")
+ENGINES = ("python", "numba", "mujoco")
+
+
+def _check_mujoco_engine(config: PoolConfig) -> None:
+    """That ``engine="mujoco"`` can run ``config``: a supported id, MuJoCo's batch stepper installed,
+    no parameter that rebuilds envs (the simulations of a batch share one model layout)."""
+    from .mujoco_tasks import task_of
+
+    task_of(config.env)
+    try:
+        import mujoco.batch  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            f"engine='mujoco' needs mujoco>=4.0 (mujoco.batch): pip install \"shmpool[mujoco]\" ({exc})"
+        ) from None
+    rebuilt = [spec.name for spec in config.param_specs if spec.when == "rebuild"]
+    if rebuilt:
+        raise ValueError(
+            f"engine='mujoco' refuses parameters with when='rebuild' ({rebuilt}): the simulations of a batch "
+            f"share one model; bind them to model fields (shmpool.mujoco) or use engine='python'"
+        )
 
 
 def _compiled_kernel(config: PoolConfig) -> Any:

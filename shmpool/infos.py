@@ -121,6 +121,20 @@ class InfoWriter:
                 continue
             self._mask[local_index, slot] = True
 
+    def add_column(self, path: Path, values: np.ndarray, rows: np.ndarray, like: Any) -> None:
+        """Stores info key ``path`` for the envs where ``rows`` (a bool mask over the slot) is set:
+        ``values[i]`` for env ``i``, every value of the type of ``like``, which fixes the key's record
+        as :meth:`add` would for ``like`` (a slot's infos computed as arrays, not dicts)."""
+        self.dirty = True
+        kind = (path, like.dtype, like.shape) if isinstance(like, np.ndarray) else (path, type(like))
+        slot = self._slots.get(kind)
+        if slot is None:
+            slot = self._register(kind, path, like)
+        if slot < 0 or self._views[slot] is None:
+            return
+        self._views[slot][rows] = values[rows]  # type: ignore[index]
+        self._mask[rows, slot] = True
+
     def _register(self, kind: tuple[Any, ...], path: Path, value: Any) -> int:
         fmt = info_format(value, self._values.shape[2])
         if fmt is not None:

@@ -240,6 +240,7 @@ class Lifecycle:
                     same_observation_spaces=config.observation_mode == "same",
                     engine=config.engine,
                     kernel=config.kernel,
+                    threads=max(1, usable_cores() // len(config.slots)),
                 )
                 if worker_id == self.local_id:
                     local_config = worker_config

@@ -37,6 +37,32 @@ from .env_families import EnvAdapter
 _OBJECTS = {"body": "mjOBJ_BODY", "geom": "mjOBJ_GEOM", "joint": "mjOBJ_JOINT", "actuator": "mjOBJ_ACTUATOR"}
 
 
+class Simulation:
+    """Where an env's physics lives under ``engine="mujoco"``: simulation ``index`` of a
+    ``mujoco.batch.Batch`` (set on the unwrapped env as ``_shmpool_simulation``). Bindings write its
+    per-simulation model fields and ``Push`` its state there, not in the env's own ``MjModel`` and
+    ``MjData``, which hold a copy only while a control call runs."""
+
+    def __init__(self, batch: Any, index: int, nominal: Any, expanded: set[str]) -> None:
+        self.batch, self.index, self.nominal = batch, index, nominal
+        #: The batch's per-simulation model fields, shared by its simulations.
+        self.expanded = expanded
+        #: Whether a binding changed this simulation's model since its env's ``MjModel`` was copied.
+        self.model_changed = False
+
+    def field(self, name: str) -> Any:
+        """This simulation's row of model field ``name`` (``"opt.<name>"`` for options), made per
+        simulation first: writing it changes this simulation only."""
+        expanded = self.batch.expand(name)
+        self.expanded.add(name)
+        return expanded[self.index : self.index + 1] if expanded.ndim == 1 else expanded[self.index]
+
+
+def simulation_of(env: Any) -> Simulation | None:
+    """The batch simulation that runs ``env`` under ``engine="mujoco"``; None for an env of its own."""
+    return getattr(env.unwrapped, "_shmpool_simulation", None)
+
+
 def _model_and_data(env: Any) -> tuple[Any, Any]:
     unwrapped = env.unwrapped
     if not hasattr(unwrapped, "model") or not hasattr(unwrapped, "data"):
@@ -81,7 +107,7 @@ class ModelBinding:
         if self.kind is None:
             return () if self.axis is None else (self.axis,)
         index = object_id(model, self.kind, self.name)  # type: ignore[arg-type]
-        if self.kind == "joint" and self.field == "dof_damping":
+        if self.kind == "joint" and self.field.startswith("dof_"):  # the joint's first degree of freedom
             index = int(model.jnt_dofadr[index])
         return (index,) if self.axis is None else (index, self.axis)
 
@@ -89,6 +115,9 @@ class ModelBinding:
         """The (read, write) functions of this binding on ``env``; called once per (re)built env."""
         import mujoco
 
+        simulation = simulation_of(env)
+        if simulation is not None:
+            return self._resolve_in_batch(simulation)
         model, data = _model_and_data(env)
         owner, attribute = (model.opt, self.field[4:]) if self.field.startswith("opt.") else (model, self.field)
         location = self._location(model)
@@ -113,6 +142,39 @@ class ModelBinding:
                 getattr(owner, attribute)[location] = target
             if scratch is not None:
                 mujoco.mj_setConst(model, scratch)
+
+        return read, write
+
+    def _resolve_in_batch(self, simulation: Simulation) -> tuple[Callable[[], Any], Callable[[Any], None]]:
+        """:meth:`resolve` for an env of ``engine="mujoco"``: the same values, written into its
+        simulation's row of the batch's per-simulation field (made per simulation at the first write,
+        so a field no parameter changes stays shared), and ``set_const`` for that simulation only."""
+        model = simulation.nominal
+        owner, attribute = (model.opt, self.field[4:]) if self.field.startswith("opt.") else (model, self.field)
+        location = self._location(model)
+        array = getattr(owner, attribute)
+        scalar = not isinstance(array, np.ndarray)
+        nominal = np.array(array) if scalar else np.array(array[location])
+        batch, index, set_const = simulation.batch, simulation.index, self.set_const
+
+        def read() -> Any:
+            if self.relative:
+                return np.ones(nominal.shape)
+            current = batch.expanded(self.field)
+            if current is None:
+                return nominal.copy()
+            return np.array(current[index]) if scalar else np.array(current[index][location])
+
+        def write(value: Any) -> None:
+            target = nominal * np.asarray(value) if self.relative else np.asarray(value)
+            row = simulation.field(self.field)
+            if scalar:
+                row[0] = float(target)
+            else:
+                row[location] = target
+            simulation.model_changed = True
+            if set_const:
+                batch.set_const([index])
 
         return read, write
 
@@ -145,6 +207,41 @@ def gravity(axis: int | None = 2, *, relative: bool = False) -> ModelBinding:
 def timestep(*, relative: bool = False) -> ModelBinding:
     """The simulation timestep (``env.dt`` follows: it is the timestep times the frame skip)."""
     return ModelBinding("opt.timestep", None, None, None, relative=relative)
+
+
+def wind(axis: int | None = 0, *, relative: bool = False) -> ModelBinding:
+    """The wind velocity's ``axis`` component (None: the whole vector, shape (3,)); it acts on bodies
+    through the medium's density and viscosity (``opt.density``, ``opt.viscosity``), zero in most
+    models, so it moves nothing until one of those is set."""
+    return ModelBinding("opt.wind", None, None, axis, relative=relative)
+
+
+def geom_solref(geom: str, axis: int = 0, *, relative: bool = False) -> ModelBinding:
+    """A geom's contact ``solref``: ``axis`` 0 the time constant (softer contact when larger), 1 the
+    damping ratio."""
+    return ModelBinding("geom_solref", "geom", geom, axis, relative=relative)
+
+
+def geom_solimp(geom: str, axis: int = 0, *, relative: bool = False) -> ModelBinding:
+    """A geom's contact ``solimp``: ``axis`` 0 and 1 the impedance at zero and full penetration, 2
+    the width over which it changes (3 and 4 shape the curve)."""
+    return ModelBinding("geom_solimp", "geom", geom, axis, relative=relative)
+
+
+def dof_armature(joint: str, *, relative: bool = False) -> ModelBinding:
+    """The armature (rotor inertia added to the joint's degree of freedom) of a joint's first degree
+    of freedom; derived constants are recomputed after each change."""
+    return ModelBinding("dof_armature", "joint", joint, None, relative=relative, set_const=True)
+
+
+def dof_frictionloss(joint: str, *, relative: bool = False) -> ModelBinding:
+    """The dry friction of a joint's first degree of freedom."""
+    return ModelBinding("dof_frictionloss", "joint", joint, None, relative=relative)
+
+
+def actuator_gain(actuator: str, *, relative: bool = False) -> ModelBinding:
+    """An actuator's gain (``actuator_gainprm[0]``: force per unit of control for a motor)."""
+    return ModelBinding("actuator_gainprm", "actuator", actuator, 0, relative=relative)
 
 
 def scale_randomization(
@@ -195,23 +292,33 @@ class Push:
             self._ids[key] = object_id(model, "body", self.body)
         return self._ids[key]
 
-    def __call__(self, env: Any, amounts: np.ndarray) -> None:
+    def _state(self, env: Any, field: str) -> tuple[Any, np.ndarray]:
+        """The env's model and its state field ``field``: in its simulation's row of the batch under
+        ``engine="mujoco"``, else in its own ``MjData``."""
+        simulation = simulation_of(env)
+        if simulation is not None:
+            return simulation.nominal, simulation.batch.bind(field)[simulation.index]
         model, data = _model_and_data(env)
-        body = self._body(model)
+        return model, getattr(data, field)
+
+    def __call__(self, env: Any, amounts: np.ndarray) -> None:
         if self.mode == "force":
-            data.xfrc_applied[body, : min(3, len(amounts))] = amounts[:3]
+            model, forces = self._state(env, "xfrc_applied")
+            forces[self._body(model), : min(3, len(amounts))] = amounts[:3]
             return
+        model, velocities = self._state(env, "qvel")
+        body = self._body(model)
         start, count = int(model.body_dofadr[body]), int(model.body_dofnum[body])
         if start < 0 or count == 0:
             raise ValueError(f"body {self.body!r} has no degrees of freedom of its own to push")
         used = min(count, len(amounts))
-        data.qvel[start : start + used] += amounts[:used]
+        velocities[start : start + used] += amounts[:used]
 
     def clear(self, env: Any) -> None:
         """Removes the force after the step it acted on."""
         if self.mode == "force":
-            model, data = _model_and_data(env)
-            data.xfrc_applied[self._body(model)] = 0.0
+            model, forces = self._state(env, "xfrc_applied")
+            forces[self._body(model)] = 0.0
 
 
 class MujocoAdapter(EnvAdapter):

@@ -117,6 +117,9 @@ class Slot:
             info,
         )
 
+    def before_call(self) -> None:
+        """Called before a control call runs user code on the envs (nothing to prepare here)."""
+
     def after_call(self) -> None:
         """Called after a control call has run user code on the envs (nothing to redo here)."""
 

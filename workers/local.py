@@ -59,6 +59,7 @@ class LocalSlot:
             raise RuntimeError("the trainer's slot has no envs")
         with interrupts_deferred():  # run whole: a call cut short is not run again
             try:
+                envs.before_call()
                 answer = run_requests(envs.envs, envs.start, seq, requests)
                 envs.after_call()
             finally:

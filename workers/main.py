@@ -60,10 +60,14 @@ from shmpool.system import (
     set_parent_death_signal,
     unlink_if_same,
 )
-from shmpool.workers.envs import EnvSlice
+from shmpool.workers.envs import EnvSlice, Slot
 from shmpool.workers.hook_runner import HookError, HookRunner
 from shmpool.workers.kernels import KernelParams, KernelSlice
+from shmpool.workers.mujoco_batch import MujocoSlice
 from shmpool.workers.param_applier import ParamApplier
+
+#: The slot of each engine (``PoolConfig.engine``).
+_SLICES: dict[str, type[Slot]] = {"python": EnvSlice, "numba": KernelSlice, "mujoco": MujocoSlice}
 
 
 class OwnerGone(BaseException):
@@ -248,7 +252,7 @@ class Worker:
         self._trainer_doorbell = trainer_doorbell
         self._owner = owner
         self._failed = False
-        self.envs: EnvSlice | KernelSlice | None = None
+        self.envs: Slot | None = None
         start, stop = config.env_ids
         self._info = InfoWriter(
             views["info_keys"][config.worker_id],
@@ -305,7 +309,7 @@ class Worker:
                 if config.params
                 else None
             )
-            self.envs = envs = (KernelSlice if kernel else EnvSlice)(config, self._views, self._info, params)
+            self.envs = envs = _SLICES[config.engine](config, self._views, self._info, params)
             envs.build()
             if config.hooks:
                 envs.hooks = HookRunner(
@@ -369,6 +373,7 @@ class Worker:
                 answer = failure_answer(seq, -1, exc, traceback.format_exc())
                 break
             if request_seq == seq:
+                envs.before_call()
                 answer = run_requests(envs.envs, envs.start, seq, requests)
                 envs.after_call()
                 break

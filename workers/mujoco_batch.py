@@ -1,0 +1,336 @@
+"""A worker's slot of gymnasium MuJoCo envs stepped by ``mujoco.batch.Batch`` (``engine="mujoco"``).
+
+The slot's physics is one ``Batch`` of its envs, stepped on a C thread pool with the GIL released;
+what gymnasium's env computes around the physics is a :class:`shmpool.mujoco_tasks.Task`, over the
+slot's arrays at once. The slot still holds one gymnasium env per row, made by ``gymnasium.make``
+exactly as ``engine="python"`` makes it. It is what an "env" is under this engine:
+
+- resets run its own ``reset`` (its ``np_random``, its ``reset_model``, its reset info), and the state
+  it reset to is copied into its simulation's row of the batch;
+- the parameter bindings of :mod:`shmpool.mujoco` and its ``Push`` write the row's per-simulation
+  model fields (``Batch.expand``) and state through the env (``_shmpool_simulation``);
+- control calls (``get_attr``, ``call``, ``set_attr``, ``env_apply``, ``render``) see it
+  materialized: before the call its ``model``, ``data`` and time-limit count are copied from the
+  batch; after it, its state, count, limit and the expanded model fields come back.
+
+Results equal gymnasium's bit for bit. Two facts of ``Batch`` make that so: a persistent batch keeps
+every derived field of its simulations, and a state row carries ``qacc_warmstart``, so a simulation
+continues exactly as the env's own ``MjData`` would. ``cfrc_ext``, which gymnasium fills after the
+step with ``mj_rnePostConstraint``, is computed the same way on each env's materialized data.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium.wrappers import TimeLimit
+
+from shmpool.config import WorkerConfig, factory_of, make_env
+from shmpool.infos import InfoWriter
+from shmpool.kernels import NO_LIMIT
+from shmpool.mujoco import Simulation
+from shmpool.mujoco_tasks import Task, task_of
+from shmpool.spaces import leaves
+from shmpool.workers.envs import Slot
+from shmpool.workers.param_applier import ParamApplier
+
+
+def _time_limit(env: gymnasium.Env) -> TimeLimit | None:
+    layer: Any = env
+    while isinstance(layer, gymnasium.Wrapper):
+        if isinstance(layer, TimeLimit):
+            return layer
+        layer = layer.env
+    return None
+
+
+class MujocoSlice(Slot):
+    """The envs of one slot as the simulations of one ``mujoco.batch.Batch``."""
+
+    def __init__(
+        self, config: WorkerConfig, views: dict[str, np.ndarray], info: InfoWriter, params: ParamApplier | None
+    ) -> None:
+        super().__init__(config, views, info, params)
+        rows = slice(self.start, self.stop)
+        (obs_leaf,) = leaves(config.observation_space)
+        (act_leaf,) = leaves(config.action_space)
+        self._obs = views[obs_leaf.field_name("observations")][rows]
+        self._final_obs = views[obs_leaf.field_name("final_observations")][rows] if self.same_step else None
+        self._actions = views[act_leaf.field_name("actions")][rows]
+        self._task_type = task_of(config.env_factory)
+        count = self.stop - self.start
+        self._elapsed = np.zeros(count, dtype=np.int64)
+        self._limits = np.full(count, NO_LIMIT, dtype=np.int64)
+        self._needs_reset = np.zeros(count, dtype=np.bool_)
+        self._stepped = np.zeros(count, dtype=np.bool_)
+        self._returns = np.zeros(count, dtype=np.float64)
+        self._lengths = np.zeros(count, dtype=np.int64)
+        self._starts = np.full(count, time.perf_counter())
+        self._step_infos: dict[str, tuple[np.ndarray, Any]] = {}
+        self._zero_forces: np.ndarray | None = None
+
+    # -- building ----------------------------------------------------------------------------------
+
+    def build(self) -> None:
+        """Makes the slot's envs, the batch of their simulations and the task around them."""
+        import mujoco
+        import mujoco.batch
+
+        self._episode_index[:] = -1  # no episode until the first reset
+        for env_id in range(self.start, self.stop):
+            self.current_env = env_id
+            self.envs.append(self._make_env(env_id))
+        self.current_env = None
+        first = self.envs[0].unwrapped
+        self._mujoco = mujoco
+        self._state_spec = mujoco.mjtState.mjSTATE_INTEGRATION
+        #: The model every simulation starts from, never written: relative parameters scale its values.
+        self.nominal = copy.copy(first.model)
+        self.frame_skip = int(first.frame_skip)
+        self.batch = mujoco.batch.Batch(self.nominal, len(self.envs), nthread=self._config.threads, persistent=True)
+        task = self.task = self._task_type({}, self._model_field)
+        for field in (*task.fields, "ctrl"):
+            task.arrays[field] = self.batch.bind(field)
+        self._ctrl = task.arrays["ctrl"]
+        if task.contact_forces:
+            self._forces = np.zeros((len(self.envs), *first.data.cfrc_ext.shape))
+            self._zero_forces = np.zeros_like(self._forces)
+        self._read_envs()
+        #: The model fields that bindings made per simulation.
+        self.expanded: set[str] = set()
+        for local, env in enumerate(self.envs):
+            env.unwrapped._shmpool_simulation = Simulation(self.batch, local, self.nominal, self.expanded)
+            if self._params is not None:
+                self._params.attach_env(local, env)
+
+    def _make_env(self, env_id: int) -> gymnasium.Env:
+        env = make_env(factory_of(self._config.env_factory, env_id - self.start), self._config.env_kwargs)
+        for what, got, expected in (
+            ("observation", env.observation_space, self._config.observation_space),
+            ("action", env.action_space, self._config.action_space),
+        ):
+            if got != expected:
+                env.close()
+                raise ValueError(f"env {env_id} has {what} space {got}, but the pool was launched with {expected}")
+        return env
+
+    def _read_envs(self) -> None:
+        """Takes the task's constants and each env's time limit from the envs."""
+        self.task.read_constants(self.envs)
+        for local, env in enumerate(self.envs):
+            limit = _time_limit(env)
+            self._limits[local] = NO_LIMIT if limit is None else min(int(limit._max_episode_steps), NO_LIMIT - 1)
+
+    def hook_engine(self) -> tuple[str, Any, np.ndarray | None]:
+        """The MuJoCo engine (hooks kick its envs one by one, through their simulations)."""
+        return "mujoco", None, None
+
+    def close(self) -> None:
+        """Closes every env, ignoring errors (the worker is exiting)."""
+        for env in self.envs:
+            try:
+                env.close()
+            except Exception:  # noqa: BLE001 - an env failing to close must not stop the others
+                pass
+
+    def _remake(self, index: int) -> Any:
+        raise AssertionError("engine='mujoco' refuses rebuild parameters at launch")
+
+    # -- control calls: each env materialized --------------------------------------------------------
+
+    def before_call(self) -> None:
+        """Copies each simulation's model, data and step count into its env, for user code to see."""
+        batch = self.batch
+        for local, env in enumerate(self.envs):
+            unwrapped = env.unwrapped
+            batch.get_model(local, unwrapped.model)
+            batch.get_data(local, unwrapped.data)
+            limit = _time_limit(env)
+            if limit is not None and limit._elapsed_steps is not None:
+                limit._elapsed_steps = int(self._elapsed[local])
+
+    def after_call(self) -> None:
+        """Takes back what a control call may have changed: each env's state, time limit and
+        step count, its model fields that bindings made per simulation, and the task's constants.
+        Other model fields stay the batch's, shared by every simulation: edit them with
+        ``engine="python"``, or bind them to a parameter."""
+        batch, mujoco = self.batch, self._mujoco
+        expanded = sorted(self.expanded)
+        for local, env in enumerate(self.envs):
+            unwrapped = env.unwrapped
+            mujoco.mj_getState(unwrapped.model, unwrapped.data, batch.state[local], self._state_spec)
+            limit = _time_limit(env)
+            if limit is not None and limit._elapsed_steps is not None:
+                self._elapsed[local] = limit._elapsed_steps
+            # Derived constants are not recomputed: with engine="python" a call that edits the env's
+            # model directly leaves them as they were too.
+            model = unwrapped.model
+            for name in expanded:
+                owner, attribute = (model.opt, name[4:]) if name.startswith("opt.") else (model, name)
+                batch.expand(name)[local] = getattr(owner, attribute)
+        self._read_envs()
+
+    # -- resets --------------------------------------------------------------------------------------
+
+    def _reset_env(self, index: int, env: Any, seed: int | None, options: dict[str, Any] | None) -> None:
+        self._reset_one(index, env, seed, options)
+        self._observe_reset(np.array([index]))
+
+    def _reset_one(self, index: int, env: Any, seed: int | None, options: dict[str, Any] | None) -> None:
+        """Resets env ``index`` through gymnasium and puts the state it drew into its simulation (its
+        observation follows from :meth:`_observe_reset`)."""
+        _, env_info = env.reset(seed=seed, options=options)
+        unwrapped = env.unwrapped
+        self._mujoco.mj_getState(unwrapped.model, unwrapped.data, self.batch.state[index], self._state_spec)
+        self._elapsed[index] = 0
+        if env_info:
+            self._info.add(index, env_info)
+
+    def _observe_reset(self, rows: np.ndarray) -> None:
+        """Computes the reset simulations' derived fields with their own models (``mj_forward``, as
+        the env's ``set_state`` does) and writes their observations; no contact forces yet."""
+        self.batch.forward(rows)
+        self.task.observe(self._obs, rows, self._zero_forces)
+
+    # -- stepping ------------------------------------------------------------------------------------
+
+    def request_reset(self, rows: np.ndarray) -> None:
+        """Makes the envs at ``rows`` reset instead of stepping this step (hooks ask for it)."""
+        self._needs_reset[np.atleast_1d(rows)] = True
+
+    def step(self) -> int:
+        """Steps the slot (resetting the envs due for it); returns how many episodes ended."""
+        info, params, hooks = self._info, self._params, self.hooks
+        info.begin()
+        needs_reset, lengths = self._needs_reset, self._lengths
+        if params is not None:
+            params.sync()
+        actions = self._actions.copy()
+        if hooks is not None:
+            hooks.begin_step(self.global_step)
+            hooks.before_step(actions, needs_reset, lengths)  # type: ignore[arg-type]
+        if params is not None:
+            params.before_step(needs_reset, lengths)  # type: ignore[arg-type]
+        self._run_envs(actions)
+        changed = hooks is not None and hooks.after_step(self._stepped, lengths)  # type: ignore[arg-type]
+        episodes_ended = self._account(changed)
+        self.global_step += 1
+        return episodes_ended
+
+    def _run_envs(self, actions: np.ndarray) -> None:
+        """Resets the envs due for it, then steps all the others in one call of the batch."""
+        needs_reset, stepping = self._needs_reset, self._stepped
+        np.logical_not(needs_reset, out=stepping)
+        everyone = bool(stepping.all())
+        if not everyone:
+            resetting = np.flatnonzero(needs_reset)
+            for index in resetting.tolist():
+                self.current_env = self.start + index
+                env, seed = self._begin_episode(index)
+                self._reset_one(index, env, seed, None)
+            self.current_env = None
+            self._observe_reset(resetting)
+            self._rewards[resetting], self._terminations[resetting], self._truncations[resetting] = 0.0, False, False
+            needs_reset[:] = False
+        task = self.task
+        before = task.before()
+        ids = None if everyone else np.flatnonzero(stepping)
+        if everyone:
+            self._ctrl[:] = actions
+        else:
+            self._ctrl[ids] = actions[ids]
+        self.batch.step(ids, nstep=self.frame_skip)
+        forces = self._contact_forces(ids) if task.contact_forces else None
+        rewards, terminations, infos = task.results(before, actions, self._dt(), forces)
+        rows: Any = slice(None) if everyone else ids
+        task.observe(self._obs, rows, forces)
+        self._rewards[rows] = rewards[rows]
+        self._terminations[rows] = terminations[rows]
+        elapsed = self._elapsed
+        elapsed[rows] += 1
+        self._truncations[rows] = elapsed[rows] >= self._limits[rows]
+        self._step_infos = infos
+
+    def _model_field(self, name: str) -> np.ndarray:
+        """Each simulation's values of model field ``name``, ``(envs, ...)``."""
+        values = self.batch.expanded(name)
+        if values is None:
+            nominal = getattr(self.nominal, name)
+            return np.broadcast_to(nominal, (len(self.envs), *nominal.shape))
+        return values  # type: ignore[no-any-return]
+
+    def _dt(self) -> Any:
+        """Each simulation's ``env.dt`` (the timestep times the frame skip), or the one they share."""
+        timesteps = self.batch.expanded("opt.timestep")
+        if timesteps is None:
+            return self.nominal.opt.timestep * self.frame_skip
+        return timesteps * self.frame_skip
+
+    def _contact_forces(self, ids: np.ndarray | None) -> np.ndarray:
+        """``cfrc_ext`` as gymnasium's env has it after a step: ``mj_rnePostConstraint`` on each
+        stepped simulation's data (materialized into its env's ``MjData``, with its model)."""
+        batch, mujoco, forces = self.batch, self._mujoco, self._forces
+        for local in range(len(self.envs)) if ids is None else ids.tolist():
+            unwrapped = self.envs[local].unwrapped
+            data = batch.get_data(local, unwrapped.data)
+            mujoco.mj_rnePostConstraint(self._model_of(local, unwrapped), data)
+            forces[local] = data.cfrc_ext
+        return forces
+
+    def _model_of(self, local: int, unwrapped: Any) -> Any:
+        """Simulation ``local``'s model: the nominal one while nothing is per simulation, else its
+        own, materialized into its env's ``MjModel`` when its parameters changed."""
+        simulation: Simulation = unwrapped._shmpool_simulation
+        if not self.expanded:
+            return self.nominal
+        if simulation.model_changed:
+            self.batch.get_model(local, unwrapped.model)
+            simulation.model_changed = False
+        return unwrapped.model
+
+    def _account(self, changed: bool) -> int:
+        """Adds the step to each env's episode, ends the finished ones (resetting them now under
+        same-step autoreset), writes the step infos and runs ``on_reset`` hooks; returns how many
+        episodes ended."""
+        stepped, returns, lengths = self._stepped, self._returns, self._lengths
+        returns[stepped] += self._rewards[stepped]
+        lengths[stepped] += 1
+        ended = stepped & (self._terminations | self._truncations)
+        ended_rows = np.flatnonzero(ended)
+        same_step_resets: list[int] = []
+        infos = self._step_infos
+        shown = stepped
+        if len(ended_rows):
+            metrics = bool(self._config.episode_metrics)
+            for index in ended_rows.tolist():
+                self.current_env = self.start + index
+                record_info = {key: values[index] for key, (values, _) in infos.items()} if metrics else None
+                self._end_episode(index, bool(self._terminations[index]), bool(self._truncations[index]), record_info)
+            if self.same_step:
+                assert self._final_obs is not None
+                self._final_obs[ended_rows] = self._obs[ended_rows]
+                self._add_infos(infos, ended, ("final_info",))
+                for index in ended_rows.tolist():
+                    self.current_env = self.start + index
+                    env, seed = self._begin_episode(index)
+                    self._reset_one(index, env, seed, None)
+                    same_step_resets.append(index)
+                self._observe_reset(ended_rows)
+                shown = stepped & ~ended
+            elif self.autoreset:
+                self._needs_reset[ended_rows] = True
+            self.current_env = None
+        self._add_infos(infos, shown, ())
+        if self.hooks is not None:
+            self.hooks.on_reset(same_step_resets, lengths)  # type: ignore[arg-type]
+        return len(ended_rows)
+
+    def _add_infos(self, infos: dict[str, tuple[np.ndarray, Any]], rows: np.ndarray, prefix: tuple[str, ...]) -> None:
+        if rows.any():
+            for key, (values, like) in infos.items():
+                self._info.add_column((*prefix, key), values, rows, like)
+
