@@ -136,6 +136,19 @@ def _results_answer(seq: int, env_ids: list[int], results: list[Any]) -> bytes:
     return stream.getvalue()
 
 
+def serve_call(slot: Any, seq: int, requests: list[Request]) -> bytes:
+    """Runs one worker's part of call ``seq`` on its slot, between the slot's ``before_call`` and
+    ``after_call``; a failure of ``after_call`` (the slot refusing what the call did to an env) is
+    the call's answer, naming the slot's first env, and leaves the pool usable."""
+    slot.before_call()
+    answer = run_requests(slot.envs, slot.start, seq, requests)
+    try:
+        slot.after_call()
+    except Exception as exc:  # noqa: BLE001 - reported to the caller, not fatal to the worker
+        return failure_answer(seq, slot.start, exc, traceback.format_exc())
+    return answer
+
+
 def failure_answer(seq: int, env_id: int, error: BaseException, text: str, stage: str | None = None) -> bytes:
     """The encoded answer of a call that failed with ``error`` at ``env_id`` (-1: before any env,
     reading the call's arguments, unless ``stage`` says otherwise); ``text`` is its traceback text."""

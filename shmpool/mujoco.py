@@ -70,13 +70,18 @@ def _model_and_data(env: Any) -> tuple[Any, Any]:
     return unwrapped.model, unwrapped.data
 
 
-def object_id(model: Any, kind: str, name: str) -> int:
-    """The id of the named body, geom, joint or actuator; ``ValueError`` listing the names if unknown."""
+def object_id(model: Any, kind: str, name: str | int) -> int:
+    """The id of the named body, geom, joint or actuator (or the id given, checked); ``ValueError``
+    listing the names if unknown."""
     import mujoco
 
+    count = {"body": model.nbody, "geom": model.ngeom, "joint": model.njnt, "actuator": model.nu}[kind]
+    if isinstance(name, int):  # models whose objects have no names (gymnasium's Ant: its actuators)
+        if not 0 <= name < count:
+            raise ValueError(f"the model has no {kind} {name}: its {kind} ids are 0..{count - 1}")
+        return name
     index = mujoco.mj_name2id(model, getattr(mujoco.mjtObj, _OBJECTS[kind]), name)
     if index < 0:
-        count = {"body": model.nbody, "geom": model.ngeom, "joint": model.njnt, "actuator": model.nu}[kind]
         names = [getattr(model, kind)(i).name for i in range(count)]
         raise ValueError(f"the model has no {kind} named {name!r}; its {kind} names are {[n for n in names if n]}")
     return int(index)
@@ -194,8 +199,9 @@ def dof_damping(joint: str, *, relative: bool = False) -> ModelBinding:
     return ModelBinding("dof_damping", "joint", joint, None, relative=relative)
 
 
-def actuator_gear(actuator: str, axis: int = 0, *, relative: bool = False) -> ModelBinding:
-    """An actuator's gear (``axis`` 0: the scale from control to joint force)."""
+def actuator_gear(actuator: str | int, axis: int = 0, *, relative: bool = False) -> ModelBinding:
+    """An actuator's gear (``axis`` 0: the scale from control to joint force); an unnamed actuator by
+    its id."""
     return ModelBinding("actuator_gear", "actuator", actuator, axis, relative=relative)
 
 
@@ -239,7 +245,7 @@ def dof_frictionloss(joint: str, *, relative: bool = False) -> ModelBinding:
     return ModelBinding("dof_frictionloss", "joint", joint, None, relative=relative)
 
 
-def actuator_gain(actuator: str, *, relative: bool = False) -> ModelBinding:
+def actuator_gain(actuator: str | int, *, relative: bool = False) -> ModelBinding:
     """An actuator's gain (``actuator_gainprm[0]``: force per unit of control for a motor)."""
     return ModelBinding("actuator_gainprm", "actuator", actuator, 0, relative=relative)
 

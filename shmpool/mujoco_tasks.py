@@ -55,13 +55,17 @@ class Task:
         self.c: dict[str, Any] = {}
 
     def read_constants(self, envs: list[Any]) -> None:
-        """Takes the constants from the slot's unwrapped envs; ``ValueError`` naming one that differs."""
+        """Takes the constants from the slot's unwrapped envs; ``ValueError`` naming one that differs
+        (after giving every env back the value it ran with, if there was one)."""
         first = envs[0].unwrapped
         for name in self.constants:
             value = getattr(first, name)
             for index, env in enumerate(envs[1:], 1):
                 other = getattr(env.unwrapped, name)
                 if not _same(other, value):
+                    if name in self.c:  # a control call made them differ: the envs keep what they ran with
+                        for each in envs:
+                            setattr(each.unwrapped, name, self.c[name])
                     raise ValueError(
                         f"engine='mujoco' runs one task per slot: {name} is {value!r} in the slot's first env and "
                         f"{other!r} in its env {index}; give every env the same value (env_kwargs), or use "

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from shmpool.calls import Request, decode_answer, run_requests
+from shmpool.calls import Request, decode_answer, serve_call
 from shmpool.config import WorkerConfig
 from shmpool.interrupts import interrupts_deferred
 from shmpool.layout import CMD_CALL, CMD_CLOSE
@@ -59,9 +59,7 @@ class LocalSlot:
             raise RuntimeError("the trainer's slot has no envs")
         with interrupts_deferred():  # run whole: a call cut short is not run again
             try:
-                envs.before_call()
-                answer = run_requests(envs.envs, envs.start, seq, requests)
-                envs.after_call()
+                answer = serve_call(envs, seq, requests)
             finally:
                 # Done whatever happened: finishing the call waits for this word, which nothing
                 # else would ever set.

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from shmpool.calls import decode, failure_answer, run_requests
+from shmpool.calls import decode, failure_answer, serve_call
 from shmpool.config import WorkerConfig
 from shmpool.infos import InfoWriter
 from shmpool.layout import (
@@ -373,9 +373,7 @@ class Worker:
                 answer = failure_answer(seq, -1, exc, traceback.format_exc())
                 break
             if request_seq == seq:
-                envs.before_call()
-                answer = run_requests(envs.envs, envs.start, seq, requests)
-                envs.after_call()
+                answer = serve_call(envs, seq, requests)
                 break
         pipe.send_bytes(answer)
         self.publish_done(seq)

@@ -236,9 +236,12 @@ class MujocoSlice(Slot):
             self._observe_reset(resetting)
             self._rewards[resetting], self._terminations[resetting], self._truncations[resetting] = 0.0, False, False
             needs_reset[:] = False
+        ids = None if everyone else np.flatnonzero(stepping)
+        if ids is not None and not len(ids):  # every env reset this step
+            self._step_infos = {}
+            return
         task = self.task
         before = task.before()
-        ids = None if everyone else np.flatnonzero(stepping)
         if everyone:
             self._ctrl[:] = actions
         else:
@@ -333,4 +336,3 @@ class MujocoSlice(Slot):
         if rows.any():
             for key, (values, like) in infos.items():
                 self._info.add_column((*prefix, key), values, rows, like)
-

@@ -1,0 +1,290 @@
+"""``engine="mujoco"``: gymnasium's MuJoCo v5 envs on ``mujoco.batch.Batch`` give exactly what
+``SyncVectorEnv`` of the gymnasium envs gives, and exactly what ``engine="python"`` gives with the
+same parameters and pushes."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode
+
+import shmpool
+from shmpool import Param
+from shmpool import mujoco as smj
+from shmpool.hooks import Perturb
+
+mujoco = pytest.importorskip("mujoco.batch", reason='needs mujoco>=4.0: pip install -e ".[mujoco]"')
+
+REQUIRED = [
+    "HalfCheetah-v5",
+    "Hopper-v5",
+    "Walker2d-v5",
+    "Ant-v5",
+    "Humanoid-v5",
+    "Swimmer-v5",
+    "InvertedPendulum-v5",
+    "InvertedDoublePendulum-v5",
+]
+LIMIT = 40  # short episodes: time limits, terminations and resets all happen within the run
+
+
+def assert_same_step(got: tuple[Any, ...], expected: tuple[Any, ...], where: str) -> None:
+    """Observations, rewards, terminations, truncations and every info key (values, dtypes, masks)."""
+    for name, mine, theirs in zip(("obs", "rewards", "terminations", "truncations"), got[:-1], expected[:-1]):
+        assert mine.dtype == theirs.dtype, f"{where}: {name} dtype"
+        np.testing.assert_array_equal(mine, theirs, err_msg=f"{where}: {name}")
+    assert_same_infos(got[-1], expected[-1], where)
+
+
+def assert_same_infos(mine: dict[str, Any], theirs: dict[str, Any], where: str) -> None:
+    assert set(mine) == set(theirs), f"{where}: info keys {set(mine) ^ set(theirs)}"
+    for key, value in theirs.items():
+        if isinstance(value, dict):
+            assert_same_infos(mine[key], value, f"{where}: {key}")
+            continue
+        assert mine[key].dtype == value.dtype, f"{where}: info {key!r} dtype"
+        if value.dtype == object:  # final_obs: an array per env that ended, else None
+            for index, (one, other) in enumerate(zip(mine[key], value)):
+                assert (one is None) == (other is None), f"{where}: info {key!r} env {index}"
+                if other is not None:
+                    np.testing.assert_array_equal(one, other, err_msg=f"{where}: info {key!r} env {index}")
+            continue
+        np.testing.assert_array_equal(mine[key], value, err_msg=f"{where}: info {key!r}")
+
+
+def run_against_sync(env_id: str, mode: AutoresetMode, pool_name: str, steps: int, **kwargs: Any) -> int:
+    """Steps a pool and SyncVectorEnv side by side on the same out-of-bounds actions, checking every
+    step; returns how many episodes ended."""
+    num_envs = 3
+    reference = gym.vector.SyncVectorEnv(
+        [lambda: gym.make(env_id, max_episode_steps=LIMIT, **kwargs) for _ in range(num_envs)], autoreset_mode=mode
+    )
+    ended = 0
+    with shmpool.launch(
+        env_id,
+        num_envs,
+        engine="mujoco",
+        autoreset_mode=mode,
+        episode_statistics=False,
+        env_kwargs={"max_episode_steps": LIMIT, **kwargs},
+        name=pool_name,
+    ) as pool:
+        assert_same_step(pool.reset(seed=11), reference.reset(seed=11), "reset")
+        rng = np.random.default_rng(0)
+        low, high = reference.single_action_space.low, reference.single_action_space.high
+        for t in range(steps):
+            # Beyond the bounds as well: gymnasium's envs pass them to MuJoCo unclipped.
+            actions = rng.uniform(1.5 * low, 1.5 * high, reference.action_space.shape).astype(np.float32)
+            got, expected = pool.step(actions), reference.step(actions)
+            assert_same_step(got, expected, f"{env_id} step {t}")
+            done = expected[2] | expected[3]
+            ended += int(done.sum())
+            if mode == AutoresetMode.DISABLED and done.any():
+                options = {"reset_mask": done}
+                assert_same_step(pool.reset(options=options), reference.reset(options=options), f"reset at {t}")
+    reference.close()
+    return ended
+
+
+@pytest.mark.parametrize("env_id", REQUIRED)
+def test_each_env_equals_sync_vector_env_bit_for_bit(env_id: str, pool_name: str) -> None:
+    assert run_against_sync(env_id, AutoresetMode.NEXT_STEP, pool_name, 3 * LIMIT) > 0
+
+
+@pytest.mark.parametrize("env_id", ["Hopper-v5", "Ant-v5", "Humanoid-v5", "InvertedDoublePendulum-v5"])
+@pytest.mark.parametrize("mode", [AutoresetMode.SAME_STEP, AutoresetMode.DISABLED])
+def test_other_autoreset_modes_equal_sync_vector_env(env_id: str, mode: AutoresetMode, pool_name: str) -> None:
+    assert run_against_sync(env_id, mode, pool_name, 2 * LIMIT) > 0
+
+
+@pytest.mark.parametrize(
+    ("env_id", "kwargs"),
+    [
+        ("HalfCheetah-v5", {"frame_skip": 3, "ctrl_cost_weight": 0.3, "reset_noise_scale": 0.5}),
+        ("Hopper-v5", {"healthy_z_range": (0.9, 2.0), "exclude_current_positions_from_observation": False}),
+        ("Ant-v5", {"terminate_when_unhealthy": False, "include_cfrc_ext_in_observation": False}),
+    ],
+)
+def test_constructor_arguments_hold(env_id: str, kwargs: dict[str, Any], pool_name: str) -> None:
+    run_against_sync(env_id, AutoresetMode.NEXT_STEP, pool_name, LIMIT + 5, **kwargs)
+
+
+def test_episode_statistics_are_the_summed_rewards(pool_name: str) -> None:
+    with shmpool.launch("Hopper-v5", 2, engine="mujoco", name=pool_name, env_kwargs={"max_episode_steps": 25}) as pool:
+        pool.reset(seed=0)
+        totals, lengths, seen = np.zeros(2), np.zeros(2, dtype=int), 0
+        for _ in range(60):
+            _, rewards, terminated, truncated, infos = pool.step(pool.action_space.sample())
+            totals += rewards
+            lengths += 1
+            if "episode" in infos:
+                for env in np.flatnonzero(infos["_episode"]):
+                    assert infos["episode"]["r"][env] == pytest.approx(totals[env])
+                    assert infos["episode"]["l"][env] == lengths[env]
+                    seen += 1
+            finished = terminated | truncated
+            # next-step autoreset: the step after the end is the reset, with no reward
+            totals[finished], lengths[finished] = 0.0, -1
+        assert seen > 0
+        records = pool.episodes.read()
+        assert len(records) == seen
+
+
+def randomized_run(env_id: str, engine: str, pool_name: str, spec: dict[str, Param], push: Any) -> list[Any]:
+    hooks = [] if push is None else [Perturb(40.0, every=7, dims=3, kick=push)]
+    results = []
+    with shmpool.launch(
+        env_id,
+        3,
+        engine=engine,
+        params=spec,
+        hooks=hooks,
+        seed=5,
+        env_kwargs={"max_episode_steps": LIMIT},
+        name=f"{pool_name}-{engine}",
+    ) as pool:
+        results.append(pool.reset(seed=3)[0])
+        rng = np.random.default_rng(1)
+        for t in range(2 * LIMIT):
+            if t == 15 and spec:
+                pool.params["damping"][:2] = 2.5  # a per-step parameter written mid-episode
+            actions = rng.uniform(-1, 1, pool.action_space.shape).astype(np.float32)
+            results.append(pool.step(actions)[:4])
+        results.append({name: np.array(pool.applied[name]) for name in spec})
+    return results
+
+
+ROBOT_DR = {
+    "HalfCheetah-v5": ("bthigh", "bthigh"),
+    "Ant-v5": ("hip_1", 0),  # its actuators have no names
+    "Walker2d-v5": ("thigh_joint", 0),
+}
+
+
+@pytest.mark.parametrize("env_id", sorted(ROBOT_DR))
+def test_same_parameters_and_pushes_give_the_python_engines_trajectories(env_id: str, pool_name: str) -> None:
+    joint, actuator = ROBOT_DR[env_id]
+    spec = {
+        "mass": Param(
+            dist="uniform",
+            default={"low": 0.7, "high": 1.3},
+            low=0.5,
+            high=2.0,
+            when="reset",
+            bind=smj.body_mass("torso", relative=True),
+        ),
+        "friction": Param(
+            dist="uniform",
+            default={"low": 0.5, "high": 1.5},
+            low=0.1,
+            high=3.0,
+            when="reset",
+            bind=smj.geom_friction("floor", axis=0, relative=True),
+        ),
+        "damping": Param(default=1.0, low=0.1, high=5.0, bind=smj.dof_damping(joint, relative=True)),
+        "gravity": Param(
+            dist="uniform", default={"low": -10.5, "high": -9.0}, low=-20.0, high=0.0, when="reset", bind=smj.gravity()
+        ),
+        "gear": Param(default=1.1, low=0.5, high=2.0, bind=smj.actuator_gear(actuator, relative=True)),
+        "armature": Param(default=1.5, low=0.5, high=3.0, bind=smj.dof_armature(joint, relative=True)),
+        "frictionloss": Param(default=0.2, low=0.0, high=1.0, bind=smj.dof_frictionloss(joint)),
+        "solref": Param(default=0.03, low=0.005, high=0.1, when="reset", bind=smj.geom_solref("floor")),
+        "timestep": Param(default=1.05, low=0.5, high=2.0, bind=smj.timestep(relative=True)),
+    }
+    push = smj.Push("torso", mode="force")
+    python = randomized_run(env_id, "python", pool_name, spec, push)
+    batched = randomized_run(env_id, "mujoco", pool_name, spec, push)
+    plain = randomized_run(env_id, "mujoco", pool_name, {}, None)
+    for t, (expected, got) in enumerate(zip(python[1:-1], batched[1:-1])):
+        for name, theirs, mine in zip(("obs", "rewards", "terminations", "truncations"), expected, got):
+            np.testing.assert_array_equal(mine, theirs, err_msg=f"{env_id} step {t}: {name}")
+    for name in spec:
+        np.testing.assert_array_equal(batched[-1][name], python[-1][name], err_msg=f"applied {name}")
+    assert not np.array_equal(plain[5][0], batched[5][0]), "the parameters and pushes changed nothing"
+
+
+def test_velocity_push_and_a_mass_change_touch_one_simulation_only(pool_name: str) -> None:
+    spec = {"mass": Param(default=1.0, low=0.5, high=3.0, bind=smj.body_mass("torso", relative=True))}
+    with shmpool.launch("Hopper-v5", 2, engine="mujoco", params=spec, name=pool_name) as pool:
+        pool.reset(seed=0)
+        pool.params["mass"][1] = 2.0
+        pool.step(np.zeros(pool.action_space.shape, dtype=np.float32))
+        masses = pool.call("get_wrapper_attr", "model")
+        torso = smj.object_id(masses[0], "body", "torso")
+        assert masses[1].body_mass[torso] == pytest.approx(2.0 * masses[0].body_mass[torso])
+        # derived constants follow, for that simulation only
+        assert masses[1].body_subtreemass[0] > masses[0].body_subtreemass[0]
+        with shmpool.launch("Hopper-v5", 2, engine="python", params=spec, name=f"{pool_name}-py") as python:
+            python.reset(seed=0)
+            python.params["mass"][1] = 2.0
+            python.step(np.zeros(python.action_space.shape, dtype=np.float32))
+            expected = python.call("get_wrapper_attr", "model")
+        np.testing.assert_array_equal(masses[1].body_subtreemass, expected[1].body_subtreemass)
+        np.testing.assert_array_equal(masses[0].body_subtreemass, expected[0].body_subtreemass)
+
+
+def test_vector_api_sees_each_env_materialized(pool_name: str) -> None:
+    with shmpool.launch("Hopper-v5", 3, engine="mujoco", name=pool_name) as pool:
+        reference = gym.vector.SyncVectorEnv([lambda: gym.make("Hopper-v5") for _ in range(3)])
+        pool.reset(seed=4)
+        reference.reset(seed=4)
+        actions = np.full(pool.action_space.shape, 0.3, dtype=np.float32)
+        for _ in range(5):
+            pool.step(actions)
+            reference.step(actions)
+        np.testing.assert_array_equal(np.stack(pool.call("state_vector")), np.stack(reference.call("state_vector")))
+        assert pool.get_attr("_elapsed_steps") == reference.get_attr("_elapsed_steps") == (5, 5, 5)
+        # set_attr of a constant the task reads holds from the next step, as on gymnasium's env
+        pool.set_attr("_ctrl_cost_weight", [0.5, 0.5, 0.5])
+        reference.set_attr("_ctrl_cost_weight", [0.5, 0.5, 0.5])
+        # env_apply changing the state: the next step starts from it
+        pool.env_apply(lambda env: env.unwrapped.set_state(env.unwrapped.init_qpos, env.unwrapped.init_qvel))
+        for env in reference.envs:
+            env.unwrapped.set_state(env.unwrapped.init_qpos, env.unwrapped.init_qvel)
+        assert_same_step(pool.step(actions), reference.step(actions), "after the calls")
+        with pytest.raises(ValueError, match="one task per slot"):
+            pool.set_attr("_ctrl_cost_weight", [0.5, 0.1, 0.5])
+        assert pool.get_attr("_ctrl_cost_weight") == (0.5, 0.5, 0.5)  # given back; the pool goes on
+        assert_same_step(pool.step(actions), reference.step(actions), "after a refused call")
+        reference.close()
+
+
+def test_render_gives_the_frames_of_gymnasiums_env(pool_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MUJOCO_GL", os.environ.get("MUJOCO_GL", "egl"))  # headless, in the workers
+    frames = {}
+    for engine in ("python", "mujoco"):
+        with shmpool.launch(
+            "Hopper-v5",
+            2,
+            engine=engine,
+            env_kwargs={"render_mode": "rgb_array"},
+            name=f"{pool_name}-{engine}",
+            timeout=20,
+        ) as pool:
+            pool.reset(seed=4)
+            for _ in range(3):
+                pool.step(np.full(pool.action_space.shape, 0.3, dtype=np.float32))
+            try:
+                frames[engine] = np.stack(pool.render())
+            except Exception as exc:  # noqa: BLE001 - no OpenGL on this machine: nothing to compare
+                pytest.skip(f"MuJoCo cannot render here ({type(exc).__name__}: {str(exc)[:100]})")
+    np.testing.assert_array_equal(frames["mujoco"], frames["python"])
+    assert frames["mujoco"].std() > 0
+
+
+def test_unsupported_ids_and_rebuild_parameters_are_refused(pool_name: str) -> None:
+    with pytest.raises(ValueError, match="HalfCheetah-v5") as caught:
+        shmpool.launch("CartPole-v1", 2, engine="mujoco", name=pool_name)
+    assert "engine='python'" in str(caught.value)
+    with pytest.raises(ValueError, match="when='rebuild'"):
+        shmpool.launch(
+            "Hopper-v5",
+            2,
+            engine="mujoco",
+            params={"ctrl_cost_weight": Param(default=0.001, low=0.0, high=1.0, when="rebuild")},
+            name=pool_name,
+        )
