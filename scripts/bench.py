@@ -263,6 +263,113 @@ def compiled_cases(env_id: str, num_envs: int, workers: int) -> list[tuple[str, 
     return rows
 
 
+#: The MuJoCo engine's rows' labels, for the notes.
+BATCH_FLOOR, MUJOCO, MUJOCO_DR, PYTHON_DR = (
+    "mujoco.batch floor",
+    "shmpool mujoco",
+    "shmpool mujoco, 4 params/episode + Push",
+    "shmpool python, 4 params/episode + Push",
+)
+#: A joint each robot's domain randomization damps (the third of the four parameters).
+DAMPED_JOINT = {"HalfCheetah": "bthigh", "Ant": "hip_1", "Hopper": "thigh_joint", "Walker2d": "thigh_joint"}
+
+
+@contextmanager
+def batch_floor(env_id: str, num_envs: int, threads: int) -> Iterator[tuple[Callable[[Any], None], list[Any], int]]:
+    """The bare physics: ``mujoco.batch.Batch`` of the env's model stepping ``frame_skip`` substeps
+    with the actions as controls, then copying qpos and qvel out (what any observation needs)."""
+    import mujoco.batch
+
+    env = gym.make(env_id)
+    env.reset(seed=0)
+    unwrapped = env.unwrapped
+    batch = mujoco.batch.Batch(unwrapped.model, num_envs, nthread=threads, persistent=True)
+    batch.reset()
+    ctrl, qpos, qvel = batch.bind("ctrl"), batch.bind("qpos"), batch.bind("qvel")
+    frame_skip = unwrapped.frame_skip
+
+    def step(action: Any) -> None:
+        ctrl[:] = action
+        batch.step(nstep=frame_skip)
+        np.concatenate((qpos, qvel), axis=1)
+
+    try:
+        yield step, _actions(gym.vector.utils.batch_space(env.action_space, num_envs), 64), num_envs
+    finally:
+        env.close()
+
+
+def robot_randomization(env_id: str) -> tuple[dict[str, shmpool.Param], list[Any]]:
+    """The issue's domain randomization: torso mass, floor friction, a joint's damping and gravity
+    drawn per episode, and a ``Push`` of the torso every 100 steps."""
+    from shmpool import mujoco as smj
+
+    def drawn(low: float, high: float, bind: Any) -> shmpool.Param:
+        return shmpool.Param(
+            dist="uniform",
+            default={"low": low, "high": high},
+            low=min(low, 0) * 2,
+            high=2 * abs(high),
+            when="reset",
+            bind=bind,
+        )
+
+    params = {
+        "mass": drawn(0.8, 1.2, smj.body_mass("torso", relative=True)),
+        "friction": drawn(0.5, 1.5, smj.geom_friction("floor", axis=0, relative=True)),
+        "damping": drawn(0.5, 2.0, smj.dof_damping(DAMPED_JOINT[env_id.split("-")[0]], relative=True)),
+        "gravity": drawn(0.9, 1.1, smj.gravity(relative=True)),
+    }
+    return params, [shmpool.hooks.Perturb(50.0, every=100, dims=3, kick=smj.Push("torso"))]
+
+
+def mujoco_cases(env_id: str, num_envs: int, workers: int) -> list[tuple[str, Callable[[], Any]]]:
+    """The MuJoCo engine's rows (its default placement), the bare physics and EnvPool's, for the MuJoCo
+    envs the engine runs; with the issue's randomization on both engines where it applies."""
+    from shmpool.mujoco_tasks import TASKS
+
+    if env_id not in TASKS or importlib.util.find_spec("mujoco.batch") is None:
+        return []
+    engine = lambda name, **options: shmpool.launch(env_id, num_envs, seed=0, engine=name, **options)  # noqa: E731
+    rows: list[tuple[str, Callable[[], Any]]] = [
+        (f"{BATCH_FLOOR} ({workers} threads)", lambda: batch_floor(env_id, num_envs, workers)),
+        (MUJOCO, lambda: vector(lambda: engine("mujoco"), num_envs)),
+    ]
+    if env_id.split("-")[0] in DAMPED_JOINT:
+        params, hooks = robot_randomization(env_id)
+        rows += [
+            (MUJOCO_DR, lambda: vector(lambda: engine("mujoco", params=params, hooks=hooks), num_envs)),
+            (
+                PYTHON_DR,
+                lambda: vector(lambda: engine("python", num_workers=workers, params=params, hooks=hooks), num_envs),
+            ),
+        ]
+    if envpool_installed():
+        rows.append((f"{ENVPOOL} ({workers} threads)", lambda: envpool_steps(env_id, num_envs, workers)))
+    return rows
+
+
+def mujoco_notes(measured: dict[tuple[str, int], dict[str, float]], workers: int) -> list[str]:
+    """The MuJoCo engine against EnvPool, the bare physics and the Python engine, per env and size."""
+    notes = []
+    for (env_id, num_envs), results in measured.items():
+        if MUJOCO not in results:
+            continue
+        mujoco, floor = results[MUJOCO], results[f"{BATCH_FLOOR} ({workers} threads)"]
+        line = f"{env_id} x{num_envs}: mujoco engine {mujoco / floor:.2f}x the bare physics"
+        envpool = results.get(f"{ENVPOOL} ({workers} threads)")
+        if envpool:
+            line += f", {mujoco / envpool:.2f}x EnvPool"
+        if MUJOCO_DR in results:
+            randomized = results[MUJOCO_DR]
+            line += (
+                f"; randomized {randomized / floor:.2f}x the bare physics, {randomized / results[PYTHON_DR]:.2f}x the "
+                f"Python engine randomized" + (f", {randomized / envpool:.2f}x EnvPool" if envpool else "")
+            )
+        notes.append(line)
+    return notes
+
+
 def cases(env_id: str, num_envs: int, workers: int) -> list[tuple[str, Callable[[], Any]]]:
     """The rows measured for one env and one pool size: (label, context manager factory)."""
     fns = [lambda: gym.make(env_id) for _ in range(num_envs)]
@@ -314,13 +421,13 @@ def cases(env_id: str, num_envs: int, workers: int) -> list[tuple[str, Callable[
                 lambda: with_updates(lambda: gym.vector.AsyncVectorEnv(fns, shared_memory=True), num_envs, "set_attr"),
             ),
         ]
-    return rows + compiled_cases(env_id, num_envs, workers)
+    return rows + compiled_cases(env_id, num_envs, workers) + mujoco_cases(env_id, num_envs, workers)
 
 
 def measurable(env_id: str, num_envs: int) -> bool:
     """MuJoCo envs need mujoco installed, and are measured up to 32 envs (Async would start 128
     MuJoCo processes)."""
-    if "Cheetah" in env_id or env_id.split("-")[0] in {"Hopper", "Ant", "Humanoid", "Walker2d"}:
+    if "Cheetah" in env_id or env_id.split("-")[0] in {"Hopper", "Ant", "Humanoid", "Walker2d", "Swimmer"}:
         try:
             import mujoco  # noqa: F401
         except ImportError:
@@ -795,7 +902,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"{env_id} x{num_envs}: param writes keep {written / results['shmpool, 3 params, no writes']:.2f} "
                 f"of no-write throughput; {written / results['Async, set_attr x3 per step']:.1f}x Async with set_attr"
             )
-    notes += compiled_notes(measured, settings.workers)
+    notes += compiled_notes(measured, settings.workers) + mujoco_notes(measured, settings.workers)
     if WRITE_COST["calls"]:
         notes.append(
             f"params.write(None, 3 params) costs the trainer "

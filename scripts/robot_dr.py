@@ -2,6 +2,7 @@
 
     python scripts/robot_dr.py                          # HalfCheetah-v5, 16 envs, 10 s
     python scripts/robot_dr.py --env Ant-v5 --body torso --seconds 5
+    python scripts/robot_dr.py --engine python           # gymnasium's envs stepped one by one
 
 Each episode draws the floor friction and the torso mass as scales of their nominal values
 (``relative=True``: mass x U(0.8, 1.2), friction x U(0.5, 1.5)); every ``--push-every`` steps each
@@ -32,8 +33,10 @@ class Settings:
     """a gymnasium MuJoCo env id."""
     num_envs: int = 16
     """envs in the pool."""
-    num_workers: int = 2
-    """worker processes."""
+    num_workers: int | None = None
+    """worker processes (default: the engine's fastest placement for this machine)."""
+    engine: str = "mujoco"
+    """how the envs step: mujoco (MuJoCo's batch stepper, C threads) or python (gymnasium's env by env)."""
     seconds: float = 10.0
     """how long to run."""
     body: str = "torso"
@@ -69,6 +72,7 @@ def main(argv: list[str] | None = None) -> None:
         settings.env,
         settings.num_envs,
         num_workers=settings.num_workers,
+        engine=settings.engine,
         params=params,
         hooks=[push],
         seed=settings.seed,

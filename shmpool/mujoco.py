@@ -94,7 +94,7 @@ class ModelBinding:
         self,
         field: str,
         kind: str | None,
-        name: str | None,
+        name: str | int | None,
         axis: int | None,
         *,
         relative: bool = False,

@@ -113,8 +113,12 @@ def _control_cost(weight: float, actions: np.ndarray) -> np.ndarray:
 class Forward(Task):
     """Runners rewarded for x velocity: HalfCheetah (and the base of the legged ones)."""
 
-    ids = ("HalfCheetah-v5",)
-    constants = ("_forward_reward_weight", "_ctrl_cost_weight", "_exclude_current_positions_from_observation")
+    ids: ClassVar[tuple[str, ...]] = ("HalfCheetah-v5",)
+    constants: ClassVar[tuple[str, ...]] = (
+        "_forward_reward_weight",
+        "_ctrl_cost_weight",
+        "_exclude_current_positions_from_observation",
+    )
     #: Leading qpos entries left out of the observation when positions are excluded.
     skipped = 1
 
@@ -236,7 +240,7 @@ class Ant(Swimming):
     """Ant: the main body's planar velocity, contact forces clipped into the observation and cost."""
 
     ids = ("Ant-v5",)
-    fields = ("qpos", "qvel", "xpos")
+    fields: ClassVar[tuple[str, ...]] = ("qpos", "qvel", "xpos")
     constants = (
         *Forward.constants,
         "_healthy_reward",

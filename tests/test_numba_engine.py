@@ -255,7 +255,7 @@ def test_launch_refuses_what_the_kernel_cannot_do(pool_name: str) -> None:
         shmpool.launch("CartPole-v1", 2, engine="numba", name=pool_name, env_kwargs={"sutton_barto_reward": True})
     with pytest.raises(ValueError, match=r"when='rebuild', but 'length' is not a constructor keyword"):
         shmpool.launch("CartPole-v1", 2, engine="numba", name=pool_name, params={"length": Param(when="rebuild")})
-    with pytest.raises(ValueError, match=r"engine must be one of \['python', 'numba'\]"):
+    with pytest.raises(ValueError, match=r"engine must be one of \['python', 'numba', 'mujoco'\]"):
         shmpool.launch("CartPole-v1", 2, engine="cuda", name=pool_name)
     # A parameter only hooks read (bind=False) and the env's constructor keywords are fine.
     with shmpool.launch(

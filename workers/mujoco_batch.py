@@ -33,7 +33,7 @@ from shmpool.config import WorkerConfig, factory_of, make_env
 from shmpool.infos import InfoWriter
 from shmpool.kernels import NO_LIMIT
 from shmpool.mujoco import Simulation
-from shmpool.mujoco_tasks import Task, task_of
+from shmpool.mujoco_tasks import task_of
 from shmpool.spaces import leaves
 from shmpool.workers.envs import Slot
 from shmpool.workers.param_applier import ParamApplier
@@ -50,6 +50,8 @@ def _time_limit(env: gymnasium.Env) -> TimeLimit | None:
 
 class MujocoSlice(Slot):
     """The envs of one slot as the simulations of one ``mujoco.batch.Batch``."""
+
+    current_env: int | None
 
     def __init__(
         self, config: WorkerConfig, views: dict[str, np.ndarray], info: InfoWriter, params: ParamApplier | None
@@ -130,12 +132,20 @@ class MujocoSlice(Slot):
         return "mujoco", None, None
 
     def close(self) -> None:
-        """Closes every env, ignoring errors (the worker is exiting)."""
+        """Closes every env, ignoring errors (the worker is exiting), and releases the batch now.
+
+        Now, not whenever the garbage collector gets to it: in the trainer's slot, a batch still
+        alive when the trainer forks another pool's workers is copied into them without its
+        threads, and destroying that copy there aborts the worker (``thread::join failed``)."""
         for env in self.envs:
             try:
                 env.close()
             except Exception:  # noqa: BLE001 - an env failing to close must not stop the others
                 pass
+            env.unwrapped.__dict__.pop("_shmpool_simulation", None)
+        if hasattr(self, "task"):
+            self.task.arrays.clear()
+            del self.task, self.batch, self._ctrl
 
     def _remake(self, index: int) -> Any:
         raise AssertionError("engine='mujoco' refuses rebuild parameters at launch")
