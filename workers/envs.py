@@ -153,6 +153,45 @@ class Slot:
             self.hooks.on_reset(reset_rows, self._lengths)
 
 
+class ArraySlot(Slot):
+    """A slot whose per-env bookkeeping is numpy arrays and whose envs step in one call
+    (``KernelSlice``, ``MujocoSlice``): the same step around their own ``_run_envs`` and ``_account``."""
+
+    _stepped: np.ndarray
+    _actions: np.ndarray
+
+    def request_reset(self, rows: np.ndarray) -> None:
+        """Makes the envs at ``rows`` reset instead of stepping this step (hooks ask for it)."""
+        self._needs_reset[np.atleast_1d(rows)] = True
+
+    def step(self) -> int:
+        """Steps the slot (resetting the envs due for it); returns how many episodes ended."""
+        info, params, hooks = self._info, self._params, self.hooks
+        info.begin()
+        needs_reset, lengths = self._needs_reset, self._lengths
+        if params is not None:
+            params.sync()
+        actions = self._actions.copy()
+        if hooks is not None:
+            hooks.begin_step(self.global_step)
+            hooks.before_step(actions, needs_reset, lengths)
+        if params is not None:
+            params.before_step(needs_reset, lengths)
+        self._run_envs(actions)
+        changed = hooks is not None and hooks.after_step(self._stepped, lengths)
+        episodes_ended = self._account(changed)
+        self.global_step += 1
+        return episodes_ended
+
+    def _run_envs(self, actions: np.ndarray) -> None:
+        """Resets the envs due for it and steps the others, writing the slot's results."""
+        raise NotImplementedError
+
+    def _account(self, changed: bool) -> int:
+        """Adds the step to each env's episode and ends the finished ones; returns how many ended."""
+        raise NotImplementedError
+
+
 class EnvSlice(Slot):
     """A slot of gymnasium envs, stepped one by one, with numpy views of the slot's rows."""
 

@@ -23,7 +23,7 @@ from shmpool.infos import InfoWriter
 from shmpool.kernels import NO_LIMIT, BatchKernel, KernelEnv, load
 from shmpool.params import ParamSpec
 from shmpool.spaces import leaves
-from shmpool.workers.envs import Slot
+from shmpool.workers.envs import ArraySlot
 from shmpool.workers.param_applier import ParamApplier
 
 #: Option-less resets each env draws ahead for compiled autoresets. The refill (a generator state
@@ -168,7 +168,7 @@ class KernelParams(ParamApplier):
             self._matrix[rows] = part
 
 
-class KernelSlice(Slot):
+class KernelSlice(ArraySlot):
     """The envs of one slot as rows of a compiled kernel's arrays, with the interface the worker
     uses (``build``, ``step``, ``reset``, ``close``, ``envs``, ``hooks``, ``current_env``)."""
 
@@ -281,29 +281,6 @@ class KernelSlice(Slot):
         self.envs.clear()
 
     # -- commands --------------------------------------------------------------------------------
-
-    def request_reset(self, rows: np.ndarray) -> None:
-        """Makes the envs at ``rows`` reset instead of stepping this step (hooks ask for it)."""
-        self._needs_reset[np.atleast_1d(rows)] = True
-
-    def step(self) -> int:
-        """Steps the slot (resetting the envs due for it); returns how many episodes ended."""
-        info, params, hooks = self._info, self._params, self.hooks
-        info.begin()
-        needs_reset, lengths = self._needs_reset, self._lengths
-        if params is not None:
-            params.sync()
-        batch = self._actions.copy()
-        if hooks is not None:
-            hooks.begin_step(self.global_step)
-            hooks.before_step(batch, needs_reset, lengths)  # type: ignore[arg-type]
-        if params is not None:
-            params.before_step(needs_reset, lengths)  # type: ignore[arg-type]
-        self._run_envs(batch)
-        changed = hooks is not None and hooks.after_step(self._stepped, lengths)  # type: ignore[arg-type]
-        episodes_ended = self._account(changed)
-        self.global_step += 1
-        return episodes_ended
 
     def _run_envs(self, actions: np.ndarray) -> None:
         """Resets the envs due for it, in Python, then steps all the others in one kernel call."""

@@ -35,7 +35,7 @@ from shmpool.kernels import NO_LIMIT
 from shmpool.mujoco import Simulation
 from shmpool.mujoco_tasks import task_of
 from shmpool.spaces import leaves
-from shmpool.workers.envs import Slot
+from shmpool.workers.envs import ArraySlot
 from shmpool.workers.param_applier import ParamApplier
 
 
@@ -48,7 +48,7 @@ def _time_limit(env: gymnasium.Env) -> TimeLimit | None:
     return None
 
 
-class MujocoSlice(Slot):
+class MujocoSlice(ArraySlot):
     """The envs of one slot as the simulations of one ``mujoco.batch.Batch``."""
 
     current_env: int | None
@@ -207,29 +207,6 @@ class MujocoSlice(Slot):
         self.task.observe(self._obs, rows, self._zero_forces)
 
     # -- stepping ------------------------------------------------------------------------------------
-
-    def request_reset(self, rows: np.ndarray) -> None:
-        """Makes the envs at ``rows`` reset instead of stepping this step (hooks ask for it)."""
-        self._needs_reset[np.atleast_1d(rows)] = True
-
-    def step(self) -> int:
-        """Steps the slot (resetting the envs due for it); returns how many episodes ended."""
-        info, params, hooks = self._info, self._params, self.hooks
-        info.begin()
-        needs_reset, lengths = self._needs_reset, self._lengths
-        if params is not None:
-            params.sync()
-        actions = self._actions.copy()
-        if hooks is not None:
-            hooks.begin_step(self.global_step)
-            hooks.before_step(actions, needs_reset, lengths)  # type: ignore[arg-type]
-        if params is not None:
-            params.before_step(needs_reset, lengths)  # type: ignore[arg-type]
-        self._run_envs(actions)
-        changed = hooks is not None and hooks.after_step(self._stepped, lengths)  # type: ignore[arg-type]
-        episodes_ended = self._account(changed)
-        self.global_step += 1
-        return episodes_ended
 
     def _run_envs(self, actions: np.ndarray) -> None:
         """Resets the envs due for it, then steps all the others in one call of the batch."""
