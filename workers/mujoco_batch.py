@@ -101,6 +101,9 @@ class MujocoSlice(ArraySlot):
         if task.contact_forces:
             self._forces = np.zeros((len(self.envs), *first.data.cfrc_ext.shape))
             self._zero_forces = np.zeros_like(self._forces)
+            #: Each env's ``MjData``, and its ``cfrc_ext`` (a view: it stays valid with the data).
+            self._datas = [env.unwrapped.data for env in self.envs]
+            self._data_forces = [data.cfrc_ext for data in self._datas]
         self._read_envs()
         #: The model fields that bindings made per simulation.
         self.expanded: set[str] = set()
@@ -263,20 +266,25 @@ class MujocoSlice(ArraySlot):
     def _contact_forces(self, ids: np.ndarray | None) -> np.ndarray:
         """``cfrc_ext`` as gymnasium's env has it after a step: ``mj_rnePostConstraint`` on each
         stepped simulation's data (materialized into its env's ``MjData``, with its model)."""
-        batch, mujoco, forces = self.batch, self._mujoco, self._forces
-        for local in range(len(self.envs)) if ids is None else ids.tolist():
-            unwrapped = self.envs[local].unwrapped
-            data = batch.get_data(local, unwrapped.data)
-            mujoco.mj_rnePostConstraint(self._model_of(local, unwrapped), data)
-            forces[local] = data.cfrc_ext
+        get_data, rne, forces = self.batch.get_data, self._mujoco.mj_rnePostConstraint, self._forces
+        datas, results = self._datas, self._data_forces
+        rows = range(len(datas)) if ids is None else ids.tolist()
+        if self.expanded:
+            for local in rows:
+                rne(self._model_of(local), get_data(local, datas[local]))
+                forces[local] = results[local]
+        else:  # the loop of every step, kept to the calls it needs
+            model = self.nominal
+            for local in rows:
+                rne(model, get_data(local, datas[local]))
+                forces[local] = results[local]
         return forces
 
-    def _model_of(self, local: int, unwrapped: Any) -> Any:
-        """Simulation ``local``'s model: the nominal one while nothing is per simulation, else its
-        own, materialized into its env's ``MjModel`` when its parameters changed."""
+    def _model_of(self, local: int) -> Any:
+        """Simulation ``local``'s own model, materialized into its env's ``MjModel`` when its
+        parameters changed."""
+        unwrapped = self.envs[local].unwrapped
         simulation: Simulation = unwrapped._shmpool_simulation
-        if not self.expanded:
-            return self.nominal
         if simulation.model_changed:
             self.batch.get_model(local, unwrapped.model)
             simulation.model_changed = False
@@ -287,13 +295,15 @@ class MujocoSlice(ArraySlot):
         same-step autoreset), writes the step infos and runs ``on_reset`` hooks; returns how many
         episodes ended."""
         stepped, returns, lengths = self._stepped, self._returns, self._lengths
-        returns[stepped] += self._rewards[stepped]
-        lengths[stepped] += 1
+        # Every env stepped (the common case): whole-array operations, cheaper than masked ones.
+        rows: Any = slice(None) if stepped.all() else stepped
+        returns[rows] += self._rewards[rows]
+        lengths[rows] += 1
         ended = stepped & (self._terminations | self._truncations)
         ended_rows = np.flatnonzero(ended)
         same_step_resets: list[int] = []
         infos = self._step_infos
-        shown = stepped
+        shown = rows
         if len(ended_rows):
             metrics = bool(self._config.episode_metrics)
             for index in ended_rows.tolist():
@@ -319,7 +329,8 @@ class MujocoSlice(ArraySlot):
             self.hooks.on_reset(same_step_resets, lengths)  # type: ignore[arg-type]
         return len(ended_rows)
 
-    def _add_infos(self, infos: dict[str, tuple[np.ndarray, Any]], rows: np.ndarray, prefix: tuple[str, ...]) -> None:
-        if rows.any():
+    def _add_infos(self, infos: dict[str, tuple[np.ndarray, Any]], rows: Any, prefix: tuple[str, ...]) -> None:
+        """Adds the step infos of the envs at ``rows`` (a bool mask, or a slice of them all)."""
+        if isinstance(rows, slice) or rows.any():
             for key, (values, like) in infos.items():
                 self._info.add_column((*prefix, key), values, rows, like)
