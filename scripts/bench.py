@@ -611,11 +611,49 @@ def async_loop(make: Callable[[], Any], hidden: int) -> Iterator[Callable[[], in
         pool.close()
 
 
+class _EnvPoolVector:
+    """EnvPool's envs with what :func:`sync_loop` uses of a vector env."""
+
+    def __init__(self, env_id: str, num_envs: int, threads: int) -> None:
+        import envpool
+
+        self._envs = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, num_threads=threads, seed=0)
+        self.num_envs = num_envs
+        self.single_observation_space = self._envs.observation_space
+        self.single_action_space = self._envs.action_space
+
+    def reset(self, seed: int | None = None) -> Any:
+        return self._envs.reset()
+
+    def step(self, actions: Any) -> Any:
+        return self._envs.step(actions)
+
+    def close(self) -> None:
+        self._envs.close()
+
+
 def loop_cases(env_id: str, num_envs: int, workers: int, hidden: int) -> list[tuple[str, Callable[[], Any]]]:
     """The whole-loop rows for one env and size: (label, context manager factory)."""
+    from shmpool.mujoco_tasks import TASKS
+
     fns = [lambda: gym.make(env_id) for _ in range(num_envs)]
     half = num_envs // 2
-    return [
+    extra: list[tuple[str, Callable[[], Any]]] = []
+    if env_id in TASKS and importlib.util.find_spec("mujoco.batch") is not None:
+        extra.append(
+            (
+                "shmpool sync, mujoco engine",
+                lambda: sync_loop(lambda: shmpool.launch(env_id, num_envs, seed=0, engine="mujoco"), hidden),
+            )
+        )
+        if envpool_installed():
+            extra.append(
+                (
+                    f"{ENVPOOL} ({workers} threads)",
+                    lambda: sync_loop(lambda: _EnvPoolVector(env_id, num_envs, workers), hidden),
+                )
+            )
+    return extra + [
         ("gymnasium Sync", lambda: sync_loop(lambda: gym.vector.SyncVectorEnv(fns), hidden)),
         ("gymnasium Async", lambda: sync_loop(lambda: gym.vector.AsyncVectorEnv(fns, shared_memory=True), hidden)),
         (

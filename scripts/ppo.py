@@ -1,4 +1,5 @@
-"""PPO on a shmpool pool while a curriculum lengthens the pole: CartPole-v1, in one file.
+"""PPO on a shmpool pool while the envs change: CartPole-v1 with a curriculum that lengthens the pole,
+or a MuJoCo robot with per-episode domain randomization, in one file.
 
 The algorithm is CleanRL's ``ppo.py`` (Huang et al., "The 37 Implementation Details of PPO", 2022):
 GAE, clipped policy and value losses, advantage normalization, annealed learning rate. The envs run
@@ -7,14 +8,20 @@ curriculum reads the pool's finished episodes after every rollout: each time the
 last ``--window`` episodes reaches ``--target``, it writes a pole ``--length-step`` longer into
 ``pool.params["length"]`` (every env uses it from its next episode), up to ``--max-length``.
 
+With a MuJoCo id (``--env HalfCheetah-v5``) the policy is a Gaussian (CleanRL's
+``ppo_continuous_action.py``, without its observation and reward normalization wrappers), and every
+episode draws the torso mass x U(0.8, 1.2) and the floor friction x U(0.5, 1.5)
+(``shmpool.mujoco.scale_randomization``); ``--engine mujoco`` steps them on MuJoCo's batch stepper.
+
 It prints a row of returns every ``--print-every`` iterations and the curriculum's changes as they
-happen, and saves a plot of the returns and the pole length to ``--plot``.
+happen, and saves a plot of the returns and the changed parameter to ``--plot``.
 
     pip install -e ".[examples]"
     python scripts/ppo.py             # 200,000 env steps: 15 to 40 s on 2 cores
     python scripts/ppo.py --quick     # a few seconds, for CI
     python scripts/ppo.py --async     # rollouts with send/recv: the policy runs on one half of the
                                       # envs while the workers step the other half
+    python scripts/ppo.py --env HalfCheetah-v5 --engine mujoco --num-envs 16 --total-timesteps 500000
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from shmpool.curricula import Threshold
 try:
     import torch
     from torch import nn
-    from torch.distributions import Categorical
+    from torch.distributions import Categorical, Normal
 except ImportError as exc:
     raise SystemExit(f'ppo.py trains with torch: pip install -e ".[examples]" ({exc})') from exc
 
@@ -42,10 +49,14 @@ except ImportError as exc:
 class Settings:
     """What PPO runs."""
 
+    env: str = "CartPole-v1"
+    """CartPole-v1 (with the pole-length curriculum) or a MuJoCo robot (with domain randomization)."""
+    engine: str = "python"
+    """how the pool steps the envs: python, numba (CartPole) or mujoco (MuJoCo robots)."""
     num_envs: int = 8
     """envs in the pool."""
-    num_workers: int = 2
-    """worker processes."""
+    num_workers: int | None = None
+    """worker processes (default: the engine's fastest placement for this machine)."""
     total_timesteps: int = 200_000
     """env steps to train for."""
     num_steps: int = 128
@@ -112,10 +123,14 @@ def layer(linear: nn.Linear, std: float = np.sqrt(2), bias: float = 0.0) -> nn.L
 
 
 class Agent(nn.Module):
-    """Separate actor and critic MLPs (64-64, tanh) over a vector observation."""
+    """Separate actor and critic MLPs (64-64, tanh) over a vector observation; the actor gives the
+    logits of a discrete action, or the mean of a Gaussian over a continuous one (with a learned,
+    state-independent log standard deviation)."""
 
-    def __init__(self, observation_size: int, num_actions: int) -> None:
+    def __init__(self, observation_size: int, num_actions: int, continuous: bool = False) -> None:
         super().__init__()
+        self.continuous = continuous
+        self.log_std = nn.Parameter(torch.zeros(num_actions)) if continuous else None
         self.critic = nn.Sequential(
             layer(nn.Linear(observation_size, 64)),
             nn.Tanh(),
@@ -139,6 +154,12 @@ class Agent(nn.Module):
         self, observations: torch.Tensor, actions: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Samples actions (or scores the given ones): actions, log-probabilities, entropies, values."""
+        if self.log_std is not None:
+            mean = self.actor(observations)
+            gaussian = Normal(mean, self.log_std.expand_as(mean).exp())
+            if actions is None:
+                actions = gaussian.sample()
+            return actions, gaussian.log_prob(actions).sum(-1), gaussian.entropy().sum(-1), self.value(observations)
         distribution = Categorical(logits=self.actor(observations))
         if actions is None:
             actions = distribution.sample()
@@ -148,9 +169,10 @@ class Agent(nn.Module):
 class Rollout:
     """Fills the rollout buffers (step x env) from a pool: with ``step``, or with ``send``/``recv``."""
 
-    def __init__(self, observations, actions, log_probs, rewards, dones, values, gamma: float) -> None:  # noqa: ANN001
+    def __init__(self, observations, actions, log_probs, rewards, dones, values, gamma: float, bounds=None) -> None:  # noqa: ANN001
         self.observations, self.actions, self.log_probs = observations, actions, log_probs
         self.rewards, self.dones, self.values, self.gamma = rewards, dones, values, gamma
+        self.bounds = bounds  # a continuous action space's (low, high): actions sent are clipped to them
 
     def _record(self, agent: Agent, step: Any, env_ids: Any, observations: torch.Tensor, done: torch.Tensor) -> Any:
         """Stores the observations and picks the actions of envs ``env_ids`` at their step ``step``."""
@@ -161,13 +183,15 @@ class Rollout:
             action, log_prob, _, value = agent.act(observations)
         self.actions[step, env_ids] = action.to(self.actions.dtype)
         self.log_probs[step, env_ids], self.values[step, env_ids] = log_prob, value
+        if self.bounds is not None:
+            return np.clip(action.numpy(), *self.bounds).astype(np.float32)
         return action.numpy()
 
     def _reward(self, agent: Agent, reward: np.ndarray, terminations: np.ndarray, truncations: np.ndarray, infos):  # noqa: ANN001
         """The rewards, with a time-limit cut bootstrapped from the cut episode's last observation."""
         cut = truncations & ~terminations
         if cut.any():
-            final = torch.as_tensor(np.stack(infos["final_obs"][cut]))
+            final = torch.as_tensor(np.stack(infos["final_obs"][cut]), dtype=torch.float32)
             with torch.no_grad():
                 reward[cut] += self.gamma * agent.value(final).numpy()
         return torch.as_tensor(reward, dtype=torch.float32)
@@ -179,7 +203,7 @@ class Rollout:
             action = self._record(agent, step, every, next_observations, next_dones)
             next_np, reward, terminations, truncations, infos = pool.step(action)
             self.rewards[step] = self._reward(agent, reward, terminations, truncations, infos)
-            next_observations = torch.as_tensor(next_np)
+            next_observations = torch.as_tensor(next_np, dtype=torch.float32)
             next_dones = torch.as_tensor(terminations | truncations, dtype=torch.float32)
         return next_observations, next_dones
 
@@ -199,7 +223,7 @@ class Rollout:
             else:
                 next_np, reward, terminations, truncations, infos = pool.recv()
                 env_ids = infos["env_id"]
-                observations = torch.as_tensor(next_np)
+                observations = torch.as_tensor(next_np, dtype=torch.float32)
                 done = torch.as_tensor(terminations | truncations, dtype=torch.float32)
                 step = taken[env_ids[0]]  # a batch's envs always move together
                 if step > 0:  # the reward of the action taken at their previous step (none after async_reset)
@@ -216,8 +240,8 @@ class Rollout:
         return next_observations, next_dones
 
 
-def save_plot(path: str, episodes: np.ndarray, num_envs: int) -> str:
-    """Plots each episode's return and pole length against env steps; returns what happened."""
+def save_plot(path: str, episodes: np.ndarray, num_envs: int, env_id: str, param: str) -> str:
+    """Plots each episode's return and parameter ``param`` against env steps; returns what happened."""
     try:
         import matplotlib
 
@@ -236,10 +260,15 @@ def save_plot(path: str, episodes: np.ndarray, num_envs: int) -> str:
         top.plot(steps[width - 1 :], smooth, color="C1", label=f"mean of {width}")
     top.set_ylabel("return")
     top.legend(loc="upper left")
-    bottom.plot(steps, episodes["params"]["length"], drawstyle="steps-post")
-    bottom.set_ylabel("pole length (half)")
+    if param == "length":
+        bottom.plot(steps, episodes["params"][param], drawstyle="steps-post")
+        bottom.set_ylabel("pole length (half)")
+        figure.suptitle(f"PPO on {env_id}, shmpool pool, pole-length curriculum")
+    else:
+        bottom.scatter(steps, episodes["params"][param], s=3, alpha=0.3)
+        bottom.set_ylabel(f"{param} (drawn per episode)")
+        figure.suptitle(f"PPO on {env_id}, shmpool pool, domain randomization")
     bottom.set_xlabel("env steps")
-    figure.suptitle("PPO on CartPole-v1, shmpool pool, pole-length curriculum")
     figure.tight_layout()
     figure.savefig(path, dpi=90)
     return f"plot saved to {path}"
@@ -253,42 +282,64 @@ def main(argv: list[str] | None = None) -> int:
     batch_size = settings.num_envs * settings.num_steps
     minibatch_size = batch_size // settings.num_minibatches
     num_iterations = max(1, settings.total_timesteps // batch_size)
-    # "reset": a longer pole takes effect at each env's next episode, never halfway through one.
-    params = {"length": shmpool.Param(low=0.1, high=settings.max_length, when="reset")}
-    curriculum = Threshold("length", step=settings.length_step, target=settings.target, window=settings.window)
+    cartpole = settings.env.startswith("CartPole")
+    if cartpole:
+        # "reset": a longer pole takes effect at each env's next episode, never halfway through one.
+        params = {"length": shmpool.Param(low=0.1, high=settings.max_length, when="reset")}
+        curriculum: Threshold | None = Threshold(
+            "length", step=settings.length_step, target=settings.target, window=settings.window
+        )
+        shown_param = "length"
+    else:
+        from shmpool import mujoco as smj
+
+        smj.log_to_python()
+        params, curriculum, shown_param = smj.scale_randomization(), None, "mass_scale"
+    worker_init = None if cartpole else smj.log_to_python  # MuJoCo's warnings to logging in the workers too
     episodes: list[np.ndarray] = []
     started = time.perf_counter()
     # SAME_STEP autoreset: the observation after a done step already starts the next episode, as the
     # rollout below assumes (CleanRL's layout); the last one comes in infos["final_obs"].
     with shmpool.launch(
-        "CartPole-v1",
+        settings.env,
         settings.num_envs,
         num_workers=settings.num_workers,
+        engine=settings.engine,
+        worker_init=worker_init,
         params=params,
         seed=settings.seed,
         autoreset_mode="SameStep",
         batch_size=settings.num_envs // 2 if settings.async_ else None,
     ) as pool:
-        agent = Agent(pool.single_observation_space.shape[0], int(pool.single_action_space.n))
+        space = pool.single_action_space
+        continuous = not cartpole
+        num_actions = space.shape[0] if continuous else int(space.n)
+        agent = Agent(pool.single_observation_space.shape[0], num_actions, continuous)
         optimizer = torch.optim.Adam(agent.parameters(), lr=settings.learning_rate, eps=1e-5)
         shape = (settings.num_steps, settings.num_envs)
         observations = torch.zeros(shape + pool.single_observation_space.shape)
-        actions, log_probs, rewards, dones, values = (torch.zeros(shape) for _ in range(5))
+        log_probs, rewards, dones, values = (torch.zeros(shape) for _ in range(4))
+        actions = torch.zeros(shape + space.shape)
+        bounds = (space.low, space.high) if continuous else None
         carry: list[tuple[Any, Any, Any]] = []  # async: batches received, to be sent by the next rollout
         if settings.async_:
             pool.async_reset()
             next_observations = next_dones = torch.zeros(0)  # the async rollout keeps its own
         else:
-            next_observations = torch.as_tensor(pool.reset()[0])
+            next_observations = torch.as_tensor(pool.reset()[0], dtype=torch.float32)
             next_dones = torch.zeros(settings.num_envs)
-        print(f"pool {pool.name}: {settings.num_envs} CartPole-v1 envs on {settings.num_workers} workers")
-        print(f"{'iteration':>9} {'env steps':>10} {'steps/s':>8} {'episodes':>8} {'mean return':>11} {'pole':>5}")
+        print(
+            f"pool {pool.name}: {settings.num_envs} {settings.env} envs in {len(pool.config.slots)} slots, "
+            f"engine {settings.engine}"
+        )
+        column = "pole" if cartpole else "mass"  # the pole's half-length, or the mean torso-mass scale drawn
+        print(f"{'iteration':>9} {'env steps':>10} {'steps/s':>8} {'episodes':>8} {'mean return':>11} {column:>5}")
         shown = 0  # episodes already in a row of the table
         for iteration in range(1, num_iterations + 1):
             if settings.anneal_lr:
                 optimizer.param_groups[0]["lr"] = settings.learning_rate * (1.0 - (iteration - 1.0) / num_iterations)
 
-            rollout = Rollout(observations, actions, log_probs, rewards, dones, values, settings.gamma)
+            rollout = Rollout(observations, actions, log_probs, rewards, dones, values, settings.gamma, bounds)
             if settings.async_:
                 next_observations, next_dones = rollout.collect_async(pool, agent, carry)
             else:
@@ -310,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
 
             batch = {
                 "observations": observations.reshape((-1,) + pool.single_observation_space.shape),
-                "actions": actions.reshape(-1),
+                "actions": actions.reshape((-1,) + space.shape),
                 "log_probs": log_probs.reshape(-1),
                 "advantages": advantages.reshape(-1),
                 "returns": returns.reshape(-1),
@@ -319,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(settings.update_epochs):
                 for indices in torch.randperm(batch_size).split(minibatch_size):
                     _, new_log_prob, entropy, new_value = agent.act(
-                        batch["observations"][indices], batch["actions"][indices].long()
+                        batch["observations"][indices],
+                        batch["actions"][indices] if continuous else batch["actions"][indices].long(),
                     )
                     ratio = (new_log_prob - batch["log_probs"][indices]).exp()
                     advantage = batch["advantages"][indices]
@@ -338,7 +390,11 @@ def main(argv: list[str] | None = None) -> int:
             # The curriculum sees every episode finished so far; each env picks up its change at its next reset.
             records = pool.episodes.read()
             episodes.append(records)
-            if len(records) and (curriculum.value is None or curriculum.value < settings.max_length):
+            if (
+                curriculum is not None
+                and len(records)
+                and (curriculum.value is None or curriculum.value < settings.max_length)
+            ):
                 for line in curriculum.update(records, pool.params):
                     print(f"{'':>9} curriculum: {line}", flush=True)
             if iteration % settings.print_every == 0 or iteration == num_iterations:
@@ -347,22 +403,22 @@ def main(argv: list[str] | None = None) -> int:
                 mean_return = f"{recent['return'].mean():11.1f}" if len(recent) else f"{'-':>11}"
                 env_steps = iteration * batch_size
                 rate = env_steps / (time.perf_counter() - started)
-                length = float(pool.params["length"][0])
+                length = float(np.mean(pool.applied[shown_param]))
                 print(
                     f"{iteration:>9} {env_steps:>10,} {rate:>8,.0f} {len(recent):>8} {mean_return} {length:>5.2f}",
                     flush=True,
                 )
-        final_length = float(pool.params["length"][0])
+        final_length = float(pool.params["length"][0]) if cartpole else float("nan")
     elapsed = time.perf_counter() - started
     everything = np.concatenate(episodes)
     last = everything["return"][-settings.window :]
     print(
         f"\n{num_iterations * batch_size:,} env steps in {elapsed:.1f} s; {len(everything)} episodes; "
         f"mean return of the last {len(last)}: {last.mean() if len(last) else float('nan'):.1f}; "
-        f"pole length {final_length:g}"
+        + (f"pole length {final_length:g}" if cartpole else "randomized per episode")
     )
     if settings.plot:
-        print(save_plot(settings.plot, everything, settings.num_envs))
+        print(save_plot(settings.plot, everything, settings.num_envs, settings.env, shown_param))
     return 0
 
 

@@ -193,6 +193,25 @@ def test_ppo_quick_prints_returns_and_plots(mode: list[str], tmp_path: Path) -> 
     assert all(0.5 <= float(row[5]) <= 2.0 for row in rows)  # the pole length, from its nominal 0.5 up
     assert "8,192 env steps in" in result.stdout and "mean return of the last" in result.stdout
     assert f"plot saved to {plot}" in result.stdout
+
+
+@helpers.needs(*SCRIPT_NEEDS["ppo"], "mujoco")
+def test_ppo_quick_trains_a_randomized_robot_on_the_mujoco_engine(tmp_path: Path) -> None:
+    plot = tmp_path / "ppo.png"
+    result = subprocess.run(
+        [sys.executable, "scripts/ppo.py", "--quick", "--env", "Hopper-v5", "--engine", "mujoco", "--plot", str(plot)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "engine mujoco" in lines[0]
+    rows = [line.split() for line in lines if line[:9].strip().isdigit()]
+    assert rows[-1][1] == "8,192"
+    assert all(0.8 <= float(row[5]) <= 1.2 for row in rows)  # the mean torso-mass scale drawn, U(0.8, 1.2)
+    assert "randomized per episode" in result.stdout and plot.stat().st_size > 10_000
     assert plot.stat().st_size > 10_000 and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
