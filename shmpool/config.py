@@ -374,6 +374,18 @@ def _check_mujoco_engine(config: PoolConfig) -> None:
         raise ImportError(
             f"engine='mujoco' needs mujoco>=4.0 (mujoco.batch): pip install \"shmpool[mujoco]\" ({exc})"
         ) from None
+    unbound = [  # shmpool.mujoco's bindings can write a batch's simulation (resolve_in_batch); no other can
+        spec.name
+        for spec in config.param_specs
+        if spec.when != "rebuild" and spec.bind is not False and not hasattr(spec.bind, "resolve_in_batch")
+    ]
+    if unbound:
+        raise ValueError(
+            f"engine='mujoco' applies parameters through shmpool.mujoco's bindings (body_mass, gravity, ...), "
+            f"which it writes into the batch's per-simulation model; {unbound} bind to env attributes or paths, "
+            f"which its steps never read: bind them with shmpool.mujoco, give them bind=False (read by hooks "
+            f"only), or use engine='python'"
+        )
     rebuilt = [spec.name for spec in config.param_specs if spec.when == "rebuild"]
     if rebuilt:
         raise ValueError(

@@ -122,7 +122,7 @@ class ModelBinding:
 
         simulation = simulation_of(env)
         if simulation is not None:
-            return self._resolve_in_batch(simulation)
+            return self.resolve_in_batch(simulation)
         model, data = _model_and_data(env)
         owner, attribute = (model.opt, self.field[4:]) if self.field.startswith("opt.") else (model, self.field)
         location = self._location(model)
@@ -150,7 +150,7 @@ class ModelBinding:
 
         return read, write
 
-    def _resolve_in_batch(self, simulation: Simulation) -> tuple[Callable[[], Any], Callable[[Any], None]]:
+    def resolve_in_batch(self, simulation: Simulation) -> tuple[Callable[[], Any], Callable[[Any], None]]:
         """:meth:`resolve` for an env of ``engine="mujoco"``: the same values, written into its
         simulation's row of the batch's per-simulation field (made per simulation at the first write,
         so a field no parameter changes stays shared), and ``set_const`` for that simulation only."""
@@ -160,12 +160,13 @@ class ModelBinding:
         array = getattr(owner, attribute)
         scalar = not isinstance(array, np.ndarray)
         nominal = np.array(array) if scalar else np.array(array[location])
-        batch, index, set_const = simulation.batch, simulation.index, self.set_const
+        index, set_const = simulation.index, self.set_const
 
+        # The batch is looked up through the simulation at each call: closing the slot releases it.
         def read() -> Any:
             if self.relative:
                 return np.ones(nominal.shape)
-            current = batch.expanded(self.field)
+            current = simulation.batch.expanded(self.field)
             if current is None:
                 return nominal.copy()
             return np.array(current[index]) if scalar else np.array(current[index][location])
@@ -179,7 +180,7 @@ class ModelBinding:
                 row[location] = target
             simulation.model_changed = True
             if set_const:
-                batch.set_const([index])
+                simulation.batch.set_const([index])
 
         return read, write
 

@@ -45,6 +45,8 @@ class Task:
     fields: ClassVar[tuple[str, ...]] = ("qpos", "qvel")
     #: The unwrapped env's attributes it computes with.
     constants: ClassVar[tuple[str, ...]] = ()
+    #: Constants only some of its envs have (Hopper's ``_healthy_state_range``, not Walker2d's).
+    optional_constants: ClassVar[tuple[str, ...]] = ()
     #: Whether it reads ``cfrc_ext`` as gymnasium fills it after the step (``mj_rnePostConstraint``).
     contact_forces: ClassVar[bool] = False
 
@@ -58,7 +60,8 @@ class Task:
         """Takes the constants from the slot's unwrapped envs; ``ValueError`` naming one that differs
         (after giving every env back the value it ran with, if there was one)."""
         first = envs[0].unwrapped
-        for name in self.constants:
+        present = tuple(name for name in self.optional_constants if hasattr(first, name))
+        for name in ("frame_skip", *self.constants, *present):
             value = getattr(first, name)
             for index, env in enumerate(envs[1:], 1):
                 other = getattr(env.unwrapped, name)
@@ -164,9 +167,7 @@ class Hopping(Forward):
         "init_qpos",
     )
 
-    def read_constants(self, envs: list[Any]) -> None:
-        self.state_range = getattr(envs[0].unwrapped, "_healthy_state_range", None)  # Hopper's only
-        super().read_constants(envs)
+    optional_constants = ("_healthy_state_range",)  # Hopper's only
 
     def _velocities(self, rows: Any) -> np.ndarray:
         return np.clip(self.arrays["qvel"][rows], -10, 10)
@@ -177,9 +178,9 @@ class Hopping(Forward):
         min_z, max_z = self.c["_healthy_z_range"]
         min_angle, max_angle = self.c["_healthy_angle_range"]
         healthy = (min_z < z) & (z < max_z) & (min_angle < angle) & (angle < max_angle)
-        if self.state_range is not None:
+        if "_healthy_state_range" in self.c:
             state = np.concatenate((qpos, qvel), axis=1)[:, 2:]
-            low, high = self.state_range
+            low, high = self.c["_healthy_state_range"]
             healthy &= np.all((low < state) & (state < high), axis=1)
         return healthy  # type: ignore[no-any-return]
 
@@ -197,7 +198,7 @@ class Hopping(Forward):
             "x_velocity": (x_velocity, np.float64(0)),
             "reward_forward": (forward, np.float64(0)),
             "reward_ctrl": (-ctrl, ctrl.dtype.type(0)),
-            "reward_survive": (survive, 0.0),
+            "reward_survive": (survive, True * self.c["_healthy_reward"]),  # a Python bool times it
         }
         return (forward + survive) - ctrl, terminated, infos
 
@@ -292,7 +293,7 @@ class Ant(Swimming):
         infos["reward_forward"] = (forward, np.float64(0))
         infos["reward_ctrl"] = (-ctrl, ctrl.dtype.type(0))
         infos["reward_contact"] = (-contact, np.float64(0))
-        infos["reward_survive"] = (survive, np.float64(0))
+        infos["reward_survive"] = (survive, np.True_ * self.c["_healthy_reward"])  # a numpy bool times it
         return (forward + survive) - (ctrl + contact), terminated, infos
 
 
@@ -362,7 +363,7 @@ class Humanoid(Swimming):
             "distance_from_origin": planar["distance_from_origin"],
             "x_velocity": planar["x_velocity"],
             "y_velocity": planar["y_velocity"],
-            "reward_survive": (survive, np.float64(0)),
+            "reward_survive": (survive, np.True_ * c["_healthy_reward"]),  # a numpy bool times it
             "reward_forward": (forward, np.float64(0)),
             "reward_ctrl": (-ctrl, np.float64(0)),
             "reward_contact": (-contact, np.float64(0)),
@@ -420,7 +421,7 @@ class InvertedDoublePendulum(Task):
         velocity = 0.001 * _squares(v1) + 0.005 * _squares(v2)
         alive = self.c["_healthy_reward"] * (~terminated).astype(np.int64)
         infos: Infos = {
-            "reward_survive": (alive, 0.0),
+            "reward_survive": (alive, self.c["_healthy_reward"] * 1),  # the reward times an int
             "distance_penalty": (-distance, np.float64(0)),
             "velocity_penalty": (-velocity, np.float64(0)),
         }

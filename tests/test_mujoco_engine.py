@@ -4,6 +4,7 @@ same parameters and pushes."""
 
 from __future__ import annotations
 
+import gc
 import os
 from typing import Any
 
@@ -253,6 +254,68 @@ def test_vector_api_sees_each_env_materialized(pool_name: str) -> None:
         reference.close()
 
 
+@pytest.mark.parametrize("env_id", ["Ant-v5", "Humanoid-v5"])
+def test_a_call_that_moves_the_state_and_the_materialized_data_match_gymnasium(env_id: str, pool_name: str) -> None:
+    with shmpool.launch(env_id, 2, engine="mujoco", name=pool_name) as pool:
+        reference = gym.vector.SyncVectorEnv([lambda: gym.make(env_id) for _ in range(2)])
+        pool.reset(seed=1)
+        reference.reset(seed=1)
+        actions = np.full(pool.action_space.shape, 0.2, dtype=np.float32)
+        for _ in range(4):
+            pool.step(actions)
+            reference.step(actions)
+        # what a call sees: the env's MjData as gymnasium's holds it, contact forces included
+        for name in ("cfrc_ext", "cacc", "xpos", "qacc_warmstart"):
+            mine = [getattr(data, name) for data in pool.call("get_wrapper_attr", "data")]
+            theirs = [getattr(env.unwrapped.data, name) for env in reference.envs]
+            np.testing.assert_array_equal(np.stack(mine), np.stack(theirs), err_msg=name)
+        assert np.abs(np.stack(mine)).sum() > 0
+
+        def shift(env: Any) -> None:  # set_state runs mj_forward: the next step starts from there
+            unwrapped = env.unwrapped
+            position = unwrapped.data.qpos.copy()
+            position[:2] += (1.0, 0.5)
+            unwrapped.set_state(position, unwrapped.data.qvel.copy())
+
+        pool.env_apply(shift)
+        for env in reference.envs:
+            shift(env)
+        assert_same_step(pool.step(actions), reference.step(actions), "after a call that moved the state")
+        reference.close()
+
+
+@pytest.mark.parametrize(("env_id", "reward"), [("Hopper-v5", 2), ("InvertedDoublePendulum-v5", 5), ("Ant-v5", 3)])
+def test_an_int_healthy_reward_keeps_gymnasiums_info_dtype(env_id: str, reward: int, pool_name: str) -> None:
+    run_against_sync(env_id, AutoresetMode.NEXT_STEP, pool_name, 5, healthy_reward=reward)
+
+
+def test_closing_releases_the_batch_before_another_pool_forks(pool_name: str) -> None:
+    spec = {"mass": Param(default=1.1, low=0.5, high=2.0, bind=smj.body_mass("torso", relative=True))}
+    push = Perturb(10.0, every=3, dims=3, kick=smj.Push("torso"))
+    gc.disable()  # what must release the batch is close(), not a collection that may or may not come
+    try:
+        for attempt in range(2):
+            with shmpool.launch(
+                "Hopper-v5",
+                2,
+                engine="mujoco",
+                params=spec,
+                hooks=[push],
+                trainer_slot=True,
+                name=f"{pool_name}-{attempt}",
+            ) as pool:
+                pool.reset(seed=0)
+                pool.step(np.zeros(pool.action_space.shape, dtype=np.float32))
+            alive = [thing for thing in gc.get_objects() if type(thing).__name__ == "Batch"]
+            assert not alive, "a closed pool still holds its batch"
+        # a later pool's forked workers would otherwise inherit it and abort destroying it
+        with shmpool.launch("Hopper-v5", 2, engine="mujoco", num_workers=2, name=f"{pool_name}-after") as pool:
+            pool.reset(seed=0)
+            pool.step(np.zeros(pool.action_space.shape, dtype=np.float32))
+    finally:
+        gc.enable()
+
+
 def test_render_gives_the_frames_of_gymnasiums_env(pool_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MUJOCO_GL", os.environ.get("MUJOCO_GL", "egl"))  # headless, in the workers
     frames = {}
@@ -276,7 +339,16 @@ def test_render_gives_the_frames_of_gymnasiums_env(pool_name: str, monkeypatch: 
     assert frames["mujoco"].std() > 0
 
 
-def test_unsupported_ids_and_rebuild_parameters_are_refused(pool_name: str) -> None:
+def test_unsupported_ids_and_parameters_the_engine_cannot_apply_are_refused(pool_name: str) -> None:
+    for bind in (None, "model.opt.gravity[2]"):
+        with pytest.raises(ValueError, match=r"\['_ctrl_cost_weight'\] bind to env attributes or paths"):
+            shmpool.launch(
+                "Hopper-v5",
+                2,
+                engine="mujoco",
+                params={"_ctrl_cost_weight": Param(default=0.001, low=0.0, high=1.0, bind=bind)},
+                name=pool_name,
+            )
     with pytest.raises(ValueError, match="HalfCheetah-v5") as caught:
         shmpool.launch("CartPole-v1", 2, engine="mujoco", name=pool_name)
     assert "engine='python'" in str(caught.value)

@@ -74,6 +74,9 @@ class MujocoSlice(ArraySlot):
         self._starts = np.full(count, time.perf_counter())
         self._step_infos: dict[str, tuple[np.ndarray, Any]] = {}
         self._zero_forces: np.ndarray | None = None
+        #: Per env: whether its last command stepped it (else it reset), for what its ``MjData`` holds
+        #: after ``mj_rnePostConstraint`` when a control call materializes it.
+        self._after_step = np.zeros(count, dtype=np.bool_)
 
     # -- building ----------------------------------------------------------------------------------
 
@@ -92,7 +95,6 @@ class MujocoSlice(ArraySlot):
         self._state_spec = mujoco.mjtState.mjSTATE_INTEGRATION
         #: The model every simulation starts from, never written: relative parameters scale its values.
         self.nominal = copy.copy(first.model)
-        self.frame_skip = int(first.frame_skip)
         self.batch = mujoco.batch.Batch(self.nominal, len(self.envs), nthread=self._config.threads, persistent=True)
         task = self.task = self._task_type({}, self._model_field)
         for field in (*task.fields, "ctrl"):
@@ -145,7 +147,9 @@ class MujocoSlice(ArraySlot):
                 env.close()
             except Exception:  # noqa: BLE001 - an env failing to close must not stop the others
                 pass
-            env.unwrapped.__dict__.pop("_shmpool_simulation", None)
+            simulation = env.unwrapped.__dict__.pop("_shmpool_simulation", None)
+            if simulation is not None:  # its bindings' and pushes' way to the batch
+                simulation.batch = None
         if hasattr(self, "task"):
             self.task.arrays.clear()
             del self.task, self.batch, self._ctrl
@@ -156,12 +160,18 @@ class MujocoSlice(ArraySlot):
     # -- control calls: each env materialized --------------------------------------------------------
 
     def before_call(self) -> None:
-        """Copies each simulation's model, data and step count into its env, for user code to see."""
-        batch = self.batch
+        """Copies each simulation's model, data and step count into its env, for user code to see:
+        its ``MjData`` as gymnasium's env holds it (after a step, ``mj_rnePostConstraint``'s ``cacc``,
+        ``cfrc_int`` and ``cfrc_ext``; after a reset, zeros there)."""
+        batch, rne = self.batch, self._mujoco.mj_rnePostConstraint
+        self._states_before_call = batch.state.copy()
         for local, env in enumerate(self.envs):
             unwrapped = env.unwrapped
-            batch.get_model(local, unwrapped.model)
-            batch.get_data(local, unwrapped.data)
+            model, data = batch.get_model(local, unwrapped.model), batch.get_data(local, unwrapped.data)
+            if self._after_step[local]:
+                rne(model, data)
+            else:
+                data.cacc[:], data.cfrc_int[:], data.cfrc_ext[:] = 0.0, 0.0, 0.0
             limit = _time_limit(env)
             if limit is not None and limit._elapsed_steps is not None:
                 limit._elapsed_steps = int(self._elapsed[local])
@@ -185,6 +195,11 @@ class MujocoSlice(ArraySlot):
             for name in expanded:
                 owner, attribute = (model.opt, name[4:]) if name.startswith("opt.") else (model, name)
                 batch.expand(name)[local] = getattr(owner, attribute)
+        # A state the call changed (gymnasium's set_state, say) continues from its derived fields, as
+        # the env's own mj_forward computed them; the others keep theirs, from the last step.
+        moved = np.flatnonzero((batch.state != self._states_before_call).any(axis=1))
+        if len(moved):
+            batch.forward(moved)
         self._read_envs()
 
     # -- resets --------------------------------------------------------------------------------------
@@ -208,6 +223,7 @@ class MujocoSlice(ArraySlot):
         the env's ``set_state`` does) and writes their observations; no contact forces yet."""
         self.batch.forward(rows)
         self.task.observe(self._obs, rows, self._zero_forces)
+        self._after_step[rows] = False
 
     # -- stepping ------------------------------------------------------------------------------------
 
@@ -236,7 +252,8 @@ class MujocoSlice(ArraySlot):
             self._ctrl[:] = actions
         else:
             self._ctrl[ids] = actions[ids]
-        self.batch.step(ids, nstep=self.frame_skip)
+        self.batch.step(ids, nstep=task.c["frame_skip"])
+        self._after_step[ids if ids is not None else slice(None)] = True
         forces = self._contact_forces(ids) if task.contact_forces else None
         rewards, terminations, infos = task.results(before, actions, self._dt(), forces)
         rows: Any = slice(None) if everyone else ids
@@ -258,10 +275,10 @@ class MujocoSlice(ArraySlot):
 
     def _dt(self) -> Any:
         """Each simulation's ``env.dt`` (the timestep times the frame skip), or the one they share."""
-        timesteps = self.batch.expanded("opt.timestep")
-        if timesteps is None:
-            return self.nominal.opt.timestep * self.frame_skip
-        return timesteps * self.frame_skip
+        frame_skip = self.task.c["frame_skip"]
+        if "opt.timestep" not in self.expanded:
+            return self.nominal.opt.timestep * frame_skip
+        return self.batch.expanded("opt.timestep") * frame_skip
 
     def _contact_forces(self, ids: np.ndarray | None) -> np.ndarray:
         """``cfrc_ext`` as gymnasium's env has it after a step: ``mj_rnePostConstraint`` on each
