@@ -38,6 +38,8 @@ class Slot:
     _starts: Any
     #: The slot's envs (gymnasium envs, or a kernel's per-row views), by row.
     envs: list[Any]
+    #: Per env of the slot, set by each kind: whether it stepped (not reset) this step.
+    _stepped: Any
 
     def __init__(
         self, config: WorkerConfig, views: dict[str, np.ndarray], info: InfoWriter, params: ParamApplier | None
@@ -129,6 +131,48 @@ class Slot:
             raise KeyError(f"the pool has no parameters to resample ({names})")
         self._params.resample(names, rows, self._lengths)
 
+    def step(self) -> int:
+        """Steps every env of the slot with its action; returns how many episodes ended.
+
+        Envs whose previous step ended an episode (next-step autoreset) or that a hook asked to
+        reset are reset instead. Hooks see the results before the episode accounting, so their
+        changes to rewards and terminations count.
+        """
+        info, params, hooks = self._info, self._params, self.hooks
+        info.begin()
+        needs_reset, lengths = self._needs_reset, self._lengths
+        if params is not None:
+            params.sync()
+        batch = self._read_actions()
+        if hooks is not None:
+            hooks.begin_step(self.global_step)
+            hooks.before_step(batch, needs_reset, lengths)
+        actions = self._per_env_actions(batch)
+        if params is not None:
+            params.before_step(needs_reset, lengths)
+        self._run_envs(actions)
+        changed = hooks is not None and hooks.after_step(self._stepped, lengths)
+        episodes_ended = self._account(changed)
+        self.global_step += 1
+        return episodes_ended
+
+    def _read_actions(self) -> Any:
+        """A private copy of the slot's actions (an env may keep its action; hooks may edit it)."""
+        raise NotImplementedError
+
+    def _per_env_actions(self, batch: Any) -> Any:
+        """Something that ``[i]`` indexes to env ``i``'s action."""
+        return batch
+
+    def _run_envs(self, actions: Any) -> None:
+        """Steps (or resets, where due) every env and writes its results to the slot's rows."""
+        raise NotImplementedError
+
+    def _account(self, changed: bool) -> int:
+        """Adds the step to each env's episode, ends the finished ones and runs ``on_reset`` hooks;
+        returns how many episodes ended. ``changed``: hooks may have changed the slot's results."""
+        raise NotImplementedError
+
     def reset(self) -> None:
         """Resets the envs that the trainer flagged, with their seeds and the shared options."""
         self._info.begin()
@@ -155,41 +199,17 @@ class Slot:
 
 class ArraySlot(Slot):
     """A slot whose per-env bookkeeping is numpy arrays and whose envs step in one call
-    (``KernelSlice``, ``MujocoSlice``): the same step around their own ``_run_envs`` and ``_account``."""
+    (``KernelSlice``, ``MujocoSlice``)."""
 
-    _stepped: np.ndarray
     _actions: np.ndarray
 
     def request_reset(self, rows: np.ndarray) -> None:
         """Makes the envs at ``rows`` reset instead of stepping this step (hooks ask for it)."""
         self._needs_reset[np.atleast_1d(rows)] = True
 
-    def step(self) -> int:
-        """Steps the slot (resetting the envs due for it); returns how many episodes ended."""
-        info, params, hooks = self._info, self._params, self.hooks
-        info.begin()
-        needs_reset, lengths = self._needs_reset, self._lengths
-        if params is not None:
-            params.sync()
-        actions = self._actions.copy()
-        if hooks is not None:
-            hooks.begin_step(self.global_step)
-            hooks.before_step(actions, needs_reset, lengths)
-        if params is not None:
-            params.before_step(needs_reset, lengths)
-        self._run_envs(actions)
-        changed = hooks is not None and hooks.after_step(self._stepped, lengths)
-        episodes_ended = self._account(changed)
-        self.global_step += 1
-        return episodes_ended
-
-    def _run_envs(self, actions: np.ndarray) -> None:
-        """Resets the envs due for it and steps the others, writing the slot's results."""
-        raise NotImplementedError
-
-    def _account(self, changed: bool) -> int:
-        """Adds the step to each env's episode and ends the finished ones; returns how many ended."""
-        raise NotImplementedError
+    def _read_actions(self) -> Any:
+        """A private copy of the slot's actions (hooks may edit it)."""
+        return self._actions.copy()
 
 
 class EnvSlice(Slot):
@@ -315,31 +335,6 @@ class EnvSlice(Slot):
         """Makes the envs at ``rows`` reset instead of stepping this step (hooks ask for it)."""
         for row in np.atleast_1d(rows).tolist():
             self._needs_reset[row] = True
-
-    def step(self) -> int:
-        """Steps every env of the slot with its action; returns how many episodes ended.
-
-        Envs whose previous step ended an episode (next-step autoreset) or that a hook asked to
-        reset are reset instead. Hooks see the results before the episode accounting, so their
-        changes to rewards and terminations count.
-        """
-        info, params, hooks = self._info, self._params, self.hooks
-        info.begin()
-        needs_reset, lengths = self._needs_reset, self._lengths
-        if params is not None:
-            params.sync()
-        batch = self._read_actions()
-        if hooks is not None:
-            hooks.begin_step(self.global_step)
-            hooks.before_step(batch, needs_reset, lengths)
-        actions = self._per_env_actions(batch)
-        if params is not None:
-            params.before_step(needs_reset, lengths)
-        self._run_envs(actions)
-        changed = hooks is not None and hooks.after_step(self._stepped, lengths)
-        episodes_ended = self._account(changed)
-        self.global_step += 1
-        return episodes_ended
 
     def _run_envs(self, actions: Any) -> None:
         """Steps (or resets, where due) every env and writes its results to the slot's rows."""
