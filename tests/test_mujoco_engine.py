@@ -208,6 +208,48 @@ def test_same_parameters_and_pushes_give_the_python_engines_trajectories(env_id:
     assert not np.array_equal(plain[5][0], batched[5][0]), "the parameters and pushes changed nothing"
 
 
+def test_attach_events_and_checkpoints_act_as_on_the_python_engine(pool_name: str) -> None:
+    spec = {
+        "mass": Param(
+            dist="uniform",
+            default={"low": 0.8, "high": 1.2},
+            low=0.5,
+            high=2.0,
+            when="reset",
+            bind=smj.body_mass("torso", relative=True),
+        ),
+        "gravity": Param(low=-20.0, high=0.0, bind=smj.gravity()),
+    }
+    runs = {}
+    for engine in ("python", "mujoco"):
+        push = Perturb(0.0, dims=3, kick=smj.Push("torso", mode="velocity"), name="push")  # kicked by events only
+        options = dict(engine=engine, params=spec, hooks=[push], seed=2, env_kwargs={"max_episode_steps": 30})
+        seen = []
+        with shmpool.launch("Hopper-v5", 2, name=f"{pool_name}-{engine}", **options) as pool:
+            seen.append(pool.reset(seed=0)[0])
+            actions = np.full(pool.action_space.shape, 0.4, dtype=np.float32)
+            for t in range(40):
+                if t == 5:
+                    with shmpool.attach(pool.name) as handle:  # another writer, by name
+                        handle.params.write([1], gravity=-6.0)
+                if t == 9:
+                    pool.events.send("push", [0], [0.5, 0.0, 0.3])  # a kick of env 0 at its next step
+                seen.append(pool.step(actions)[0])
+            state = pool.state_dict()
+            applied = {name: np.array(pool.applied[name]) for name in spec}
+        with shmpool.launch("Hopper-v5", 2, name=f"{pool_name}-{engine}-loaded", **options) as fresh:
+            fresh.load_state_dict(state)
+            fresh.reset(seed=0)
+            for _ in range(35):  # past the next resets: the loaded draws and values hold
+                seen.append(fresh.step(actions)[0])
+        runs[engine] = (seen, applied)
+    (python, python_applied), (batched, batched_applied) = runs["python"], runs["mujoco"]
+    for t, (expected, got) in enumerate(zip(python, batched)):
+        np.testing.assert_array_equal(got, expected, err_msg=f"observation {t}")
+    assert batched_applied["gravity"].tolist() == [-9.81, -6.0] == python_applied["gravity"].tolist()
+    np.testing.assert_array_equal(batched_applied["mass"], python_applied["mass"])
+
+
 def test_velocity_push_and_a_mass_change_touch_one_simulation_only(pool_name: str) -> None:
     spec = {"mass": Param(default=1.0, low=0.5, high=3.0, bind=smj.body_mass("torso", relative=True))}
     with shmpool.launch("Hopper-v5", 2, engine="mujoco", params=spec, name=pool_name) as pool:
