@@ -52,7 +52,8 @@ class Task:
 
     def __init__(self, arrays: dict[str, np.ndarray], model_field: Callable[[str], np.ndarray]) -> None:
         self.arrays = arrays
-        #: Each simulation's values of a model field, ``(envs, ...)`` (per simulation or shared).
+        #: Each simulation's values of a model field, ``(envs, ...)`` (per simulation or shared; a
+        #: scalar option no binding changed is its one value).
         self.model_field = model_field
         self.c: dict[str, Any] = {}
 
@@ -301,7 +302,17 @@ class Humanoid(Swimming):
     """Humanoid: the mass centre's velocity, body inertias, velocities, actuator and contact forces."""
 
     ids = ("Humanoid-v5",)
-    fields = ("qpos", "qvel", "xipos", "cinert", "cvel", "qfrc_actuator", "ctrl", "ten_length", "ten_velocity")
+    fields: ClassVar[tuple[str, ...]] = (
+        "qpos",
+        "qvel",
+        "xipos",
+        "cinert",
+        "cvel",
+        "qfrc_actuator",
+        "ctrl",
+        "ten_length",
+        "ten_velocity",
+    )
     constants = (
         *Forward.constants,
         "_healthy_reward",
@@ -428,10 +439,108 @@ class InvertedDoublePendulum(Task):
         return alive - distance - velocity, terminated, infos
 
 
+class HumanoidStandup(Humanoid):
+    """HumanoidStandup: rewarded for the torso's height (per unit of timestep), as Humanoid observed."""
+
+    ids = ("HumanoidStandup-v5",)
+    fields = ("qpos", "qvel", "cinert", "cvel", "qfrc_actuator", "ctrl", "ten_length", "ten_velocity")
+    constants = (
+        "_ctrl_cost_weight",
+        "_impact_cost_weight",
+        "_impact_cost_range",
+        "_exclude_current_positions_from_observation",
+        "_include_cinert_in_observation",
+        "_include_cvel_in_observation",
+        "_include_qfrc_actuator_in_observation",
+        "_include_cfrc_ext_in_observation",
+        "init_qpos",
+    )
+
+    def before(self) -> Any:
+        return None
+
+    def results(self, before: Any, actions: np.ndarray, dt: Any, cfrc_ext: Any) -> tuple[np.ndarray, np.ndarray, Infos]:
+        c, qpos = self.c, self.arrays["qpos"]
+        height = qpos[:, 2].copy()
+        up = (height - 0) / self.model_field("opt.timestep")
+        ctrl = c["_ctrl_cost_weight"] * np.sum(np.square(self.arrays["ctrl"]), axis=1)
+        impact = c["_impact_cost_weight"] * np.sum(np.square(cfrc_ext).reshape(len(cfrc_ext), -1), axis=1)
+        impact = np.clip(impact, *c["_impact_cost_range"])
+        infos: Infos = {
+            "x_position": (qpos[:, 0].copy(), np.float64(0)),
+            "y_position": (qpos[:, 1].copy(), np.float64(0)),
+            "z_distance_from_origin": (height - c["init_qpos"][2], np.float64(0)),
+            "tendon_length": (self.arrays["ten_length"].copy(), self.arrays["ten_length"][0].copy()),
+            "tendon_velocity": (self.arrays["ten_velocity"].copy(), self.arrays["ten_velocity"][0].copy()),
+            "reward_linup": (up, np.float64(0)),
+            "reward_quadctrl": (-ctrl, np.float64(0)),
+            "reward_impact": (-impact, np.float64(0)),
+        }
+        return up - ctrl - impact + 1, np.zeros(len(height), dtype=np.bool_), infos
+
+
+class Reaching(Task):
+    """Reacher and Pusher: arms rewarded for closing distances between bodies, never terminated."""
+
+    ids = ("Reacher-v5", "Pusher-v5")
+    fields = ("qpos", "qvel", "xpos")
+    constants = ("_reward_dist_weight", "_reward_control_weight")
+    optional_constants = ("_reward_near_weight",)  # Pusher's only
+
+    def read_constants(self, envs: list[Any]) -> None:
+        super().read_constants(envs)
+        self.reacher = "_reward_near_weight" not in self.c
+        names = ("fingertip", "target") if self.reacher else ("tips_arm", "object", "goal")
+        self.bodies = [envs[0].unwrapped.data.body(name).id for name in names]
+
+    def _com(self, which: int, rows: Any = slice(None)) -> np.ndarray:
+        """``get_body_com`` of the task's body ``which``, for the envs at ``rows``."""
+        return self.arrays["xpos"][rows][:, self.bodies[which]]
+
+    def observe(self, out: np.ndarray, rows: Any, cfrc_ext: np.ndarray | None) -> None:
+        qpos, qvel = self.arrays["qpos"][rows], self.arrays["qvel"][rows]
+        if self.reacher:
+            theta = qpos[:, :2]
+            offset = (self._com(0, rows) - self._com(1, rows))[:, :2]
+            parts = (np.cos(theta), np.sin(theta), qpos[:, 2:], qvel[:, :2], offset)
+        else:
+            parts = (qpos[:, :7], qvel[:, :7], self._com(0, rows), self._com(1, rows), self._com(2, rows))
+        start = 0
+        for part in parts:
+            out[rows, start : start + part.shape[1]] = part
+            start += part.shape[1]
+
+    def results(self, before: Any, actions: np.ndarray, dt: Any, cfrc_ext: Any) -> tuple[np.ndarray, np.ndarray, Infos]:
+        c = self.c
+        ctrl = -np.sum(np.square(actions), axis=1) * c["_reward_control_weight"]
+        if self.reacher:
+            distance = -_norm(self._com(0) - self._com(1)) * c["_reward_dist_weight"]
+            infos: Infos = {"reward_dist": (distance, np.float64(0)), "reward_ctrl": (ctrl, ctrl.dtype.type(0))}
+            return distance + ctrl, np.zeros(len(ctrl), dtype=np.bool_), infos
+        near = -_norm(self._com(1) - self._com(0)) * c["_reward_near_weight"]
+        distance = -_norm(self._com(1) - self._com(2)) * c["_reward_dist_weight"]
+        infos = {
+            "reward_dist": (distance, np.float64(0)),
+            "reward_ctrl": (ctrl, ctrl.dtype.type(0)),
+            "reward_near": (near, np.float64(0)),
+        }
+        return distance + ctrl + near, np.zeros(len(ctrl), dtype=np.bool_), infos
+
+
 #: The gymnasium ids ``engine="mujoco"`` runs, and their tasks.
 TASKS: dict[str, type[Task]] = {
     env_id: task
-    for task in (Forward, Hopping, Swimming, Ant, Humanoid, InvertedPendulum, InvertedDoublePendulum)
+    for task in (
+        Forward,
+        Hopping,
+        Swimming,
+        Ant,
+        Humanoid,
+        HumanoidStandup,
+        InvertedPendulum,
+        InvertedDoublePendulum,
+        Reaching,
+    )
     for env_id in task.ids
 }
 

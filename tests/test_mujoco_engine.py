@@ -20,7 +20,7 @@ from shmpool.hooks import Perturb
 
 mujoco = pytest.importorskip("mujoco.batch", reason='needs mujoco>=4.0: pip install -e ".[mujoco]"')
 
-REQUIRED = [
+IDS = [  # every id the engine runs
     "HalfCheetah-v5",
     "Hopper-v5",
     "Walker2d-v5",
@@ -29,6 +29,9 @@ REQUIRED = [
     "Swimmer-v5",
     "InvertedPendulum-v5",
     "InvertedDoublePendulum-v5",
+    "Reacher-v5",
+    "Pusher-v5",
+    "HumanoidStandup-v5",
 ]
 LIMIT = 40  # short episodes: time limits, terminations and resets all happen within the run
 
@@ -91,9 +94,18 @@ def run_against_sync(env_id: str, mode: AutoresetMode, pool_name: str, steps: in
     return ended
 
 
-@pytest.mark.parametrize("env_id", REQUIRED)
+@pytest.mark.parametrize("env_id", IDS)
 def test_each_env_equals_sync_vector_env_bit_for_bit(env_id: str, pool_name: str) -> None:
     assert run_against_sync(env_id, AutoresetMode.NEXT_STEP, pool_name, 3 * LIMIT) > 0
+
+
+def test_a_per_simulation_timestep_enters_humanoid_standups_reward(pool_name: str) -> None:
+    spec = {"timestep": Param(default=1.2, low=0.5, high=2.0, bind=smj.timestep(relative=True))}
+    python = randomized_run("HumanoidStandup-v5", "python", pool_name, spec, None)
+    batched = randomized_run("HumanoidStandup-v5", "mujoco", pool_name, spec, None)
+    for t, (expected, got) in enumerate(zip(python[1:-1], batched[1:-1])):
+        for name, theirs, mine in zip(("obs", "rewards", "terminations", "truncations"), expected, got):
+            np.testing.assert_array_equal(mine, theirs, err_msg=f"step {t}: {name}")
 
 
 @pytest.mark.parametrize("env_id", ["Hopper-v5", "Ant-v5", "Humanoid-v5", "InvertedDoublePendulum-v5"])
@@ -151,7 +163,7 @@ def randomized_run(env_id: str, engine: str, pool_name: str, spec: dict[str, Par
         results.append(pool.reset(seed=3)[0])
         rng = np.random.default_rng(1)
         for t in range(2 * LIMIT):
-            if t == 15 and spec:
+            if t == 15 and "damping" in spec:
                 pool.params["damping"][:2] = 2.5  # a per-step parameter written mid-episode
             actions = rng.uniform(-1, 1, pool.action_space.shape).astype(np.float32)
             results.append(pool.step(actions)[:4])

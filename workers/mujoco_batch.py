@@ -265,13 +265,16 @@ class MujocoSlice(ArraySlot):
         self._truncations[rows] = elapsed[rows] >= self._limits[rows]
         self._step_infos = infos
 
-    def _model_field(self, name: str) -> np.ndarray:
-        """Each simulation's values of model field ``name``, ``(envs, ...)``."""
-        values = self.batch.expanded(name)
-        if values is None:
-            nominal = getattr(self.nominal, name)
-            return np.broadcast_to(nominal, (len(self.envs), *nominal.shape))
-        return values  # type: ignore[no-any-return]
+    def _model_field(self, name: str) -> Any:
+        """Each simulation's values of model field ``name`` (``"opt.<name>"`` for options), ``(envs,
+        ...)``; the shared value of a scalar option that no binding made per simulation."""
+        if name in self.expanded:
+            return self.batch.expanded(name)
+        owner, attribute = (self.nominal.opt, name[4:]) if name.startswith("opt.") else (self.nominal, name)
+        nominal = getattr(owner, attribute)
+        if not isinstance(nominal, np.ndarray):
+            return nominal
+        return np.broadcast_to(nominal, (len(self.envs), *nominal.shape))
 
     def _dt(self) -> Any:
         """Each simulation's ``env.dt`` (the timestep times the frame skip), or the one they share."""
