@@ -252,7 +252,12 @@ class MujocoSlice(ArraySlot):
             self._ctrl[:] = actions
         else:
             self._ctrl[ids] = actions[ids]
-        self.batch.step(ids, nstep=task.c["frame_skip"])
+        try:
+            self.batch.step(ids, nstep=task.c["frame_skip"])
+        except self._mujoco.batch.SimulationError as exc:  # as gymnasium's env raises MuJoCo's error
+            failed = list(getattr(exc, "ids", []))
+            self.current_env = self.start + int(failed[0]) if failed else None  # the failure names it
+            raise
         self._after_step[ids if ids is not None else slice(None)] = True
         forces = self._contact_forces(ids) if task.contact_forces else None
         rewards, terminations, infos = task.results(before, actions, self._dt(), forces)
