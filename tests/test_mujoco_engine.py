@@ -182,22 +182,7 @@ ROBOT_DR = {
 def test_same_parameters_and_pushes_give_the_python_engines_trajectories(env_id: str, pool_name: str) -> None:
     joint, actuator = ROBOT_DR[env_id]
     spec = {
-        "mass": Param(
-            dist="uniform",
-            default={"low": 0.7, "high": 1.3},
-            low=0.5,
-            high=2.0,
-            when="reset",
-            bind=smj.body_mass("torso", relative=True),
-        ),
-        "friction": Param(
-            dist="uniform",
-            default={"low": 0.5, "high": 1.5},
-            low=0.1,
-            high=3.0,
-            when="reset",
-            bind=smj.geom_friction("floor", axis=0, relative=True),
-        ),
+        **smj.scale_randomization(mass=(0.7, 1.3)),  # torso mass and floor friction, drawn per episode
         "damping": Param(default=1.0, low=0.1, high=5.0, bind=smj.dof_damping(joint, relative=True)),
         "gravity": Param(
             dist="uniform", default={"low": -10.5, "high": -9.0}, low=-20.0, high=0.0, when="reset", bind=smj.gravity()

@@ -199,9 +199,19 @@ class Slot:
 
 class ArraySlot(Slot):
     """A slot whose per-env bookkeeping is numpy arrays and whose envs step in one call
-    (``KernelSlice``, ``MujocoSlice``)."""
+    (``KernelSlice``, ``MujocoSlice``): one observation and one action array (Box spaces), viewed
+    as the slot's rows."""
 
-    _actions: np.ndarray
+    def __init__(
+        self, config: WorkerConfig, views: dict[str, np.ndarray], info: InfoWriter, params: ParamApplier | None
+    ) -> None:
+        super().__init__(config, views, info, params)
+        rows = slice(self.start, self.stop)
+        (obs_leaf,) = leaves(config.observation_space)
+        (act_leaf,) = leaves(config.action_space)
+        self._obs = views[obs_leaf.field_name("observations")][rows]
+        self._final_obs = views[obs_leaf.field_name("final_observations")][rows] if self.same_step else None
+        self._actions = views[act_leaf.field_name("actions")][rows]
 
     def request_reset(self, rows: np.ndarray) -> None:
         """Makes the envs at ``rows`` reset instead of stepping this step (hooks ask for it)."""

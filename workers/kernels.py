@@ -22,7 +22,6 @@ from shmpool.config import WorkerConfig
 from shmpool.infos import InfoWriter
 from shmpool.kernels import NO_LIMIT, BatchKernel, KernelEnv, load
 from shmpool.params import ParamSpec
-from shmpool.spaces import leaves
 from shmpool.workers.envs import ArraySlot
 from shmpool.workers.param_applier import ParamApplier
 
@@ -179,12 +178,6 @@ class KernelSlice(ArraySlot):
             raise TypeError("the numba engine needs KernelParams")
         super().__init__(config, views, info, params)
         self.kernel: BatchKernel = load(config.kernel)
-        rows = slice(self.start, self.stop)
-        (obs_leaf,) = leaves(config.observation_space)
-        (act_leaf,) = leaves(config.action_space)
-        self._obs = views[obs_leaf.field_name("observations")][rows]
-        self._final_obs = views[obs_leaf.field_name("final_observations")][rows] if self.same_step else None
-        self._actions = views[act_leaf.field_name("actions")][rows]
 
         count = self.stop - self.start
         kwargs = dict(config.env_kwargs)

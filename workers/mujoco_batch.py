@@ -34,7 +34,6 @@ from shmpool.infos import InfoWriter
 from shmpool.kernels import NO_LIMIT
 from shmpool.mujoco import Simulation
 from shmpool.mujoco_tasks import task_of
-from shmpool.spaces import leaves
 from shmpool.workers.envs import ArraySlot
 from shmpool.workers.param_applier import ParamApplier
 
@@ -57,12 +56,6 @@ class MujocoSlice(ArraySlot):
         self, config: WorkerConfig, views: dict[str, np.ndarray], info: InfoWriter, params: ParamApplier | None
     ) -> None:
         super().__init__(config, views, info, params)
-        rows = slice(self.start, self.stop)
-        (obs_leaf,) = leaves(config.observation_space)
-        (act_leaf,) = leaves(config.action_space)
-        self._obs = views[obs_leaf.field_name("observations")][rows]
-        self._final_obs = views[obs_leaf.field_name("final_observations")][rows] if self.same_step else None
-        self._actions = views[act_leaf.field_name("actions")][rows]
         self._task_type = task_of(config.env_factory)
         count = self.stop - self.start
         self._elapsed = np.zeros(count, dtype=np.int64)
