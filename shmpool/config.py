@@ -364,7 +364,8 @@ def _default_workers(config: PoolConfig) -> int:
 
 def _check_mujoco_engine(config: PoolConfig) -> None:
     """That ``engine="mujoco"`` can run ``config``: a supported id, MuJoCo's batch stepper installed,
-    no parameter that rebuilds envs (the simulations of a batch share one model layout)."""
+    parameters bound through :mod:`shmpool.mujoco` (or read by hooks only), none that rebuilds envs
+    (the simulations of a batch share one model layout)."""
     from .mujoco_tasks import task_of
 
     task_of(config.env)
