@@ -308,8 +308,8 @@ def robot_randomization(env_id: str) -> tuple[dict[str, shmpool.Param], list[Any
         return shmpool.Param(
             dist="uniform",
             default={"low": low, "high": high},
-            low=min(low, 0) * 2,
-            high=2 * abs(high),
+            low=0.0,  # scales: any positive value is allowed, the draws stay in [low, high]
+            high=2 * high,
             when="reset",
             bind=bind,
         )

@@ -27,6 +27,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+#: The type of most info values (a numpy float64), as :data:`Infos` gives it: made once, not per step.
+FLOAT64 = np.float64(0)
+
 #: Step infos: per key, its values for every env of the slot and a value of the type gymnasium's env
 #: reports (which fixes how the key is batched: a Python float as float64, a numpy float32 as float32).
 Infos = dict[str, tuple[np.ndarray, Any]]
@@ -147,9 +150,9 @@ class Forward(Task):
         forward = self.c["_forward_reward_weight"] * x_velocity
         ctrl = _control_cost(self.c["_ctrl_cost_weight"], actions)
         infos: Infos = {
-            "x_position": (x, np.float64(0)),
-            "x_velocity": (x_velocity, np.float64(0)),
-            "reward_forward": (forward, np.float64(0)),
+            "x_position": (x, FLOAT64),
+            "x_velocity": (x_velocity, FLOAT64),
+            "reward_forward": (forward, FLOAT64),
             "reward_ctrl": (-ctrl, ctrl.dtype.type(0)),
         }
         return forward - ctrl, np.zeros(len(x), dtype=np.bool_), infos
@@ -194,10 +197,10 @@ class Hopping(Forward):
         ctrl = _control_cost(self.c["_ctrl_cost_weight"], actions)
         terminated = ~healthy & bool(self.c["_terminate_when_unhealthy"])
         infos: Infos = {
-            "x_position": (x, np.float64(0)),
-            "z_distance_from_origin": (self.arrays["qpos"][:, 1] - self.c["init_qpos"][1], np.float64(0)),
-            "x_velocity": (x_velocity, np.float64(0)),
-            "reward_forward": (forward, np.float64(0)),
+            "x_position": (x, FLOAT64),
+            "z_distance_from_origin": (self.arrays["qpos"][:, 1] - self.c["init_qpos"][1], FLOAT64),
+            "x_velocity": (x_velocity, FLOAT64),
+            "reward_forward": (forward, FLOAT64),
             "reward_ctrl": (-ctrl, ctrl.dtype.type(0)),
             "reward_survive": (survive, True * self.c["_healthy_reward"]),  # a Python bool times it
         }
@@ -216,24 +219,24 @@ class Swimming(Forward):
     def _xy(self) -> np.ndarray:
         return self.arrays["qpos"][:, 0:2].copy()
 
-    def _planar(self, before: Any, dt: Any) -> tuple[np.ndarray, np.ndarray, Infos]:
+    def _planar(self, before: Any, dt: Any) -> tuple[np.ndarray, Infos]:
         xy = self._xy()
         velocity = (xy - before) / (dt if np.ndim(dt) == 0 else dt[:, None])
         qpos = self.arrays["qpos"]
         infos: Infos = {
-            "x_position": (qpos[:, 0].copy(), np.float64(0)),
-            "y_position": (qpos[:, 1].copy(), np.float64(0)),
-            "distance_from_origin": (_norm(qpos[:, 0:2]), np.float64(0)),
-            "x_velocity": (velocity[:, 0].copy(), np.float64(0)),
-            "y_velocity": (velocity[:, 1].copy(), np.float64(0)),
+            "x_position": (qpos[:, 0].copy(), FLOAT64),
+            "y_position": (qpos[:, 1].copy(), FLOAT64),
+            "distance_from_origin": (_norm(qpos[:, 0:2]), FLOAT64),
+            "x_velocity": (velocity[:, 0].copy(), FLOAT64),
+            "y_velocity": (velocity[:, 1].copy(), FLOAT64),
         }
-        return xy, velocity[:, 0].copy(), infos
+        return velocity[:, 0].copy(), infos
 
     def results(self, before: Any, actions: np.ndarray, dt: Any, cfrc_ext: Any) -> tuple[np.ndarray, np.ndarray, Infos]:
-        _, x_velocity, infos = self._planar(before, dt)
+        x_velocity, infos = self._planar(before, dt)
         forward = self.c["_forward_reward_weight"] * x_velocity
         ctrl = _control_cost(self.c["_ctrl_cost_weight"], actions)
-        infos["reward_forward"] = (forward, np.float64(0))
+        infos["reward_forward"] = (forward, FLOAT64)
         infos["reward_ctrl"] = (-ctrl, ctrl.dtype.type(0))
         return forward - ctrl, np.zeros(len(x_velocity), dtype=np.bool_), infos
 
@@ -280,7 +283,7 @@ class Ant(Swimming):
             out[rows, width:] = forces.reshape(len(forces), -1)
 
     def results(self, before: Any, actions: np.ndarray, dt: Any, cfrc_ext: Any) -> tuple[np.ndarray, np.ndarray, Infos]:
-        _, x_velocity, infos = self._planar(before, dt)
+        x_velocity, infos = self._planar(before, dt)
         forward = x_velocity * self.c["_forward_reward_weight"]
         qpos, qvel = self.arrays["qpos"], self.arrays["qvel"]
         min_z, max_z = self.c["_healthy_z_range"]
@@ -291,9 +294,9 @@ class Ant(Swimming):
         forces = np.square(self._clipped(cfrc_ext))
         contact = self.c["_contact_cost_weight"] * np.sum(forces.reshape(len(forces), -1), axis=1)
         terminated = ~healthy & bool(self.c["_terminate_when_unhealthy"])
-        infos["reward_forward"] = (forward, np.float64(0))
+        infos["reward_forward"] = (forward, FLOAT64)
         infos["reward_ctrl"] = (-ctrl, ctrl.dtype.type(0))
-        infos["reward_contact"] = (-contact, np.float64(0))
+        infos["reward_contact"] = (-contact, FLOAT64)
         infos["reward_survive"] = (survive, np.True_ * self.c["_healthy_reward"])  # a numpy bool times it
         return (forward + survive) - (ctrl + contact), terminated, infos
 
@@ -356,7 +359,7 @@ class Humanoid(Swimming):
             start += part.shape[1]
 
     def results(self, before: Any, actions: np.ndarray, dt: Any, cfrc_ext: Any) -> tuple[np.ndarray, np.ndarray, Infos]:
-        _, x_velocity, planar = self._planar(before, dt)
+        x_velocity, planar = self._planar(before, dt)
         c, qpos = self.c, self.arrays["qpos"]
         forward = c["_forward_reward_weight"] * x_velocity
         min_z, max_z = c["_healthy_z_range"]
@@ -375,9 +378,9 @@ class Humanoid(Swimming):
             "x_velocity": planar["x_velocity"],
             "y_velocity": planar["y_velocity"],
             "reward_survive": (survive, np.True_ * c["_healthy_reward"]),  # a numpy bool times it
-            "reward_forward": (forward, np.float64(0)),
-            "reward_ctrl": (-ctrl, np.float64(0)),
-            "reward_contact": (-contact, np.float64(0)),
+            "reward_forward": (forward, FLOAT64),
+            "reward_ctrl": (-ctrl, FLOAT64),
+            "reward_contact": (-contact, FLOAT64),
         }
         return (forward + survive) - (ctrl + contact), terminated, infos
 
@@ -433,8 +436,8 @@ class InvertedDoublePendulum(Task):
         alive = self.c["_healthy_reward"] * (~terminated).astype(np.int64)
         infos: Infos = {
             "reward_survive": (alive, self.c["_healthy_reward"] * 1),  # the reward times an int
-            "distance_penalty": (-distance, np.float64(0)),
-            "velocity_penalty": (-velocity, np.float64(0)),
+            "distance_penalty": (-distance, FLOAT64),
+            "velocity_penalty": (-velocity, FLOAT64),
         }
         return alive - distance - velocity, terminated, infos
 
@@ -467,14 +470,14 @@ class HumanoidStandup(Humanoid):
         impact = c["_impact_cost_weight"] * np.sum(np.square(cfrc_ext).reshape(len(cfrc_ext), -1), axis=1)
         impact = np.clip(impact, *c["_impact_cost_range"])
         infos: Infos = {
-            "x_position": (qpos[:, 0].copy(), np.float64(0)),
-            "y_position": (qpos[:, 1].copy(), np.float64(0)),
-            "z_distance_from_origin": (height - c["init_qpos"][2], np.float64(0)),
+            "x_position": (qpos[:, 0].copy(), FLOAT64),
+            "y_position": (qpos[:, 1].copy(), FLOAT64),
+            "z_distance_from_origin": (height - c["init_qpos"][2], FLOAT64),
             "tendon_length": (self.arrays["ten_length"].copy(), self.arrays["ten_length"][0].copy()),
             "tendon_velocity": (self.arrays["ten_velocity"].copy(), self.arrays["ten_velocity"][0].copy()),
-            "reward_linup": (up, np.float64(0)),
-            "reward_quadctrl": (-ctrl, np.float64(0)),
-            "reward_impact": (-impact, np.float64(0)),
+            "reward_linup": (up, FLOAT64),
+            "reward_quadctrl": (-ctrl, FLOAT64),
+            "reward_impact": (-impact, FLOAT64),
         }
         return up - ctrl - impact + 1, np.zeros(len(height), dtype=np.bool_), infos
 
@@ -515,14 +518,14 @@ class Reaching(Task):
         ctrl = -np.sum(np.square(actions), axis=1) * c["_reward_control_weight"]
         if self.reacher:
             distance = -_norm(self._com(0) - self._com(1)) * c["_reward_dist_weight"]
-            infos: Infos = {"reward_dist": (distance, np.float64(0)), "reward_ctrl": (ctrl, ctrl.dtype.type(0))}
+            infos: Infos = {"reward_dist": (distance, FLOAT64), "reward_ctrl": (ctrl, ctrl.dtype.type(0))}
             return distance + ctrl, np.zeros(len(ctrl), dtype=np.bool_), infos
         near = -_norm(self._com(1) - self._com(0)) * c["_reward_near_weight"]
         distance = -_norm(self._com(1) - self._com(2)) * c["_reward_dist_weight"]
         infos = {
-            "reward_dist": (distance, np.float64(0)),
+            "reward_dist": (distance, FLOAT64),
             "reward_ctrl": (ctrl, ctrl.dtype.type(0)),
-            "reward_near": (near, np.float64(0)),
+            "reward_near": (near, FLOAT64),
         }
         return distance + ctrl + near, np.zeros(len(ctrl), dtype=np.bool_), infos
 

@@ -135,12 +135,7 @@ class KernelParams(ParamApplier):
     def attach_env(self, local: int, env: Any) -> None:
         """Applies the current step values (and publishes the rebuild ones) of a (re)built env, then
         refreshes what it caches from them, as the Python engine does."""
-        rows = np.array([local])
-        for spec in self._step_values:
-            self._apply(spec, rows, self._good[spec.name][rows])
-        for spec in self._rebuild:
-            self._applied[spec.name][local] = self._good[spec.name][local]
-        self._refresh(rows)
+        self._apply_current(local)
 
     def _apply(self, spec: ParamSpec, rows: np.ndarray, values: np.ndarray) -> None:
         column = self._columns.get(spec.index)

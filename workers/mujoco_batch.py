@@ -33,7 +33,7 @@ from shmpool.config import WorkerConfig, factory_of, make_env
 from shmpool.infos import InfoWriter
 from shmpool.kernels import NO_LIMIT
 from shmpool.mujoco import Simulation
-from shmpool.mujoco_tasks import task_of
+from shmpool.mujoco_tasks import Infos, task_of
 from shmpool.workers.envs import ArraySlot
 from shmpool.workers.param_applier import ParamApplier
 
@@ -65,7 +65,7 @@ class MujocoSlice(ArraySlot):
         self._returns = np.zeros(count, dtype=np.float64)
         self._lengths = np.zeros(count, dtype=np.int64)
         self._starts = np.full(count, time.perf_counter())
-        self._step_infos: dict[str, tuple[np.ndarray, Any]] = {}
+        self._step_infos: Infos = {}
         self._zero_forces: np.ndarray | None = None
         #: Per env: whether its last command stepped it (else it reset), for what its ``MjData`` holds
         #: after ``mj_rnePostConstraint`` when a control call materializes it.
@@ -285,17 +285,11 @@ class MujocoSlice(ArraySlot):
         """``cfrc_ext`` as gymnasium's env has it after a step: ``mj_rnePostConstraint`` on each
         stepped simulation's data (materialized into its env's ``MjData``, with its model)."""
         get_data, rne, forces = self.batch.get_data, self._mujoco.mj_rnePostConstraint, self._forces
-        datas, results = self._datas, self._data_forces
-        rows = range(len(datas)) if ids is None else ids.tolist()
-        if self.expanded:
-            for local in rows:
-                rne(self._model_of(local), get_data(local, datas[local]))
-                forces[local] = results[local]
-        else:  # the loop of every step, kept to the calls it needs
-            model = self.nominal
-            for local in rows:
-                rne(model, get_data(local, datas[local]))
-                forces[local] = results[local]
+        datas, results, nominal = self._datas, self._data_forces, self.nominal
+        own_models = bool(self.expanded)  # else every simulation runs the nominal model
+        for local in range(len(datas)) if ids is None else ids.tolist():
+            rne(self._model_of(local) if own_models else nominal, get_data(local, datas[local]))
+            forces[local] = results[local]
         return forces
 
     def _model_of(self, local: int) -> Any:
@@ -347,7 +341,7 @@ class MujocoSlice(ArraySlot):
             self.hooks.on_reset(same_step_resets, lengths)  # type: ignore[arg-type]
         return len(ended_rows)
 
-    def _add_infos(self, infos: dict[str, tuple[np.ndarray, Any]], rows: Any, prefix: tuple[str, ...]) -> None:
+    def _add_infos(self, infos: Infos, rows: Any, prefix: tuple[str, ...]) -> None:
         """Adds the step infos of the envs at ``rows`` (a bool mask, or a slice of them all)."""
         if isinstance(rows, slice) or rows.any():
             for key, (values, like) in infos.items():

@@ -119,6 +119,11 @@ class ParamApplier:
         self._adapters[local], self._refresh_every = (adapter, env), False
         if refresher is not None:
             self._refreshed_by.update(self._inputs_of(adapter, env, local))
+        self._apply_current(local)
+
+    def _apply_current(self, local: int) -> None:
+        """Applies the current step values to (re)built env ``local``, publishes its rebuild values,
+        and refreshes what it caches from them."""
         rows = np.array([local])
         for spec in self._step_values:
             self._apply(spec, rows, self._good[spec.name][rows])
