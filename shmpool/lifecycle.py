@@ -175,6 +175,10 @@ class Lifecycle:
         self.local_id = len(config.slots) - 1 if config.trainer_slot else None
         #: The owner's end of each worker's private pipe, for control calls (see shmpool.calls).
         self.call_pipes: list[Any] = []
+        #: The trainer's read end of each worker's fault pipe: what Python's faulthandler wrote there
+        #: when the worker crashed in native code (its stack), for the error that reports the death.
+        self.fault_pipes: list[Any] = []
+        self._fault_reports: dict[int, str] = {}
         self.seq = 0
 
     def create(
@@ -247,16 +251,20 @@ class Lifecycle:
                     continue
                 owner_end, worker_end = context.Pipe(duplex=True)
                 self.call_pipes.append(owner_end)
+                fault_reader, fault_writer = context.Pipe(duplex=False)
+                self.fault_pipes.append(fault_reader)
                 process = context.Process(
                     target=entry_point,
-                    args=(worker_config, worker_end),
+                    args=(worker_config, worker_end, fault_writer),
                     name=f"shmpool-{self.name}-w{worker_id}",
                     daemon=True,
                 )
                 try:
                     process.start()
                 finally:
-                    worker_end.close()  # the worker's own copy only: a later worker must not inherit it
+                    # the worker's own copies only: a later worker must not inherit them
+                    worker_end.close()
+                    fault_writer.close()
                 self.processes.append(process)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
@@ -339,10 +347,27 @@ class Lifecycle:
                 process.close()
         self.processes = []
 
+    def fault_report(self, worker_id: int) -> str:
+        """What worker ``worker_id``'s faulthandler wrote when it crashed (its Python stack at a
+        segmentation fault or abort), or "" if nothing; never waits."""
+        if worker_id not in self._fault_reports and worker_id < len(self.fault_pipes):
+            fd, chunks = self.fault_pipes[worker_id].fileno(), []
+            os.set_blocking(fd, False)
+            while True:
+                try:
+                    chunk = os.read(fd, 1 << 16)
+                except BlockingIOError:
+                    break
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            self._fault_reports[worker_id] = b"".join(chunks).decode(errors="replace").strip()
+        return self._fault_reports.get(worker_id, "")
+
     def _release(self) -> None:
-        for pipe in self.call_pipes:
+        for pipe in [*self.call_pipes, *self.fault_pipes]:
             pipe.close()
-        self.call_pipes = []
+        self.call_pipes, self.fault_pipes = [], []
         for doorbell in [*self.worker_doorbells, *filter(None, [self.trainer_doorbell])]:
             doorbell.unlink()
             doorbell.close()

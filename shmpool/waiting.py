@@ -197,10 +197,16 @@ class Waiter:
         for worker_id, process in enumerate(processes):
             if not finished(worker_id) and process.exitcode is not None:
                 start, stop = self._slots[worker_id]
+                stack = self._lifecycle.fault_report(worker_id)
+                cause = (
+                    f"; its threads' Python stacks when it crashed (faulthandler):\n{stack}"
+                    if stack
+                    else "; likely causes: a kill from outside, running out of memory (see dmesg), "
+                    "or a crash in native env code"
+                )
                 raise WorkerDiedError(
                     f"worker {worker_id} (pid {process.pid}, envs {start}..{stop - 1}) of pool {self._name!r} "
-                    f"{describe_exit(process.exitcode)} during {phase}; likely causes: a kill from outside, "
-                    f"running out of memory (see dmesg), or a crash in native env code",
+                    f"{describe_exit(process.exitcode)} during {phase}{cause}",
                     worker_id=worker_id,
                     exitcode=process.exitcode,
                 )

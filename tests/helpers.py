@@ -4,8 +4,10 @@ the helpers tests share: scripts run in a fresh interpreter, the ``shmpool`` com
 from __future__ import annotations
 
 import collections
+import ctypes
 import importlib.util
 import os
+import resource
 import subprocess
 import sys
 import textwrap
@@ -189,6 +191,28 @@ class CountingEnv(gym.Env):
 def explode_here(t: int) -> None:
     """Raises with a recognisable name in the traceback."""
     raise ZeroDivisionError(f"boom at step {t}")
+
+
+class CrashesNatively(CountingEnv):
+    """A CountingEnv that kills its process from native code at its third step (``how``: "segfault"
+    or "abort"), in the env last reset with seed ``crash_seed``."""
+
+    def __init__(self, how: str = "segfault", crash_seed: int | None = None) -> None:
+        super().__init__(length=100)
+        self.how, self.crash_seed = how, crash_seed
+
+    def step(self, action):
+        if self.t == 2 and self.crash_seed in (None, self.seed_used):
+            crash_natively_here(self.how)
+        return super().step(action)
+
+
+def crash_natively_here(how: str) -> None:
+    """Ends this process by SIGSEGV (reading address 0) or SIGABRT, leaving no core file."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+    if how == "abort":
+        os.abort()
+    ctypes.string_at(0)
 
 
 class InfoEnv(gym.Env):

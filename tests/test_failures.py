@@ -4,6 +4,7 @@ env step, and remove only what they opened), bad actions and bad launch options.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -72,6 +73,28 @@ def test_env_raising_in_reset_and_in_constructor(pool_name: str) -> None:
     with pytest.raises(WorkerError, match="during launch.*refused to be built") as caught:
         shmpool.launch(factory, 4, num_workers=2, name=pool_name + "2")
     assert caught.value.env_id in (0, 2)
+
+
+@pytest.mark.parametrize(
+    ("how", "signal_name", "start_method"), [("segfault", "SIGSEGV", "fork"), ("abort", "SIGABRT", "spawn")]
+)
+def test_a_worker_crashing_in_native_code_reports_its_python_stack(
+    how: str, signal_name: str, start_method: str, pool_name: str
+) -> None:
+    factory = functools.partial(helpers.CrashesNatively, how, crash_seed=103)
+    with shmpool.launch(factory, 4, num_workers=2, start_method=start_method, name=pool_name) as pool:
+        pool.reset(seed=100)  # env i gets seed 100 + i: env 3, in worker 1, is the one that crashes
+        started = time.monotonic()
+        with pytest.raises(WorkerDiedError, match=rf"worker 1 \(pid \d+, envs 2..3\).*{signal_name} during step"):
+            for _ in range(3):
+                pool.step([0, 0, 0, 0])
+        assert time.monotonic() - started < 10.0
+        with pytest.raises(PoolBrokenError) as broken:
+            pool.step([0, 0, 0, 0])
+    message = str(broken.value.__cause__)
+    assert "Python stacks when it crashed" in message
+    # the stack names the env code that crashed, and the worker's step loop under it
+    assert re.search(r"in crash_natively_here\n.*in step\n", message, re.DOTALL), message
 
 
 def test_worker_killed_between_steps(pool_name: str) -> None:

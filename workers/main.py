@@ -14,6 +14,7 @@ and ends the process itself if that has not happened within a grace period.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import sys
@@ -81,9 +82,13 @@ OWNER_GONE_GRACE = 1.0
 EXIT_OWNER_GONE = 70
 
 
-def run(config: WorkerConfig, call_pipe: Any) -> None:
+def run(config: WorkerConfig, call_pipe: Any, fault_pipe: Any) -> None:
     """Runs one worker until the trainer closes the pool or dies; ``call_pipe`` is this worker's end
-    of its private pipe for control calls (:mod:`shmpool.calls`)."""
+    of its private pipe for control calls (:mod:`shmpool.calls`), ``fault_pipe`` the write end of
+    the pipe where a crash in native code leaves the worker's Python stack for the trainer."""
+    # A segmentation fault or abort kills the worker before any except clause runs: faulthandler,
+    # from its signal handler, is what can still tell the trainer where each thread was.
+    faulthandler.enable(file=fault_pipe.fileno(), all_threads=True)
     ignore_interrupts()
     _keep_helper_fds_from_children()
     owner = ProcessWatch(config.owner_pid, config.owner_start_ticks)
