@@ -8,6 +8,7 @@ the pool is garbage collected.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import signal
@@ -216,6 +217,14 @@ class Lifecycle:
         # Workers must ignore Ctrl-C (the trainer stops them); block SIGINT while they start so that
         # none arrives before the worker has installed its handler. The mask is inherited.
         previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        # A forked worker inherits the trainer's garbage too. Collected there, a finalizer of the
+        # trainer's native objects (a Ray actor handle, a MuJoCo batch) runs against threads and
+        # locks that the fork did not copy, and crashes or hangs the worker. Frozen objects are never
+        # collected: the workers keep them frozen, the trainer thaws its own after the forks (unless
+        # something froze objects before us: thawing would thaw those too).
+        thaw = context.get_start_method() == "fork" and gc.get_freeze_count() == 0
+        if context.get_start_method() == "fork":
+            gc.freeze()
         local_config = None
         try:
             for worker_id, slot in enumerate(config.slots):
@@ -267,6 +276,8 @@ class Lifecycle:
                     fault_writer.close()
                 self.processes.append(process)
         finally:
+            if thaw:
+                gc.unfreeze()
             signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
         if local_config is not None:  # built while the workers build theirs
             module_name, class_name = LOCAL_SLOT_ENTRY_POINT.split(":")

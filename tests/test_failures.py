@@ -5,6 +5,7 @@ env step, and remove only what they opened), bad actions and bad launch options.
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import os
 import re
@@ -12,6 +13,7 @@ import signal
 import subprocess
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import helpers
@@ -95,6 +97,34 @@ def test_a_worker_crashing_in_native_code_reports_its_python_stack(
     assert "Python stacks when it crashed" in message
     # the stack names the env code that crashed, and the worker's step loop under it
     assert re.search(r"in crash_natively_here\n.*in step\n", message, re.DOTALL), message
+
+
+class CrashesIfCollectedElsewhere:
+    """Garbage (a reference cycle) whose finalizer crashes natively in any process but its maker's,
+    as a native object that a fork copied without its threads does (a Ray actor handle)."""
+
+    def __init__(self) -> None:
+        self.maker, self.cycle = os.getpid(), self
+
+    def __del__(self) -> None:
+        if os.getpid() != self.maker:
+            helpers.crash_natively_here("segfault")
+
+
+def test_the_trainers_garbage_is_never_collected_in_forked_workers(pool_name: str) -> None:
+    gc.collect()
+    gc.disable()  # the garbage must still be there, uncollected, when the workers fork
+    try:
+        garbage = weakref.ref(CrashesIfCollectedElsewhere())
+        with shmpool.launch(helpers.CountingEnv, 2, num_workers=2, start_method="fork", name=pool_name) as pool:
+            assert gc.get_freeze_count() == 0  # the trainer's objects are collectable again
+            pool.env_apply(lambda env: gc.collect())  # in the workers: the copy must stay uncollected
+            pool.reset(seed=0)
+            pool.step([1, 1])
+    finally:
+        gc.enable()
+    gc.collect()
+    assert garbage() is None  # collected here, in its maker
 
 
 def test_worker_killed_between_steps(pool_name: str) -> None:
