@@ -379,8 +379,11 @@ def cases(env_id: str, num_envs: int, workers: int) -> list[tuple[str, Callable[
         ("gymnasium Async", lambda: vector(lambda: gym.vector.AsyncVectorEnv(fns, shared_memory=True), num_envs)),
         (
             f"shmpool ({workers} workers)",
-            lambda: vector(lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0), num_envs),
+            lambda: vector(
+                lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, trainer_slot=False), num_envs
+            ),
         ),
+        ("shmpool (defaults)", lambda: vector(lambda: shmpool.launch(env_id, num_envs, seed=0), num_envs)),
         (
             "shmpool (trainer slot)",
             lambda: vector(
@@ -658,12 +661,18 @@ def loop_cases(env_id: str, num_envs: int, workers: int, hidden: int) -> list[tu
         ("gymnasium Async", lambda: sync_loop(lambda: gym.vector.AsyncVectorEnv(fns, shared_memory=True), hidden)),
         (
             f"shmpool sync ({workers} workers)",
-            lambda: sync_loop(lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0), hidden),
+            lambda: sync_loop(
+                lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, trainer_slot=False), hidden
+            ),
         ),
+        ("shmpool sync (defaults)", lambda: sync_loop(lambda: shmpool.launch(env_id, num_envs, seed=0), hidden)),
         (
             f"shmpool async (B={half}, {workers} workers)",
             lambda: async_loop(
-                lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, batch_size=half), hidden
+                lambda: shmpool.launch(
+                    env_id, num_envs, num_workers=workers, seed=0, batch_size=half, trainer_slot=False
+                ),
+                hidden,
             ),
         ),
         (

@@ -150,7 +150,7 @@ def test_reset_seeds_list_mask_and_options(pool_name: str) -> None:
 def test_default_workers_and_name() -> None:
     with shmpool.launch("CartPole-v1", 3) as pool:
         assert 1 <= pool.num_workers <= 3
-        assert len(pool.worker_pids) == pool.num_workers
+        assert len(pool.worker_pids) == pool.num_workers - pool.config.trainer_slot
         assert pool.name and pool.name in repr(pool)
         pool.reset(seed=0)
         observations, rewards, terminations, truncations, infos = pool.step([0, 1, 0])

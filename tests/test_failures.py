@@ -128,7 +128,7 @@ def test_the_trainers_garbage_is_never_collected_in_forked_workers(pool_name: st
 
 
 def test_worker_killed_between_steps(pool_name: str) -> None:
-    with shmpool.launch("CartPole-v1", 4, num_workers=2, name=pool_name) as pool:
+    with shmpool.launch("CartPole-v1", 4, num_workers=2, trainer_slot=False, name=pool_name) as pool:
         pool.reset(seed=0)
         os.kill(pool.worker_pids[1], signal.SIGKILL)
         time.sleep(0.1)

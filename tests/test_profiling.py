@@ -21,7 +21,15 @@ def test_phase_profile_times_every_phase_that_runs(pool_name: str) -> None:
     params = {"length": shmpool.Param(low=0.1, high=2.0)}
     hooks = [shmpool.hooks.ObservationNoise(0.01)]
     with shmpool.launch(
-        "CartPole-v1", 8, num_workers=2, name=pool_name, seed=0, profile=True, params=params, hooks=hooks
+        "CartPole-v1",
+        8,
+        num_workers=2,
+        trainer_slot=False,  # the workers' step falls within the trainer's wait
+        name=pool_name,
+        seed=0,
+        profile=True,
+        params=params,
+        hooks=hooks,
     ) as pool:
         pool.reset(seed=0)
         for step in range(200):

@@ -139,6 +139,7 @@ def test_bench_loop_prints_every_runner_and_the_best_cases() -> None:
     rows = [line for line in lines if line.startswith("CartPole-v1 ") and line.split()[1] == "8"]
     assert [row[26:60].strip() for row in rows if "shmpool" in row] == [
         "shmpool sync (2 workers)",
+        "shmpool sync (defaults)",
         "shmpool async (B=4, 2 workers)",
         "shmpool sync (trainer slot)",
         "shmpool async (B=4, trainer slot)",

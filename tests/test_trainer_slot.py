@@ -4,6 +4,7 @@ failures) must come out the same."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import threading
@@ -18,6 +19,7 @@ from helpers import CountingEnv, InfoEnv
 import shmpool
 import shmpool.hooks
 from shmpool.errors import PoolBrokenError, WorkerError
+from shmpool.system import usable_cores
 
 
 def run(pool: shmpool.Pool, steps: int, seed: int) -> list:
@@ -54,6 +56,34 @@ def test_the_trainer_slot_returns_what_worker_processes_return(mode: str, pool_n
     untimed = [name for name in episodes.dtype.names if name != "time"]
     assert len(episodes) > 3 and episodes[untimed].tobytes() == local_episodes[untimed].tobytes()
     np.testing.assert_array_equal(applied, local_applied)
+
+
+def test_by_default_gymnasiums_envs_take_the_trainer_slot_when_no_core_is_spare(pool_name: str) -> None:
+    """The default placement (``trainer_slot=None``): the trainer steps a slot itself when the workers
+    take every usable core, for gymnasium's own envs only; an explicit choice always holds."""
+    workers = max(2, usable_cores())  # as many workers as cores: none left for the trainer
+    if "shmpool-test/Counting-v0" not in gym.registry:
+        gym.register("shmpool-test/Counting-v0", entry_point="helpers:CountingEnv")
+    for env, engine, expected in [
+        ("CartPole-v1", "python", True),
+        ("CartPole-v1", "numba", True),
+        (lambda: gym.make("CartPole-v1"), "python", False),  # the user's own code: kept in workers
+        ("shmpool-test/Counting-v0", "python", False),  # registered, but not gymnasium's code
+    ]:
+        if engine == "numba" and importlib.util.find_spec("numba") is None:
+            continue
+        with shmpool.launch(env, 4, num_workers=workers, engine=engine, name=pool_name) as pool:
+            assert pool.config.trainer_slot is expected, (env, engine)
+            assert len(pool.worker_pids) == workers - expected
+            pool.reset(seed=0)
+            pool.step(np.zeros(4, dtype=np.int64))
+    with shmpool.launch("CartPole-v1", 4, num_workers=workers, trainer_slot=False, name=pool_name) as pool:
+        assert len(pool.worker_pids) == workers
+    with shmpool.launch("CartPole-v1", 4, num_workers=1, name=pool_name) as pool:
+        assert not pool.config.trainer_slot and len(pool.worker_pids) == 1  # one slot: always a worker
+    if usable_cores() > 2:
+        with shmpool.launch("CartPole-v1", 4, num_workers=2, name=pool_name) as pool:
+            assert not pool.config.trainer_slot  # a core is left for the trainer
 
 
 def test_calls_infos_and_async_batches_reach_the_trainer_slot(pool_name: str) -> None:
