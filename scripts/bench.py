@@ -75,6 +75,10 @@ class Settings:
     """nodes of the simulated cluster of --ray."""
     engine: str = "python"
     """the shmpool engine that --profile measures: python or numba (compiled kernels)."""
+    writes: bool = False
+    """instead of the table: what ``params.write`` costs the trainer, for one and for three CartPole
+    parameters, as numbers (one value for every env) and as per-env arrays, against the same values
+    stored with plain numpy, at each of --num-envs (default 32 and 128)."""
     scaling: list[int] = field(default_factory=list)
     """instead of the table: shmpool with each of these worker counts (both engines, numba where
     installed) against gymnasium Sync, for the first of --envs at each of --num-envs (for a machine
@@ -91,6 +95,8 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         given.setdefault("num_envs", [32])
     if given["ray"]:
         given.setdefault("num_envs", [32])
+    if given["writes"]:
+        given.setdefault("num_envs", [32, 128])
     return Settings(**given)
 
 
@@ -798,6 +804,38 @@ def best_cases(env_id: str, num_envs: int, workers: int, hidden: int) -> str:
 
 
 @contextmanager
+def write_costs(settings: Settings) -> None:
+    """Prints the trainer's cost of ``params.write`` against plain numpy stores of the same values
+    (which skip validation, the writers' lock and the per-env atomicity ``write`` gives)."""
+    params = {name: shmpool.Param(low=0.01, high=100.0) for name in UPDATED}
+    header = f"{'num_envs':>8}  {'what':<24} {'raw numpy us':>13} {'write() us':>11} {'x raw':>6}"
+    print(header)
+    print("-" * len(header))
+    for num_envs in settings.num_envs:
+        with shmpool.launch("CartPole-v1", num_envs, num_workers=1, params=params, seed=0) as pool:
+            rng = np.random.default_rng(0)
+            for count in (1, 3):
+                for kind in ("numbers", "per-env arrays"):
+                    values = {
+                        name: float(np.mean(bounds)) if kind == "numbers" else rng.uniform(*bounds, num_envs)
+                        for name, bounds in list(UPDATED.items())[:count]
+                    }
+                    raw, written = _write_and_raw_costs(pool.params, values)
+                    what = f"{count} param{'s' if count > 1 else ''}, {kind}"
+                    print(f"{num_envs:>8}  {what:<24} {raw:>13.1f} {written:>11.1f} {written / raw:>6.1f}")
+
+
+def _write_and_raw_costs(block: Any, values: dict[str, Any]) -> tuple[float, float]:
+    """Microseconds per plain numpy store of ``values`` into every env's row, and per ``write``."""
+    columns = [(block[name], value) for name, value in values.items()]
+
+    def raw() -> None:
+        for column, value in columns:
+            column[:] = value
+
+    return _microseconds_per_call(raw), _microseconds_per_call(lambda: block.write(None, **values))
+
+
 def ray_cluster(simulated_nodes: int) -> Iterator[int]:
     """Connects to the Ray cluster at RAY_ADDRESS, or starts a simulated one of ``simulated_nodes``
     nodes on this machine (``ray.cluster_utils.Cluster``, loopback only, its files in a temporary
@@ -908,6 +946,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     if settings.scaling:
         scaling(settings)
+        return
+    if settings.writes:
+        write_costs(settings)
         return
     rows: list[tuple[str, int, str, float, float, float]] = []
     plan = [

@@ -147,28 +147,48 @@ class ParamBlock:
                     staged.extend(self._stage(spec, ids, values[spec.name]))
             last = None if env_ids is None else last_rows(ids)
             if last is not None:  # an env given twice: its last row, each env's counter bumped once
-                rows, staged = ids[last], [(column, array[last]) for column, array in staged]
+                rows = ids[last]
+                staged = [(column, array if isinstance(array, float) else array[last]) for column, array in staged]
             return self._seqlock.write(rows, staged)
 
-    def _plain_values(self, specs: list[ParamSpec], values: dict[str, Any], count: int) -> list[np.ndarray] | None:
-        """The values as they are when every one is a float64 array of one value per env for a scalar
-        float64 parameter and all are within bounds (the common write, checked with one min and one
-        max over all of them); None sends the write through :meth:`_stage`, which names a bad value."""
-        arrays = []
+    def _plain_values(
+        self, specs: list[ParamSpec], values: dict[str, Any], count: int
+    ) -> list[float | np.ndarray] | None:
+        """The values as they are when each is, for a scalar float64 parameter, a float (or an int
+        or numpy float: one value for every env) or a float64 array of one value per env, and all
+        are within bounds: the common writes, checked in Python for a number, and with one min and
+        one max over all the arrays. None sends the write through :meth:`_stage`, which names a bad
+        value."""
+        plain: list[float | np.ndarray] = []
+        arrays, array_specs = [], []
         for spec in specs:
             value = values[spec.name]
-            if spec.dist or spec.shape or spec.dtype != _FLOAT64 or type(value) is not np.ndarray:
+            if spec.dist or spec.shape or spec.dtype != _FLOAT64:
                 return None
-            if value.dtype != _FLOAT64 or value.shape != (count,):
+            kind = type(value)
+            if kind is float or kind is int or kind is np.float64:
+                try:
+                    number = float(value)  # a float64 stores an int as this rounds it
+                except OverflowError:
+                    return None
+                if not (spec.bounds[0] <= number <= spec.bounds[1] and math.isfinite(number)):
+                    return None
+                plain.append(number)
+            elif kind is np.ndarray and value.dtype == _FLOAT64 and value.shape == (count,):
+                arrays.append(value)
+                array_specs.append(spec)
+                plain.append(value)
+            else:
                 return None
-            arrays.append(value)
-        stacked = np.array(arrays)  # one min and one max over all of them: numpy calls dominate here
-        smallest, largest = stacked.min(axis=1).tolist(), stacked.max(axis=1).tolist()
-        for spec, low, high in zip(specs, smallest, largest):
-            # NaN fails every comparison; infinities fail isfinite.
-            if not (spec.bounds[0] <= low and high <= spec.bounds[1] and math.isfinite(low) and math.isfinite(high)):
-                return None
-        return arrays
+        if arrays:
+            stacked = np.array(arrays)  # one min and one max over all of them: numpy calls dominate here
+            smallest, largest = stacked.min(axis=1).tolist(), stacked.max(axis=1).tolist()
+            for spec, low, high in zip(array_specs, smallest, largest):
+                # NaN fails every comparison; infinities fail isfinite.
+                within = spec.bounds[0] <= low and high <= spec.bounds[1]
+                if not (within and math.isfinite(low) and math.isfinite(high)):
+                    return None
+        return plain
 
     def _env_ids(self, env_ids: Any) -> np.ndarray:
         return self._all if env_ids is None else env_rows(env_ids, len(self._block))

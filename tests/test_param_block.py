@@ -191,3 +191,26 @@ def test_write_refuses_values_the_parameters_dtype_cannot_hold(pool_name: str) -
         assert pool.applied["i64"].tolist() == [2**63 - 1, 2**53 + 1]
         assert (pool.applied["u8"][0], bool(pool.applied["flag"][0]), pool.applied["f32"][0]) == (255, True, 3.5)
         assert pool.params.refusals == dict.fromkeys(params, 0)
+
+
+def test_numbers_for_every_env_are_written_as_arrays_of_them_are(pool_name: str) -> None:
+    """A number (float, int, numpy float) for a float64 parameter goes the quick way; it must give
+    what an array of it gives, and be refused the same way, naming the parameter and the value."""
+    params = {"a": Param(1.0, low=0.0, high=10.0, bind=False), "b": Param(1.0, low=-5.0, high=5.0, bind=False)}
+    with shmpool.launch("CartPole-v1", 4, num_workers=1, name=pool_name, params=params) as pool:
+        version = pool.params.write(None, a=2.5, b=np.float64(-1.5))
+        assert pool.params["a"].tolist() == [2.5] * 4 and pool.params["b"].tolist() == [-1.5] * 4
+        assert pool.params.write([3, 1, 3], a=7, b=np.array([0.5, 1.0, 2.0])) == version + 1
+        assert pool.params["a"].tolist() == [2.5, 7.0, 2.5, 7.0]
+        assert pool.params["b"].tolist() == [-1.5, 1.0, -1.5, 2.0]  # env 3 given twice: its last row
+        for value, shown in [(10.5, "10.5"), (float("nan"), "nan"), (float("inf"), "inf"), (10**400, "1000000")]:
+            with pytest.raises(ValueError, match=rf"CartPole-v1: params\['a'\].* = {shown}"):
+                pool.params.write(None, a=value, b=0.0)
+        with pytest.raises(ValueError, match=r"params\['b'\]\[2\] = 6"):
+            pool.params.write(None, a=1.0, b=np.array([0.0, 0.0, 6.0, 0.0]))
+        assert pool.params["a"].tolist() == [2.5, 7.0, 2.5, 7.0]  # nothing of a refused write landed
+        pool.params.write(slice(0, 2), a=True)  # a bool is 0 or 1, as numpy stores it
+        assert pool.params["a"].tolist() == [1.0, 1.0, 2.5, 7.0]
+        pool.reset(seed=0)
+        pool.step(np.zeros(4, dtype=np.int64))
+        np.testing.assert_array_equal(pool.applied["a"], pool.params["a"])

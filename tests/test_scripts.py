@@ -111,6 +111,17 @@ def bench_lines(*options: str) -> list[str]:
     return result.stdout.splitlines()
 
 
+def test_bench_writes_prints_write_costs_against_raw_numpy() -> None:
+    lines = bench_lines("--writes")
+    assert "raw numpy us" in lines[0] and "write() us" in lines[0]
+    rows = [line.split(maxsplit=1) for line in lines[2:]]
+    whats = [what.rsplit(maxsplit=3)[0] for _, what in rows]
+    assert whats == ["1 param, numbers", "1 param, per-env arrays", "3 params, numbers", "3 params, per-env arrays"]
+    for _, what in rows:
+        raw, written, ratio = (float(number) for number in what.split()[-3:])
+        assert raw > 0 and written > 0 and ratio > 0
+
+
 def test_bench_quick_prints_a_table() -> None:
     lines = bench_lines()
     assert "x Async" in lines[0] and "x Sync" in lines[0]

@@ -43,9 +43,9 @@ class Seqlock:
         """How many writes of the block have been published (one in flight is not yet counted)."""
         return int(self._words[W_PARAMS_GENERATION]) // 2
 
-    def write(self, rows: slice | np.ndarray, staged: Sequence[tuple[np.ndarray, np.ndarray]]) -> int:
-        """Writes each ``(target column view, values)`` at ``rows``, atomically per row; returns the
-        :attr:`version` once it is published. Hold the lock."""
+    def write(self, rows: slice | np.ndarray, staged: Sequence[tuple[np.ndarray, np.ndarray | float]]) -> int:
+        """Writes each ``(target column view, values)`` at ``rows`` (values: one per row, or one for
+        all), atomically per row; returns the :attr:`version` once it is published. Hold the lock."""
         seq, words = self.seq, self._words
         generation = int(words[W_PARAMS_GENERATION])
         self._undo_bytes[rows] = self._block_bytes[rows]
