@@ -803,7 +803,6 @@ def best_cases(env_id: str, num_envs: int, workers: int, hidden: int) -> str:
     )
 
 
-@contextmanager
 def write_costs(settings: Settings) -> None:
     """Prints the trainer's cost of ``params.write`` against plain numpy stores of the same values
     (which skip validation, the writers' lock and the per-env atomicity ``write`` gives)."""
@@ -836,6 +835,7 @@ def _write_and_raw_costs(block: Any, values: dict[str, Any]) -> tuple[float, flo
     return _microseconds_per_call(raw), _microseconds_per_call(lambda: block.write(None, **values))
 
 
+@contextmanager
 def ray_cluster(simulated_nodes: int) -> Iterator[int]:
     """Connects to the Ray cluster at RAY_ADDRESS, or starts a simulated one of ``simulated_nodes``
     nodes on this machine (``ray.cluster_utils.Cluster``, loopback only, its files in a temporary

@@ -152,8 +152,10 @@ class PoolConfig:
     step theirs: one process fewer, for machines with fewer cores than workers plus the trainer
     (see :mod:`shmpool.workers.local` for what it costs: an env that hangs or crashes there stops
     the trainer). None (the default) chooses it when no core is left for the trainer (usable
-    cores <= workers, and 2 workers or more) and the envs are gymnasium's own, on the python or
-    numba engine; your own env code stays in worker processes, where a hang or a crash is caught."""
+    cores <= workers, and 2 workers or more) and only library code would run there: gymnasium's
+    pure-Python envs (classic control, toy text) on the python or numba engine, with shmpool's own
+    hooks and bindings and no ``worker_init``. Your own code stays in worker processes, where a hang
+    or a crash is caught."""
     episode_statistics: bool = True
     """Add ``infos["episode"]`` (return ``r``, length ``l``, time ``t``) and ``infos["_episode"]`` at
     each episode's end. False leaves the key to a gymnasium ``RecordEpisodeStatistics`` wrapper
@@ -164,7 +166,8 @@ class PoolConfig:
     nothing is timed and the step pays nothing."""
     worker_init: Callable[[], Any] | None = None
     """Called once in each worker process before its envs are made (thread counts, logging,
-    ``shmpool.mujoco.log_to_python``); it must be picklable for ``spawn`` and ``forkserver``."""
+    ``shmpool.mujoco.log_to_python``); it must be picklable for ``spawn`` and ``forkserver``. Not
+    called for the trainer's own slot (``trainer_slot``), which the default never picks with it."""
     engine: str = "python"
     """How a worker steps its slot: ``"python"``, env by env (any gymnasium env); ``"numba"``, the
     whole slot in one compiled call of a batch kernel (:mod:`shmpool.kernels`: CartPole-v1,
@@ -222,9 +225,7 @@ class PoolConfig:
         methods = multiprocess.get_all_start_methods()
         if self.start_method is not None and self.start_method not in methods:
             raise ValueError(f"start_method must be None or one of {methods}, got {self.start_method!r}")
-        if self.trainer_slot is None:
-            settle("trainer_slot", _default_trainer_slot(self))
-        for option in ("copy", "info_params", "episode_statistics", "profile", "trainer_slot"):
+        for option in ("copy", "info_params", "episode_statistics", "profile"):
             if not isinstance(getattr(self, option), (bool, np.bool_)):
                 raise TypeError(f"{option} must be True or False, got {getattr(self, option)!r}")
         if isinstance(self.hooks, (str, bytes)) or not isinstance(self.hooks, Iterable):
@@ -235,6 +236,10 @@ class PoolConfig:
         for hook in self.hooks:
             if not any(callable(getattr(hook, method, None)) for method in (*PHASES, "params")):
                 raise TypeError(f"hooks: {hook!r:.80} has none of {', '.join(PHASES)} or params(); see shmpool.hooks")
+        if self.trainer_slot is None:
+            settle("trainer_slot", _default_trainer_slot(self))
+        elif not isinstance(self.trainer_slot, (bool, np.bool_)):
+            raise TypeError(f"trainer_slot must be True, False or None, got {self.trainer_slot!r}")
         settle("event_capacity", _count("event_capacity", self.event_capacity, 1, MAX_COUNT))
         settle("event_payload", _count("event_payload", self.event_payload, 0, MAX_COUNT))
         metrics = _mapping("episode_metrics", self.episode_metrics)
@@ -366,22 +371,41 @@ def _default_workers(config: PoolConfig) -> int:
     return cores
 
 
+#: The gymnasium envs that the default placement may step in the trainer's process: pure Python,
+#: they neither hang nor crash (Box2D's and MuJoCo's native code can abort the process).
+TRAINER_SAFE_ENVS = ("gymnasium.envs.classic_control.", "gymnasium.envs.toy_text.")
+
+
 def _default_trainer_slot(config: PoolConfig) -> bool:
-    """Whether the trainer steps a slot itself: when the workers take every usable core, so that the
-    trainer would only take turns with them (CartPole-v1 x32, 2 workers on 2 cores, a small MLP
-    between steps: 1.2x the throughput of a worker per slot), and only for gymnasium's own envs,
-    which neither hang nor crash: a hang or a crash of other env code is caught only in a worker."""
+    """Whether the trainer steps a slot itself (``trainer_slot=None``): when the workers take every
+    usable core, so that the trainer would only take turns with them (CartPole-v1 x32, 2 workers on
+    2 cores: 1.3x to 1.6x the throughput of a worker per slot, random actions or an MLP between
+    steps), and only when nothing but library code would run there: gymnasium's pure-Python envs,
+    shmpool's hooks and bindings, no ``worker_init``. A hang or a crash of the user's own code is
+    caught only in a worker process."""
     assert config.num_workers is not None
     if config.num_workers < 2 or usable_cores() > config.num_workers or config.engine not in ("python", "numba"):
         return False
-    if not isinstance(config.env, str):
+    if not isinstance(config.env, str) or config.worker_init is not None:
+        return False
+    binds = [getattr(param, "bind", None) for param in (config.params or {}).values()]
+    if not all(_library_code(thing) for thing in (*config.hooks, *binds)):
         return False
     try:
         entry_point = gymnasium.spec(config.env).entry_point
     except gymnasium.error.Error:
         return False  # an unknown id fails later, with gymnasium's message
-    module = entry_point if isinstance(entry_point, str) else getattr(entry_point, "__module__", "")
-    return module.startswith("gymnasium.envs.")
+    module = entry_point if isinstance(entry_point, str) else getattr(entry_point, "__module__", None)
+    return isinstance(module, str) and module.startswith(TRAINER_SAFE_ENVS)
+
+
+def _library_code(thing: Any) -> bool:
+    """Whether ``thing`` (a hook, a binding) runs only shmpool's code: a name, a flag, or an object
+    of one of shmpool's classes."""
+    if thing is None or isinstance(thing, (str, bool)):
+        return True
+    module = type(thing).__module__
+    return isinstance(module, str) and module.startswith("shmpool.")
 
 
 def _check_mujoco_engine(config: PoolConfig) -> None:

@@ -12,6 +12,7 @@ import gc
 import importlib
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -157,6 +158,18 @@ def plan_layout(config: PoolConfig, observation_leaves: Sequence[Leaf], action_l
     return Layout.plan(specs, meta)
 
 
+#: Held while a launch forks its workers with the garbage collector off (see ``start_workers``).
+_FORKING = threading.Lock()
+
+
+def _new_forking_lock() -> None:
+    global _FORKING
+    _FORKING = threading.Lock()  # a child forked while another thread launched must not inherit it held
+
+
+os.register_at_fork(after_in_child=_new_forking_lock)
+
+
 class Lifecycle:
     """What a pool must release, and the calls that create, drive and release it."""
 
@@ -219,12 +232,15 @@ class Lifecycle:
         previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         # A forked worker inherits the trainer's garbage too. Collected there, a finalizer of the
         # trainer's native objects (a Ray actor handle, a MuJoCo batch) runs against threads and
-        # locks that the fork did not copy, and crashes or hangs the worker. Frozen objects are never
-        # collected: the workers keep them frozen, the trainer thaws its own after the forks (unless
-        # something froze objects before us: thawing would thaw those too).
-        thaw = context.get_start_method() == "fork" and gc.get_freeze_count() == 0
-        if context.get_start_method() == "fork":
-            gc.freeze()
+        # locks that the fork did not copy, and crashes or hangs the worker. So the forks happen with
+        # the collector off, which the workers inherit, and a worker freezes what it inherited
+        # before it turns the collector on (workers.main.run). One launch forks at a time: another
+        # thread's launch must not turn the collector back on under these forks.
+        forking = context.get_start_method() == "fork"
+        if forking:
+            _FORKING.acquire()
+            collecting = gc.isenabled()
+            gc.disable()
         local_config = None
         try:
             for worker_id, slot in enumerate(config.slots):
@@ -276,8 +292,10 @@ class Lifecycle:
                     fault_writer.close()
                 self.processes.append(process)
         finally:
-            if thaw:
-                gc.unfreeze()
+            if forking:
+                if collecting:
+                    gc.enable()
+                _FORKING.release()
             signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
         if local_config is not None:  # built while the workers build theirs
             module_name, class_name = LOCAL_SLOT_ENTRY_POINT.split(":")

@@ -27,6 +27,7 @@ WRITE_LOCK_TIMEOUT = 5.0
 
 
 _FLOAT64 = np.dtype(np.float64)
+_INT64_MIN, _UINT64_MAX = -(1 << 63), (1 << 64) - 1
 
 
 class ParamBlock:
@@ -166,11 +167,9 @@ class ParamBlock:
             if spec.dist or spec.shape or spec.dtype != _FLOAT64:
                 return None
             kind = type(value)
-            if kind is float or kind is int or kind is np.float64:
-                try:
-                    number = float(value)  # a float64 stores an int as this rounds it
-                except OverflowError:
-                    return None
+            if kind is float or kind is np.float64 or (kind is int and _INT64_MIN <= value <= _UINT64_MAX):
+                # Beyond 64 bits an int is no number to numpy: the slow path refuses it, naming it.
+                number = float(value)  # a float64 stores an int as this rounds it
                 if not (spec.bounds[0] <= number <= spec.bounds[1] and math.isfinite(number)):
                     return None
                 plain.append(number)

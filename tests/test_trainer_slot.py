@@ -4,12 +4,14 @@ failures) must come out the same."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -58,6 +60,18 @@ def test_the_trainer_slot_returns_what_worker_processes_return(mode: str, pool_n
     np.testing.assert_array_equal(applied, local_applied)
 
 
+class EveryStepHook:
+    """A hook of the user's own: code the default placement keeps out of the trainer."""
+
+    def after_step(self, batch: Any) -> None:
+        pass
+
+
+def set_length(env: Any, value: Any) -> None:
+    """A binding of the user's own."""
+    env.unwrapped.length = float(value)
+
+
 def test_by_default_gymnasiums_envs_take_the_trainer_slot_when_no_core_is_spare(pool_name: str) -> None:
     """The default placement (``trainer_slot=None``): the trainer steps a slot itself when the workers
     take every usable core, for gymnasium's own envs only; an explicit choice always holds."""
@@ -72,13 +86,20 @@ def test_by_default_gymnasiums_envs_take_the_trainer_slot_when_no_core_is_spare(
     ]:
         if engine == "numba" and importlib.util.find_spec("numba") is None:
             continue
-        with shmpool.launch(env, 4, num_workers=workers, engine=engine, name=pool_name) as pool:
+        with shmpool.launch(env, workers, num_workers=workers, engine=engine, name=pool_name) as pool:
             assert pool.config.trainer_slot is expected, (env, engine)
             assert len(pool.worker_pids) == workers - expected
             pool.reset(seed=0)
-            pool.step(np.zeros(4, dtype=np.int64))
-    with shmpool.launch("CartPole-v1", 4, num_workers=workers, trainer_slot=False, name=pool_name) as pool:
-        assert len(pool.worker_pids) == workers
+            pool.step(np.zeros(workers, dtype=np.int64))
+    user_code = [
+        {"worker_init": functools.partial(os.environ.setdefault, "SHMPOOL_TEST_INIT", "1")},
+        {"hooks": [EveryStepHook()]},
+        {"params": {"length": shmpool.Param(0.5, low=0.1, high=2.0, bind=set_length)}},
+        {"trainer_slot": False},
+    ]
+    for options in user_code:  # code of the user's, or an explicit choice: worker processes only
+        with shmpool.launch("CartPole-v1", workers, num_workers=workers, name=pool_name, **options) as pool:
+            assert not pool.config.trainer_slot and len(pool.worker_pids) == workers, options
     with shmpool.launch("CartPole-v1", 4, num_workers=1, name=pool_name) as pool:
         assert not pool.config.trainer_slot and len(pool.worker_pids) == 1  # one slot: always a worker
     if usable_cores() > 2:

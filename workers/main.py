@@ -15,6 +15,7 @@ and ends the process itself if that has not happened within a grace period.
 from __future__ import annotations
 
 import faulthandler
+import gc
 import os
 import signal
 import sys
@@ -88,7 +89,13 @@ def run(config: WorkerConfig, call_pipe: Any, fault_pipe: Any) -> None:
     the pipe where a crash in native code leaves the worker's Python stack for the trainer."""
     # A segmentation fault or abort kills the worker before any except clause runs: faulthandler,
     # from its signal handler, is what can still tell the trainer where each thread was.
+    # Non-blocking: a dump larger than the pipe is cut short instead of blocking the dying worker.
+    os.set_blocking(fault_pipe.fileno(), False)
     faulthandler.enable(file=fault_pipe.fileno(), all_threads=True)
+    # A forked worker starts with the collector off (Lifecycle.start_workers): what it inherited is
+    # the trainer's to collect, so it is frozen, never collected here, before the collector runs.
+    gc.freeze()
+    gc.enable()
     ignore_interrupts()
     _keep_helper_fds_from_children()
     owner = ProcessWatch(config.owner_pid, config.owner_start_ticks)
