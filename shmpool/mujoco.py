@@ -27,7 +27,7 @@ This module imports ``mujoco`` only when a binding is resolved (inside a worker 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -183,6 +183,27 @@ class ModelBinding:
                 simulation.batch.set_const([index])
 
         return read, write
+
+    def write_many(self, simulations: Sequence[Simulation], values: np.ndarray) -> None:
+        """What each simulation's ``resolve_in_batch`` writer writes, for all of ``simulations`` (of
+        one batch) at once, value ``k`` to simulation ``k``: one numpy assignment into the batch's
+        per-simulation field, and one ``set_const`` for those simulations when the field needs it."""
+        first = simulations[0]
+        model, batch = first.nominal, first.batch
+        owner, attribute = (model.opt, self.field[4:]) if self.field.startswith("opt.") else (model, self.field)
+        array = getattr(owner, attribute)
+        scalar = not isinstance(array, np.ndarray)
+        location = () if scalar else self._location(model)
+        nominal = np.array(array) if scalar else np.array(array[location])
+        targets = nominal * np.asarray(values) if self.relative else np.asarray(values)
+        expanded = batch.expand(self.field)
+        first.expanded.add(self.field)
+        indices = np.fromiter((simulation.index for simulation in simulations), np.intp, len(simulations))
+        expanded[(indices,) + location] = targets
+        for simulation in simulations:
+            simulation.model_changed = True
+        if self.set_const:
+            batch.set_const(indices.tolist())
 
 
 def body_mass(body: str, *, relative: bool = False) -> ModelBinding:

@@ -165,6 +165,8 @@ def randomized_run(env_id: str, engine: str, pool_name: str, spec: dict[str, Par
         for t in range(2 * LIMIT):
             if t == 15 and "damping" in spec:
                 pool.params["damping"][:2] = 2.5  # a per-step parameter written mid-episode
+            if t == 25 and "gear" in spec:  # and for every env at once (one assignment for the batch)
+                pool.params.write(None, gear=np.array([0.9, 1.2, 1.4]), armature=2.0)
             actions = rng.uniform(-1, 1, pool.action_space.shape).astype(np.float32)
             results.append(pool.step(actions)[:4])
         results.append({name: np.array(pool.applied[name]) for name in spec})

@@ -65,11 +65,12 @@ from shmpool.system import (
 from shmpool.workers.envs import EnvSlice, Slot
 from shmpool.workers.hook_runner import HookError, HookRunner
 from shmpool.workers.kernels import KernelParams, KernelSlice
-from shmpool.workers.mujoco_batch import MujocoSlice
+from shmpool.workers.mujoco_batch import BatchParams, MujocoSlice
 from shmpool.workers.param_applier import ParamApplier
 
 #: The slot of each engine (``PoolConfig.engine``).
 _SLICES: dict[str, type[Slot]] = {"python": EnvSlice, "numba": KernelSlice, "mujoco": MujocoSlice}
+_APPLIERS: dict[str, type[ParamApplier]] = {"python": ParamApplier, "numba": KernelParams, "mujoco": BatchParams}
 
 
 class OwnerGone(BaseException):
@@ -307,9 +308,8 @@ class Worker:
             if in_own_process and config.worker_init is not None:
                 config.worker_init()
                 ignore_interrupts()  # again: the user's setup must not make Ctrl-C kill workers
-            kernel = config.engine == "numba"
             params = (
-                (KernelParams if kernel else ParamApplier)(
+                _APPLIERS[config.engine](
                     list(config.params),
                     self._views,
                     config.env_ids,

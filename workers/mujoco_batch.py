@@ -32,8 +32,9 @@ from gymnasium.wrappers import TimeLimit
 from shmpool.config import WorkerConfig, factory_of, make_env
 from shmpool.infos import InfoWriter
 from shmpool.kernels import NO_LIMIT
-from shmpool.mujoco import Simulation
+from shmpool.mujoco import Simulation, simulation_of
 from shmpool.mujoco_tasks import Infos, task_of
+from shmpool.params import ParamSpec
 from shmpool.workers.envs import ArraySlot
 from shmpool.workers.param_applier import ParamApplier
 
@@ -45,6 +46,34 @@ def _time_limit(env: gymnasium.Env) -> TimeLimit | None:
             return layer
         layer = layer.env
     return None
+
+
+class BatchParams(ParamApplier):
+    """The slot's parameters under ``engine="mujoco"``: a parameter bound to a model field
+    (:class:`shmpool.mujoco.ModelBinding`) is written for many simulations at once, one numpy
+    assignment into the batch's per-simulation field, instead of env by env; the others as the
+    Python engine writes them."""
+
+    _simulations: dict[int, Simulation]
+
+    def attach_env(self, local: int, env: Any) -> None:
+        """Notes env ``local``'s simulation, then resolves and applies as the Python engine does."""
+        if not hasattr(self, "_simulations"):
+            self._simulations = {}
+        self._simulations[local] = simulation_of(env)  # type: ignore[assignment]
+        super().attach_env(local, env)
+
+    def _apply(self, spec: ParamSpec, rows: np.ndarray, values: np.ndarray) -> None:
+        write_many = getattr(spec.bind, "write_many", None)
+        simulations = [self._simulations.get(local) for local in rows.tolist()]
+        if write_many is None or None in simulations:
+            super()._apply(spec, rows, values)
+            return
+        write_many(simulations, values)
+        self._applied[spec.name][rows] = values
+
+    def _apply_all(self, spec: ParamSpec, values: np.ndarray) -> None:
+        self._apply(spec, self._all_rows, values)
 
 
 class MujocoSlice(ArraySlot):
