@@ -148,12 +148,16 @@ WRITE_COST = {"seconds": 0.0, "calls": 0}
 
 @contextmanager
 def with_updates(
-    make: Callable[[], gym.vector.VectorEnv], num_envs: int, how: str
+    make: Callable[[], gym.vector.VectorEnv],
+    num_envs: int,
+    how: str,
+    updated: dict[str, tuple[float, float]] = UPDATED,
 ) -> Iterator[tuple[Callable[[Any], None], list[Any], int]]:
-    """A vector env whose three CartPole parameters get new values for every env before every step:
-    through shmpool's ``params.write`` (``how="write"``), or gymnasium's ``set_attr``."""
+    """A vector env whose parameters ``updated`` (three of CartPole's by default) get new values,
+    uniform in their range, for every env before every step: through shmpool's ``params.write``
+    (``how="write"``), or gymnasium's ``set_attr``."""
     rng = np.random.default_rng(0)
-    updates = [{name: rng.uniform(low, high, num_envs) for name, (low, high) in UPDATED.items()} for _ in range(32)]
+    updates = [{name: rng.uniform(low, high, num_envs) for name, (low, high) in updated.items()} for _ in range(32)]
     with vector(make, num_envs) as (step, actions, env_steps):
         envs = step.__self__
         counter = [0]
@@ -250,6 +254,8 @@ WAKE_UPS = "shmpool, 1,000 wake-ups/s, no event"
 COMPILED_HOOKS = "shmpool, 3 hooks compiled=True"
 #: The "numba engine" rows' labels, for the notes.
 NUMBA, NUMBA_LOADED, ENVPOOL = "shmpool numba", "numba, 3 params/step + 3 hooks", "EnvPool"
+#: Rows with three parameters declared, and with them written for every env before every step.
+PARAMS_IDLE, PARAMS_WRITTEN = "3 params, no writes", "3 params written/step"
 
 
 def compiled_cases(env_id: str, num_envs: int, workers: int) -> list[tuple[str, Callable[[], Any]]]:
@@ -263,7 +269,11 @@ def compiled_cases(env_id: str, num_envs: int, workers: int) -> list[tuple[str, 
     if env_id.startswith("CartPole"):
         params = {name: shmpool.Param(low=0.01, high=100.0) for name in UPDATED}
         loaded = lambda: numba(params=params, hooks=three_hooks())  # noqa: E731
-        rows.append((NUMBA_LOADED, lambda: with_updates(loaded, num_envs, "write")))
+        rows += [
+            (f"numba, {PARAMS_IDLE}", lambda: vector(lambda: numba(params=params), num_envs)),
+            (f"numba, {PARAMS_WRITTEN}", lambda: with_updates(lambda: numba(params=params), num_envs, "write")),
+            (NUMBA_LOADED, lambda: with_updates(loaded, num_envs, "write")),
+        ]
     if envpool_installed():
         rows.append((f"{ENVPOOL} ({workers} threads)", lambda: envpool_steps(env_id, num_envs, workers)))
     return rows
@@ -350,9 +360,35 @@ def mujoco_cases(env_id: str, num_envs: int, workers: int) -> list[tuple[str, Ca
                 lambda: vector(lambda: engine("python", num_workers=workers, params=params, hooks=hooks), num_envs),
             ),
         ]
+    if env_id.startswith("HalfCheetah"):
+        written = per_step_randomization()
+        rows += [
+            (f"shmpool mujoco, {PARAMS_IDLE}", lambda: vector(lambda: engine("mujoco", params=written), num_envs)),
+            (
+                f"shmpool mujoco, {PARAMS_WRITTEN}",
+                lambda: with_updates(lambda: engine("mujoco", params=written), num_envs, "write", PER_STEP_RANGES),
+            ),
+        ]
     if envpool_installed():
         rows.append((f"{ENVPOOL} ({workers} threads)", lambda: envpool_steps(env_id, num_envs, workers)))
     return rows
+
+
+#: The per-step randomization of HalfCheetah's rows: floor friction, a joint's damping and an
+#: actuator's gear, each scaled by U(0.8, 1.2) for every env before every step.
+PER_STEP_RANGES = {"friction": (0.8, 1.2), "damping": (0.8, 1.2), "gear": (0.8, 1.2)}
+
+
+def per_step_randomization() -> dict[str, shmpool.Param]:
+    """HalfCheetah's three per-step parameters (:data:`PER_STEP_RANGES`), as relative model fields."""
+    from shmpool import mujoco as smj
+
+    binds = {
+        "friction": smj.geom_friction("floor", relative=True),
+        "damping": smj.dof_damping("bthigh", relative=True),
+        "gear": smj.actuator_gear("bthigh", relative=True),
+    }
+    return {name: shmpool.Param(1.0, low=0.1, high=10.0, bind=bind) for name, bind in binds.items()}
 
 
 def mujoco_notes(measured: dict[tuple[str, int], dict[str, float]], workers: int) -> list[str]:
@@ -423,8 +459,8 @@ def cases(env_id: str, num_envs: int, workers: int) -> list[tuple[str, Callable[
         rows += [
             ("shmpool, 1,000 events/s sent", lambda: with_event_sender(kicked, num_envs, 1000)),
             (WAKE_UPS, lambda: with_event_sender(kicked, num_envs, 1000, send=False)),
-            ("shmpool, 3 params, no writes", lambda: vector(pool, num_envs)),
-            ("shmpool, 3 params written/step", lambda: with_updates(pool, num_envs, "write")),
+            (f"shmpool, {PARAMS_IDLE}", lambda: vector(pool, num_envs)),
+            (f"shmpool, {PARAMS_WRITTEN}", lambda: with_updates(pool, num_envs, "write")),
             (
                 "Async, set_attr x3 per step",
                 lambda: with_updates(lambda: gym.vector.AsyncVectorEnv(fns, shared_memory=True), num_envs, "set_attr"),
@@ -984,12 +1020,18 @@ def main(argv: list[str] | None = None) -> None:
                 f"{1 - results['shmpool, randomized'] / plain:.0%}; randomized shmpool is "
                 f"{results['shmpool, randomized'] / results['gymnasium Sync']:.2f}x Sync"
             )
-        if "shmpool, 3 params written/step" in results:
-            written = results["shmpool, 3 params written/step"]
+        if f"shmpool, {PARAMS_WRITTEN}" in results:
+            written = results[f"shmpool, {PARAMS_WRITTEN}"]
             notes.append(
-                f"{env_id} x{num_envs}: param writes keep {written / results['shmpool, 3 params, no writes']:.2f} "
+                f"{env_id} x{num_envs}: param writes keep {written / results[f'shmpool, {PARAMS_IDLE}']:.2f} "
                 f"of no-write throughput; {written / results['Async, set_attr x3 per step']:.1f}x Async with set_attr"
             )
+        for engine in ("numba", "shmpool mujoco"):
+            if f"{engine}, {PARAMS_WRITTEN}" in results:
+                kept = results[f"{engine}, {PARAMS_WRITTEN}"] / results[f"{engine}, {PARAMS_IDLE}"]
+                notes.append(
+                    f"{env_id} x{num_envs}: {engine} engine, param writes keep {kept:.2f} of no-write throughput"
+                )
     notes += compiled_notes(measured, settings.workers) + mujoco_notes(measured, settings.workers)
     if WRITE_COST["calls"]:
         notes.append(
