@@ -70,6 +70,7 @@ from shmpool.workers.param_applier import ParamApplier
 
 #: The slot of each engine (``PoolConfig.engine``).
 _SLICES: dict[str, type[Slot]] = {"python": EnvSlice, "numba": KernelSlice, "mujoco": MujocoSlice}
+#: The parameter applier of each engine.
 _APPLIERS: dict[str, type[ParamApplier]] = {"python": ParamApplier, "numba": KernelParams, "mujoco": BatchParams}
 
 

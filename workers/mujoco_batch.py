@@ -54,13 +54,13 @@ class BatchParams(ParamApplier):
     assignment into the batch's per-simulation field, instead of env by env; the others as the
     Python engine writes them."""
 
-    _simulations: dict[int, Simulation]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._simulations: dict[int, Simulation | None] = {}
 
     def attach_env(self, local: int, env: Any) -> None:
         """Notes env ``local``'s simulation, then resolves and applies as the Python engine does."""
-        if not hasattr(self, "_simulations"):
-            self._simulations = {}
-        self._simulations[local] = simulation_of(env)  # type: ignore[assignment]
+        self._simulations[local] = simulation_of(env)
         super().attach_env(local, env)
 
     def _apply(self, spec: ParamSpec, rows: np.ndarray, values: np.ndarray) -> None:
