@@ -195,7 +195,8 @@ class ModelBinding:
         scalar = not isinstance(array, np.ndarray)
         location = () if scalar else self._location(model)
         nominal = np.array(array) if scalar else np.array(array[location])
-        targets = nominal * np.asarray(values) if self.relative else np.asarray(values)
+        # float64 as the per-simulation writer's product of Python numbers, whatever ``values``' dtype
+        targets = nominal * np.asarray(values, dtype=np.float64) if self.relative else np.asarray(values)
         expanded = batch.expand(self.field)
         first.expanded.add(self.field)
         indices = np.fromiter((simulation.index for simulation in simulations), np.intp, len(simulations))
@@ -203,7 +204,7 @@ class ModelBinding:
         for simulation in simulations:
             simulation.model_changed = True
         if self.set_const:
-            batch.set_const(indices.tolist())
+            batch.set_const(np.unique(indices).tolist())  # Batch.set_const takes sorted, unique ids
 
 
 def body_mass(body: str, *, relative: bool = False) -> ModelBinding:

@@ -16,7 +16,7 @@ from gymnasium.vector import AutoresetMode
 import shmpool
 from shmpool import Param
 from shmpool import mujoco as smj
-from shmpool.hooks import Perturb
+from shmpool.hooks import Perturb, Resample
 
 mujoco = pytest.importorskip("mujoco.batch", reason='needs mujoco>=4.0: pip install -e ".[mujoco]"')
 
@@ -406,3 +406,29 @@ def test_unsupported_ids_and_parameters_the_engine_cannot_apply_are_refused(pool
             params={"ctrl_cost_weight": Param(default=0.001, low=0.0, high=1.0, when="rebuild")},
             name=pool_name,
         )
+
+
+def test_redraws_mid_episode_write_the_batch_as_the_python_engine_writes_envs(pool_name: str) -> None:
+    """``Resample`` redraws a mass (``set_const``) and a friction for the envs due, several at once,
+    and checks its names at launch with a redraw of no env: the batch takes both as env by env."""
+    spec = smj.scale_randomization(mass=(0.6, 1.4))
+    runs = {}
+    for engine in ("python", "mujoco"):
+        with shmpool.launch(
+            "HalfCheetah-v5",
+            4,
+            engine=engine,
+            params=spec,
+            hooks=[Resample(["mass_scale", "friction_scale"], every=3)],
+            seed=2,
+            name=f"{pool_name}-{engine}",
+        ) as pool:
+            steps = [pool.reset(seed=1)[0]]
+            actions = np.full(pool.action_space.shape, 0.4, dtype=np.float32)
+            for _ in range(10):
+                steps.append(pool.step(actions)[0])
+            runs[engine] = (steps, np.array(pool.applied))
+    for t, (expected, got) in enumerate(zip(runs["python"][0], runs["mujoco"][0])):
+        np.testing.assert_array_equal(got, expected, err_msg=f"step {t}")
+    assert runs["python"][1].tobytes() == runs["mujoco"][1].tobytes()
+    assert len(set(runs["mujoco"][1]["mass_scale"].tolist())) == 4  # each env its own draw

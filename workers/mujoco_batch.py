@@ -32,7 +32,7 @@ from gymnasium.wrappers import TimeLimit
 from shmpool.config import WorkerConfig, factory_of, make_env
 from shmpool.infos import InfoWriter
 from shmpool.kernels import NO_LIMIT
-from shmpool.mujoco import Simulation, simulation_of
+from shmpool.mujoco import ModelBinding, Simulation, simulation_of
 from shmpool.mujoco_tasks import Infos, task_of
 from shmpool.params import ParamSpec
 from shmpool.workers.envs import ArraySlot
@@ -64,16 +64,25 @@ class BatchParams(ParamApplier):
         super().attach_env(local, env)
 
     def _apply(self, spec: ParamSpec, rows: np.ndarray, values: np.ndarray) -> None:
-        write_many = getattr(spec.bind, "write_many", None)
         simulations = [self._simulations.get(local) for local in rows.tolist()]
-        if write_many is None or None in simulations:
+        if not _writes_many(spec) or not simulations or None in simulations:
             super()._apply(spec, rows, values)
             return
-        write_many(simulations, values)
+        spec.bind.write_many(simulations, values)  # type: ignore[union-attr]
         self._applied[spec.name][rows] = values
 
     def _apply_all(self, spec: ParamSpec, values: np.ndarray) -> None:
-        self._apply(spec, self._all_rows, values)
+        if _writes_many(spec):
+            self._apply(spec, self._all_rows, values)
+        else:
+            super()._apply_all(spec, values)
+
+
+def _writes_many(spec: ParamSpec) -> bool:
+    """Whether ``spec``'s binding is a plain :class:`ModelBinding`, whose ``write_many`` writes what its
+    per-simulation writer would (a subclass that changes how it resolves is written env by env)."""
+    bind = spec.bind
+    return isinstance(bind, ModelBinding) and type(bind).resolve_in_batch is ModelBinding.resolve_in_batch
 
 
 class MujocoSlice(ArraySlot):
