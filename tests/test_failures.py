@@ -117,7 +117,7 @@ def test_the_trainers_garbage_is_never_collected_in_forked_workers(pool_name: st
     try:
         garbage = weakref.ref(CrashesIfCollectedElsewhere())
         with shmpool.launch(helpers.CountingEnv, 2, num_workers=2, start_method="fork", name=pool_name) as pool:
-            assert gc.get_freeze_count() == 0  # the trainer's objects are collectable again
+            assert gc.get_freeze_count() == 0  # the trainer freezes none of its own objects
             pool.env_apply(lambda env: gc.collect())  # in the workers: the copy must stay uncollected
             pool.reset(seed=0)
             pool.step([1, 1])
