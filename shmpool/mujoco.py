@@ -50,13 +50,6 @@ class Simulation:
         #: Whether a binding changed this simulation's model since its env's ``MjModel`` was copied.
         self.model_changed = False
 
-    def field(self, name: str) -> Any:
-        """This simulation's row of model field ``name`` (``"opt.<name>"`` for options), made per
-        simulation first: writing it changes this simulation only."""
-        expanded = self.batch.expand(name)
-        self.expanded.add(name)
-        return expanded[self.index : self.index + 1] if expanded.ndim == 1 else expanded[self.index]
-
 
 def simulation_of(env: Any) -> Simulation | None:
     """The batch simulation that runs ``env`` under ``engine="mujoco"``; None for an env of its own."""
@@ -150,61 +143,55 @@ class ModelBinding:
 
         return read, write
 
+    def _nominal_value(self, model: Any) -> tuple[tuple[Any, ...], np.ndarray]:
+        """Where the bound value sits in a row of the field (``()`` for a scalar option), and its
+        value in ``model``."""
+        owner, attribute = (model.opt, self.field[4:]) if self.field.startswith("opt.") else (model, self.field)
+        array = getattr(owner, attribute)
+        if not isinstance(array, np.ndarray):
+            return (), np.array(array)
+        location = self._location(model)
+        return location, np.array(array[location])
+
     def resolve_in_batch(self, simulation: Simulation) -> tuple[Callable[[], Any], Callable[[Any], None]]:
         """:meth:`resolve` for an env of ``engine="mujoco"``: the same values, written into its
-        simulation's row of the batch's per-simulation field (made per simulation at the first write,
-        so a field no parameter changes stays shared), and ``set_const`` for that simulation only."""
-        model = simulation.nominal
-        owner, attribute = (model.opt, self.field[4:]) if self.field.startswith("opt.") else (model, self.field)
-        location = self._location(model)
-        array = getattr(owner, attribute)
-        scalar = not isinstance(array, np.ndarray)
-        nominal = np.array(array) if scalar else np.array(array[location])
-        index, set_const = simulation.index, self.set_const
+        simulation's row of the batch's per-simulation field by :meth:`batch_writer`."""
+        location, nominal = self._nominal_value(simulation.nominal)
+        write_many, index = self.batch_writer(simulation), simulation.index
 
         # The batch is looked up through the simulation at each call: closing the slot releases it.
         def read() -> Any:
             if self.relative:
                 return np.ones(nominal.shape)
             current = simulation.batch.expanded(self.field)
-            if current is None:
-                return nominal.copy()
-            return np.array(current[index]) if scalar else np.array(current[index][location])
+            return nominal.copy() if current is None else np.array(current[index][location])
 
         def write(value: Any) -> None:
-            target = nominal * np.asarray(value) if self.relative else np.asarray(value)
-            row = simulation.field(self.field)
-            if scalar:
-                row[0] = float(target)
-            else:
-                row[location] = target
-            simulation.model_changed = True
-            if set_const:
-                simulation.batch.set_const([index])
+            write_many([simulation], np.asarray(value)[np.newaxis])
 
         return read, write
 
-    def write_many(self, simulations: Sequence[Simulation], values: np.ndarray) -> None:
-        """What each simulation's ``resolve_in_batch`` writer writes, for all of ``simulations`` (of
-        one batch) at once, value ``k`` to simulation ``k``: one numpy assignment into the batch's
-        per-simulation field, and one ``set_const`` for those simulations when the field needs it."""
-        first = simulations[0]
-        model, batch = first.nominal, first.batch
-        owner, attribute = (model.opt, self.field[4:]) if self.field.startswith("opt.") else (model, self.field)
-        array = getattr(owner, attribute)
-        scalar = not isinstance(array, np.ndarray)
-        location = () if scalar else self._location(model)
-        nominal = np.array(array) if scalar else np.array(array[location])
-        # float64 as the per-simulation writer's product of Python numbers, whatever ``values``' dtype
-        targets = nominal * np.asarray(values, dtype=np.float64) if self.relative else np.asarray(values)
-        expanded = batch.expand(self.field)
-        first.expanded.add(self.field)
-        indices = np.fromiter((simulation.index for simulation in simulations), np.intp, len(simulations))
-        expanded[(indices,) + location] = targets
-        for simulation in simulations:
-            simulation.model_changed = True
-        if self.set_const:
-            batch.set_const(np.unique(indices).tolist())  # Batch.set_const takes sorted, unique ids
+    def batch_writer(self, simulation: Simulation) -> Callable[[Sequence[Simulation], np.ndarray], None]:
+        """A function writing ``values`` into ``simulations`` of ``simulation``'s batch, value ``k``
+        to simulation ``k``: one numpy assignment into the batch's per-simulation field (made per
+        simulation at the first write, so a field no parameter changes stays shared), and one
+        ``set_const`` for those simulations when the field needs it."""
+        location, nominal = self._nominal_value(simulation.nominal)
+
+        def write(simulations: Sequence[Simulation], values: np.ndarray) -> None:
+            batch = simulation.batch  # looked up at each call: closing the slot releases it
+            # float64, as the product of a Python number and the nominal, whatever ``values``' dtype
+            targets = nominal * np.asarray(values, dtype=np.float64) if self.relative else np.asarray(values)
+            expanded = batch.expand(self.field)
+            simulation.expanded.add(self.field)
+            indices = np.fromiter((one.index for one in simulations), np.intp, len(simulations))
+            expanded[(indices,) + location] = targets
+            for one in simulations:
+                one.model_changed = True
+            if self.set_const:
+                batch.set_const(np.unique(indices).tolist())  # Batch.set_const takes sorted, unique ids
+
+        return write
 
 
 def body_mass(body: str, *, relative: bool = False) -> ModelBinding:

@@ -4,8 +4,10 @@ same parameters and pushes."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import gymnasium as gym
@@ -209,14 +211,7 @@ def test_same_parameters_and_pushes_give_the_python_engines_trajectories(env_id:
 
 def test_attach_events_and_checkpoints_act_as_on_the_python_engine(pool_name: str) -> None:
     spec = {
-        "mass": Param(
-            dist="uniform",
-            default={"low": 0.8, "high": 1.2},
-            low=0.5,
-            high=2.0,
-            when="reset",
-            bind=smj.body_mass("torso", relative=True),
-        ),
+        "mass": smj.scale_randomization()["mass_scale"],  # torso mass x U(0.8, 1.2), drawn per episode
         "gravity": Param(low=-20.0, high=0.0, bind=smj.gravity()),
     }
     runs = {}
@@ -269,15 +264,28 @@ def test_velocity_push_and_a_mass_change_touch_one_simulation_only(pool_name: st
         np.testing.assert_array_equal(masses[0].body_subtreemass, expected[0].body_subtreemass)
 
 
+@contextlib.contextmanager
+def stepped_beside_gymnasium(
+    env_id: str, num_envs: int, pool_name: str, seed: int, action: float, steps: int
+) -> Iterator[tuple[shmpool.Pool, gym.vector.SyncVectorEnv, np.ndarray]]:
+    """A pool on the MuJoCo engine and gymnasium's SyncVectorEnv of the same envs, both reset with
+    ``seed`` and stepped ``steps`` times with ``action`` for every env: ``(pool, reference, actions)``."""
+    with shmpool.launch(env_id, num_envs, engine="mujoco", name=pool_name) as pool:
+        reference = gym.vector.SyncVectorEnv([lambda: gym.make(env_id) for _ in range(num_envs)])
+        try:
+            pool.reset(seed=seed)
+            reference.reset(seed=seed)
+            actions = np.full(pool.action_space.shape, action, dtype=np.float32)
+            for _ in range(steps):
+                pool.step(actions)
+                reference.step(actions)
+            yield pool, reference, actions
+        finally:
+            reference.close()
+
+
 def test_vector_api_sees_each_env_materialized(pool_name: str) -> None:
-    with shmpool.launch("Hopper-v5", 3, engine="mujoco", name=pool_name) as pool:
-        reference = gym.vector.SyncVectorEnv([lambda: gym.make("Hopper-v5") for _ in range(3)])
-        pool.reset(seed=4)
-        reference.reset(seed=4)
-        actions = np.full(pool.action_space.shape, 0.3, dtype=np.float32)
-        for _ in range(5):
-            pool.step(actions)
-            reference.step(actions)
+    with stepped_beside_gymnasium("Hopper-v5", 3, pool_name, seed=4, action=0.3, steps=5) as (pool, reference, actions):
         np.testing.assert_array_equal(np.stack(pool.call("state_vector")), np.stack(reference.call("state_vector")))
         assert pool.get_attr("_elapsed_steps") == reference.get_attr("_elapsed_steps") == (5, 5, 5)
         # set_attr of a constant the task reads holds from the next step, as on gymnasium's env
@@ -292,19 +300,11 @@ def test_vector_api_sees_each_env_materialized(pool_name: str) -> None:
             pool.set_attr("_ctrl_cost_weight", [0.5, 0.1, 0.5])
         assert pool.get_attr("_ctrl_cost_weight") == (0.5, 0.5, 0.5)  # given back; the pool goes on
         assert_same_step(pool.step(actions), reference.step(actions), "after a refused call")
-        reference.close()
 
 
 @pytest.mark.parametrize("env_id", ["Ant-v5", "Humanoid-v5"])
 def test_a_call_that_moves_the_state_and_the_materialized_data_match_gymnasium(env_id: str, pool_name: str) -> None:
-    with shmpool.launch(env_id, 2, engine="mujoco", name=pool_name) as pool:
-        reference = gym.vector.SyncVectorEnv([lambda: gym.make(env_id) for _ in range(2)])
-        pool.reset(seed=1)
-        reference.reset(seed=1)
-        actions = np.full(pool.action_space.shape, 0.2, dtype=np.float32)
-        for _ in range(4):
-            pool.step(actions)
-            reference.step(actions)
+    with stepped_beside_gymnasium(env_id, 2, pool_name, seed=1, action=0.2, steps=4) as (pool, reference, actions):
         # what a call sees: the env's MjData as gymnasium's holds it, contact forces included
         for name in ("cfrc_ext", "cacc", "xpos", "qacc_warmstart"):
             mine = [getattr(data, name) for data in pool.call("get_wrapper_attr", "data")]
@@ -322,7 +322,6 @@ def test_a_call_that_moves_the_state_and_the_materialized_data_match_gymnasium(e
         for env in reference.envs:
             shift(env)
         assert_same_step(pool.step(actions), reference.step(actions), "after a call that moved the state")
-        reference.close()
 
 
 @pytest.mark.parametrize(("env_id", "reward"), [("Hopper-v5", 2), ("InvertedDoublePendulum-v5", 5), ("Ant-v5", 3)])

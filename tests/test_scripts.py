@@ -182,18 +182,24 @@ def test_demo_quick_runs_curriculum_and_plots(tmp_path: Path) -> None:
     assert table == ["1", "2", "3", "4"]  # one row per generation here, the last one only once
 
 
-@pytest.mark.parametrize("mode", [[], ["--async"]], ids=["step", "send-recv"])
-@helpers.needs(*SCRIPT_NEEDS["ppo"])
-def test_ppo_quick_prints_returns_and_plots(mode: list[str], tmp_path: Path) -> None:
-    plot = tmp_path / "ppo.png"
+def run_ppo(plot: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    """``scripts/ppo.py --quick --plot PLOT OPTIONS``, checked to succeed."""
     result = subprocess.run(
-        [sys.executable, "scripts/ppo.py", "--quick", "--plot", str(plot), *mode],
+        [sys.executable, "scripts/ppo.py", "--quick", "--plot", str(plot), *options],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
+    return result
+
+
+@pytest.mark.parametrize("mode", [[], ["--async"]], ids=["step", "send-recv"])
+@helpers.needs(*SCRIPT_NEEDS["ppo"])
+def test_ppo_quick_prints_returns_and_plots(mode: list[str], tmp_path: Path) -> None:
+    plot = tmp_path / "ppo.png"
+    result = run_ppo(plot, *mode)
     lines = result.stdout.splitlines()
     header = next(line for line in lines if line.split()[:2] == ["iteration", "env"])
     assert header.split()[-2:] == ["return", "pole"]
@@ -210,14 +216,7 @@ def test_ppo_quick_prints_returns_and_plots(mode: list[str], tmp_path: Path) -> 
 @helpers.needs(*SCRIPT_NEEDS["ppo"], "mujoco")
 def test_ppo_quick_trains_a_randomized_robot_on_the_mujoco_engine(tmp_path: Path) -> None:
     plot = tmp_path / "ppo.png"
-    result = subprocess.run(
-        [sys.executable, "scripts/ppo.py", "--quick", "--env", "Hopper-v5", "--engine", "mujoco", "--plot", str(plot)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
+    result = run_ppo(plot, "--env", "Hopper-v5", "--engine", "mujoco")
     lines = result.stdout.splitlines()
     assert "engine mujoco" in lines[0]
     rows = [line.split() for line in lines if line[:9].strip().isdigit()]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium
@@ -57,6 +58,7 @@ class BatchParams(ParamApplier):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._simulations: dict[int, Simulation | None] = {}
+        self._batch_writers: dict[int, Callable[[list[Simulation], np.ndarray], None]] = {}
 
     def attach_env(self, local: int, env: Any) -> None:
         """Notes env ``local``'s simulation, then resolves and applies as the Python engine does."""
@@ -68,7 +70,10 @@ class BatchParams(ParamApplier):
         if not _writes_many(spec) or not simulations or None in simulations:
             super()._apply(spec, rows, values)
             return
-        spec.bind.write_many(simulations, values)  # type: ignore[union-attr]
+        write = self._batch_writers.get(spec.index)
+        if write is None:  # one per parameter: every simulation of the slot shares the batch
+            write = self._batch_writers[spec.index] = spec.bind.batch_writer(simulations[0])  # type: ignore[union-attr]
+        write(simulations, values)  # type: ignore[arg-type]
         self._applied[spec.name][rows] = values
 
     def _apply_all(self, spec: ParamSpec, values: np.ndarray) -> None:
@@ -79,7 +84,7 @@ class BatchParams(ParamApplier):
 
 
 def _writes_many(spec: ParamSpec) -> bool:
-    """Whether ``spec``'s binding is a plain :class:`ModelBinding`, whose ``write_many`` writes what its
+    """Whether ``spec``'s binding is a plain :class:`ModelBinding`, whose ``batch_writer`` writes what its
     per-simulation writer would (a subclass that changes how it resolves is written env by env)."""
     bind = spec.bind
     return isinstance(bind, ModelBinding) and type(bind).resolve_in_batch is ModelBinding.resolve_in_batch
