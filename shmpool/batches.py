@@ -14,7 +14,8 @@ Each worker is in one of four states, and moves through them in order::
     IDLE ──send/async_reset──▶ BUSY ──DONE seen──▶ READY ──recv──▶ RETURNED ──send──▶ BUSY ...
 
 ``recv`` waits until ``batch_size / slot size`` workers are READY, takes the first to have
-finished (whatever their ids) and returns their rows, in worker order, with ``infos["env_id"]``;
+finished (whatever their ids) and returns their rows, in worker order, with ``infos["env_id"]``
+(with ``recv_order="sent"``: the workers whose commands went out first, waiting for them);
 ``send`` takes actions for whole RETURNED slots. Each worker's command has its own sequence number,
 so one worker can start a step while another is still on its previous one.
 
@@ -159,7 +160,8 @@ class Batches:
         if now >= self._next_check:
             self._next_check = now + TRAINER_POLL_INTERVAL
             self._check_in_flight(now)
-        if len(ready) < needed:
+        in_sent_order = self._config.recv_order == "sent"
+        if len(ready) < needed or in_sent_order:
             busy = self._busy()
             if len(ready) + len(busy) < needed:
                 raise RuntimeError(
@@ -167,22 +169,30 @@ class Batches:
                     f"{sum(self._slots[k][1] - self._slots[k][0] for k in (*ready, *busy))} are: call "
                     f"async_reset() first, and send() the actions of the envs each recv() returns"
                 )
+            if in_sent_order:  # the oldest commands, whether they finished or not; wait for those only
+                oldest = sorted((*ready, *busy), key=lambda k: (self._seq[k], k))[:needed]
+                busy = {k: busy[k] for k in oldest if k in busy}
+                waiting = lambda: bool(busy)  # noqa: E731
+            else:
+                waiting = lambda: len(ready) < needed  # noqa: E731
             # Spinning takes a core: only when one is free of stepping workers (see TRAINER_SPIN).
             spin = TRAINER_SPIN if len(busy) < self._cores else 0
-            while len(ready) < needed:  # the deadline of the workers still stepping, after each wait
+            while waiting():  # the deadline of the workers still stepping, after each wait
                 self._mark_ready(self._waiter.wait_some(busy, "recv", self._deadline(busy), spin), busy)
         self._waiter.raise_failures("recv")
-        # The first to finish, in worker order within the batch: a batch of every env is in env order.
-        chosen = tuple(sorted(ready[k] for k in range(needed)))
+        order = oldest if in_sent_order else [ready[k] for k in range(needed)]
+        # In worker order within the batch: a batch of every env is in env order.
+        chosen = tuple(sorted(order))
         slot_set = self._slot_sets.get(chosen)
         if slot_set is None:
             slot_set = self._slot_sets[chosen] = SlotSet(self._slots, chosen)
         # Read before anything changes: Ctrl-C here leaves the batch queued for the next recv.
         results = self._results.batch(slot_set, [self._was_reset[k] for k in chosen])
-        handout = Handout(results, tuple(ready[k] for k in range(needed)), slot_set, self._returned)
+        handout = Handout(results, tuple(order), slot_set, self._returned)
         held.hold()
-        for _ in range(needed):
-            self._state[ready.popleft()] = RETURNED
+        for worker_id in order:
+            ready.remove(worker_id)
+            self._state[worker_id] = RETURNED
         self._returned = slot_set
         return handout
 

@@ -147,12 +147,18 @@ class PoolConfig:
     batch_size: int | None = None
     """Envs per ``recv()`` of the async API (``async_reset``/``send``/``recv``, EnvPool's); None:
     ``num_envs``. A multiple of the slot size, with equal slots (see :mod:`shmpool.batches`)."""
+    recv_order: str = "finished"
+    """Which envs a ``recv()`` of async batches returns: ``"finished"``, the first to finish their
+    step (a slow or descheduled worker is passed over); ``"sent"``, those whose step was sent first
+    (it waits for them), so that every env comes round once per ``num_envs / batch_size`` recvs, as
+    EnvPool's queue order gives with envs of equal cost (:mod:`shmpool.envpool` uses it)."""
     trainer_slot: bool | None = None
     """Step the last slot in the trainer's process instead of a worker process's, while the workers
     step theirs: one process fewer, for machines with fewer cores than workers plus the trainer
     (see :mod:`shmpool.workers.local` for what it costs: an env that hangs or crashes there stops
     the trainer). None (the default) chooses it when no core is left for the trainer (usable
-    cores <= workers, and 2 workers or more) and only library code would run there: gymnasium's
+    cores <= workers, and 2 workers or more), the pool steps all envs at once (no async
+    ``batch_size``), and only library code would run there: gymnasium's
     pure-Python envs (classic control, toy text) on the python or numba engine, with shmpool's own
     hooks and bindings and no ``worker_init``. Your own code stays in worker processes, where a hang
     or a crash is caught."""
@@ -236,10 +242,6 @@ class PoolConfig:
         for hook in self.hooks:
             if not any(callable(getattr(hook, method, None)) for method in (*PHASES, "params")):
                 raise TypeError(f"hooks: {hook!r:.80} has none of {', '.join(PHASES)} or params(); see shmpool.hooks")
-        if self.trainer_slot is None:
-            settle("trainer_slot", _default_trainer_slot(self))
-        elif not isinstance(self.trainer_slot, (bool, np.bool_)):
-            raise TypeError(f"trainer_slot must be True, False or None, got {self.trainer_slot!r}")
         settle("event_capacity", _count("event_capacity", self.event_capacity, 1, MAX_COUNT))
         settle("event_payload", _count("event_payload", self.event_payload, 0, MAX_COUNT))
         metrics = _mapping("episode_metrics", self.episode_metrics)
@@ -254,8 +256,14 @@ class PoolConfig:
                 + (f"slots of {self.num_envs // workers} envs" if self.num_envs % workers == 0 else "unequal slots")
             )
         settle("batch_size", batch)
+        if self.recv_order not in ("finished", "sent"):
+            raise ValueError(f"recv_order must be 'finished' or 'sent', got {self.recv_order!r}")
         if batch != self.num_envs and mode == AutoresetMode.DISABLED:
             raise ValueError("batch_size: async batches autoreset envs (NEXT_STEP or SAME_STEP), not DISABLED")
+        if self.trainer_slot is None:
+            settle("trainer_slot", _default_trainer_slot(self))  # after batch_size: see there
+        elif not isinstance(self.trainer_slot, (bool, np.bool_)):
+            raise TypeError(f"trainer_slot must be True, False or None, got {self.trainer_slot!r}")
         mode_ok = (
             all(isinstance(space, gymnasium.Space) for space in self.observation_mode)
             if isinstance(self.observation_mode, tuple) and len(self.observation_mode) == 2
@@ -380,12 +388,15 @@ def _default_trainer_slot(config: PoolConfig) -> bool:
     """Whether the trainer steps a slot itself (``trainer_slot=None``): when the workers take every
     usable core, so that the trainer would only take turns with them (CartPole-v1 x32, 2 workers on
     2 cores: 1.3x to 1.6x the throughput of a worker per slot, random actions or an MLP between
-    steps), and only when nothing but library code would run there: gymnasium's pure-Python envs,
+    steps), without async batches (``batch_size < num_envs``: they overlap the trainer's policy with
+    the workers' steps), and only when nothing but library code would run there: gymnasium's pure-Python envs,
     shmpool's hooks and bindings, no ``worker_init``. A hang or a crash of the user's own code is
     caught only in a worker process."""
     assert config.num_workers is not None
     if config.num_workers < 2 or usable_cores() > config.num_workers or config.engine not in ("python", "numba"):
         return False
+    if config.batch_size != config.num_envs:
+        return False  # async batches overlap the trainer's policy with steps: a slot it steps cannot
     if not isinstance(config.env, str) or config.worker_init is not None:
         return False
     binds = [getattr(param, "bind", None) for param in (config.params or {}).values()]

@@ -30,6 +30,7 @@ EXTRA_OF = {
     "torch": "examples",
     "matplotlib": "plot",
     "rich": "plot",
+    "envpool": "bench",
 }
 
 

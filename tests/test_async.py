@@ -85,6 +85,34 @@ def test_each_env_follows_its_own_trajectory_whatever_order_slots_finish(pool_na
             assert mine[1:] == theirs[1:], f"env {env_id} step {step}"
 
 
+def test_recv_order_sent_returns_every_env_once_per_cycle_however_slow_its_slot(pool_name: str) -> None:
+    """With slots of 0 to 4 ms per step, first-finished order returns the fast slots more often;
+    ``recv_order="sent"`` returns them in the order their steps went out, each env once per cycle,
+    and every env still follows its own trajectory."""
+    env_fns = [uneven(i) for i in range(8)]
+    got: dict[int, list[tuple]] = {i: [] for i in range(8)}
+    sent: dict[int, list[int]] = {i: [] for i in range(8)}
+    with pytest.raises(ValueError, match="recv_order must be 'finished' or 'sent', got 'fifo'"):
+        shmpool.launch(env_fns, num_workers=4, batch_size=4, recv_order="fifo")
+    with shmpool.launch(env_fns, num_workers=4, batch_size=2, recv_order="sent", name=pool_name) as pool:
+        pool.async_reset(seed=100)
+        for cycle in range(15):
+            seen = []
+            for _ in range(4):  # four recvs of one slot each: one cycle over the 8 envs
+                observations, rewards, terminations, truncations, infos = pool.recv()
+                seen.extend(infos["env_id"].tolist())
+                for row, env_id in enumerate(infos["env_id"].tolist()):
+                    got[env_id].append((observations[row], rewards[row], terminations[row], truncations[row]))
+                    sent[env_id].append(env_id % 2)
+                pool.send(infos["env_id"] % 2, infos["env_id"])
+            assert sorted(seen) == list(range(8)), cycle
+    for env_id in range(8):
+        expected = replay(env_id, 100 + env_id, sent[env_id], len(got[env_id]))
+        for step, (mine, theirs) in enumerate(zip(got[env_id], expected)):
+            np.testing.assert_array_equal(mine[0], theirs[0], err_msg=f"env {env_id} step {step}")
+            assert mine[1:] == theirs[1:], f"env {env_id} step {step}"
+
+
 def test_a_batch_of_every_env_is_the_synchronous_step(pool_name: str) -> None:
     with shmpool.launch("CartPole-v1", 4, num_workers=2, seed=3, name=pool_name) as pool:
         assert pool.batch_size == 4

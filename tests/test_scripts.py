@@ -85,7 +85,7 @@ SCRIPT_NEEDS = {"demo": ("rich", "matplotlib"), "ppo": ("torch", "matplotlib"), 
     "script",
     [
         pytest.param(script, marks=helpers.needs(*SCRIPT_NEEDS.get(script, ())))
-        for script in ("bench", "demo", "curriculum", "robot_dr", "soak", "ppo")
+        for script in ("bench", "demo", "curriculum", "robot_dr", "soak", "ppo", "envpool_loop")
     ],
 )
 def test_scripts_document_their_options(script: str) -> None:
@@ -227,6 +227,18 @@ def test_ppo_quick_trains_a_randomized_robot_on_the_mujoco_engine(tmp_path: Path
 
 
 @helpers.needs(*SCRIPT_NEEDS["robot_dr"])
+def test_envpool_loop_quick_lengthens_the_poles_it_receives() -> None:
+    result = subprocess.run(
+        [sys.executable, "scripts/envpool_loop.py", "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["env", "pole", "length", "episodes"]
+    lengths = [float(line.split()[1]) for line in lines[1:17]]
+    assert min(lengths) == max(lengths) == 0.8  # 0.5, lengthened by 0.05 at six curriculum steps
+    assert "env steps in" in lines[-1]
+
+
 def test_robot_dr_prints_applied_ranges() -> None:
     result = subprocess.run(
         [sys.executable, "scripts/robot_dr.py", "--quick"],

@@ -91,13 +91,14 @@ def test_by_default_gymnasiums_envs_take_the_trainer_slot_when_no_core_is_spare(
             assert len(pool.worker_pids) == workers - expected
             pool.reset(seed=0)
             pool.step(np.zeros(workers, dtype=np.int64))
-    user_code = [
+    worker_only = [
         {"worker_init": functools.partial(os.environ.setdefault, "SHMPOOL_TEST_INIT", "1")},
         {"hooks": [EveryStepHook()]},
         {"params": {"length": shmpool.Param(0.5, low=0.1, high=2.0, bind=set_length)}},
         {"trainer_slot": False},
+        {"batch_size": 1},  # async batches (one slot each): the trainer's policy overlaps the steps
     ]
-    for options in user_code:  # code of the user's, or an explicit choice: worker processes only
+    for options in worker_only:  # code of the user's, async batches, or an explicit choice: workers only
         with shmpool.launch("CartPole-v1", workers, num_workers=workers, name=pool_name, **options) as pool:
             assert not pool.config.trainer_slot and len(pool.worker_pids) == workers, options
     with shmpool.launch("CartPole-v1", 4, num_workers=1, name=pool_name) as pool:
