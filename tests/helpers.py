@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import importlib.util
 import os
 import resource
@@ -31,16 +32,30 @@ EXTRA_OF = {
     "matplotlib": "plot",
     "rich": "plot",
     "envpool": "bench",
+    "torchrl": "torchrl",
+    "rllib": "rllib",
 }
+
+
+#: Extras whose module is there without them (``ray`` ships ``ray.rllib``, which needs the ``rllib``
+#: extra's dependencies): what must import for the extra to count as installed.
+IMPORTED_FOR = {"rllib": "ray.rllib.algorithms.ppo"}
 
 
 def missing_extras(*modules: str) -> list[str]:
     """Those of ``modules`` (keys of :data:`EXTRA_OF`) that are not installed, each as its install line."""
-    return [
-        f'{module}: pip install -e ".[{EXTRA_OF[module]}]"'
-        for module in modules
-        if importlib.util.find_spec(module) is None
-    ]
+    return [f'{module}: pip install -e ".[{EXTRA_OF[module]}]"' for module in modules if not _installed(module)]
+
+
+@functools.cache
+def _installed(module: str) -> bool:
+    if module not in IMPORTED_FOR:
+        return importlib.util.find_spec(module) is not None
+    try:
+        importlib.import_module(IMPORTED_FOR[module])
+    except ImportError:
+        return False
+    return True
 
 
 def needs(*modules: str) -> pytest.MarkDecorator:

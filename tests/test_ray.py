@@ -16,7 +16,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,35 +24,15 @@ import numpy as np
 import pytest
 from conftest import descendants, shm_entries
 from helpers import CountingEnv, PairEnv, wait_gone
+from ray_support import cmdline, no_leftovers_but_rays, ray_environment, wait_for
 
 import shmpool
 import shmpool.ray  # cheap: Ray itself is imported on first use
-from shmpool.system import stat_fields
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason='needs Ray: pip install -e ".[ray]"')
 
 ROOT = Path(__file__).resolve().parents[1]
 NODES = 2
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as file:
-            return file.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _parent(pid: int) -> int:
-    fields = stat_fields(pid)
-    return 0 if fields is None else int(fields[1])
-
-
-def _rays_own(pid: int) -> bool:
-    """A worker process that a raylet started and keeps for Ray (an idle worker, or the process of an
-    actor that is being torn down): a child of a raylet. The pools' workers are children of a host
-    actor's process, never of a raylet, so they are still checked."""
-    return "/raylet/raylet" in _cmdline(_parent(pid))
 
 
 @pytest.fixture(scope="module")
@@ -62,14 +41,7 @@ def cluster() -> Iterator[Any]:
     before = descendants(os.getpid())
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray puts Unix sockets in it
     with pytest.MonkeyPatch.context() as patch:
-        # Loopback only: without it a local Cluster binds the machine's network address.
-        patch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        patch.setenv("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves the machine
-        # Sessions, sockets and the "current cluster" file in a folder of our own, not /tmp/ray,
-        # where another user's ray.init() would find this cluster.
-        patch.setenv("RAY_TMPDIR", temp)
-        # The workers Ray starts import the tests' env classes (helpers) by name.
-        patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")])))
+        ray_environment(patch, temp)
         import ray
         from ray._private import ray_constants
         from ray.cluster_utils import Cluster
@@ -90,38 +62,13 @@ def cluster() -> Iterator[Any]:
             simulated.shutdown()
             shutil.rmtree(temp, ignore_errors=True)
     alive = sorted(wait_for(lambda: descendants(os.getpid()) - before, 10.0))
-    assert not alive, f"Ray left processes behind: {[(pid, _cmdline(pid)[:80]) for pid in alive]}"
-
-
-def wait_for(check: Any, seconds: float) -> Any:
-    """Polls ``check`` until it returns something empty, or ``seconds`` pass; returns its last value."""
-    deadline = time.monotonic() + seconds
-    while True:
-        value = check()
-        if not value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.05)
+    assert not alive, f"Ray left processes behind: {[(pid, cmdline(pid)[:80]) for pid in alive]}"
 
 
 @pytest.fixture(autouse=True)
 def no_leftovers(request: pytest.FixtureRequest, cluster: Any) -> Iterator[None]:
-    """conftest's check (no segment and no child process left behind), less the worker processes
-    that Ray starts and keeps for itself (children of a raylet); replaces conftest's for this module."""
-    short = re.sub(r"[^A-Za-z0-9]+", "_", request.node.name)[-40:]
-    marker = f"t{uuid.uuid4().hex[:6]}-{short}"
-    request.node.leak_marker = marker
-    before = descendants(os.getpid())
-    yield
-    deadline = time.monotonic() + 10.0  # a host actor's pool closes within its close(); Ray's exit lags
-    while True:
-        processes = sorted(pid for pid in descendants(os.getpid()) - before if not _rays_own(pid))
-        segments = shm_entries(marker)
-        if not processes and not segments:
-            return
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    pytest.fail(f"test left behind processes {[(p, _cmdline(p)[:80]) for p in processes]} and shared memory {segments}")
+    """conftest's check, less the processes Ray keeps for itself; replaces conftest's for this module."""
+    yield from no_leftovers_but_rays(request)
 
 
 def assert_same(ours: Any, theirs: Any, path: str = "") -> None:
@@ -484,7 +431,6 @@ def test_num_envs_is_the_total_and_the_old_keywords_still_work_with_a_warning(po
 
 def test_events_env_apply_global_step_and_state_dict_go_through_the_nodes(pool_name: str, tmp_path: Path) -> None:
     import pickle
-    import re
     import threading
 
     from helpers import EventLog

@@ -77,16 +77,15 @@ def test_settings_helper_types_defaults_and_errors(capsys: pytest.CaptureFixture
         assert message in capsys.readouterr().err
 
 
+SCRIPTS = ("bench", "demo", "curriculum", "robot_dr", "soak", "ppo", "envpool_loop", "rllib_ppo", "torchrl_ppo")
+
 #: The extras' modules each script imports (see helpers.EXTRA_OF).
 SCRIPT_NEEDS = {"demo": ("rich", "matplotlib"), "ppo": ("torch", "matplotlib"), "robot_dr": ("mujoco",)}
 
 
 @pytest.mark.parametrize(
     "script",
-    [
-        pytest.param(script, marks=helpers.needs(*SCRIPT_NEEDS.get(script, ())))
-        for script in ("bench", "demo", "curriculum", "robot_dr", "soak", "ppo", "envpool_loop")
-    ],
+    [pytest.param(script, marks=helpers.needs(*SCRIPT_NEEDS.get(script, ()))) for script in SCRIPTS],
 )
 def test_scripts_document_their_options(script: str) -> None:
     result = subprocess.run(
@@ -226,19 +225,51 @@ def test_ppo_quick_trains_a_randomized_robot_on_the_mujoco_engine(tmp_path: Path
     assert plot.stat().st_size > 10_000 and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@helpers.needs(*SCRIPT_NEEDS["robot_dr"])
-def test_envpool_loop_quick_lengthens_the_poles_it_receives() -> None:
+def run_quick(script: str, timeout: float = 180.0) -> list[str]:
+    """What ``scripts/SCRIPT.py --quick`` prints, line by line (it must succeed)."""
     result = subprocess.run(
-        [sys.executable, "scripts/envpool_loop.py", "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, f"scripts/{script}.py", "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=timeout
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    lines = result.stdout.splitlines()
+    return result.stdout.splitlines()
+
+
+def test_envpool_loop_quick_lengthens_the_poles_it_receives() -> None:
+    lines = run_quick("envpool_loop")
     assert lines[0].split() == ["env", "pole", "length", "episodes"]
     lengths = [float(line.split()[1]) for line in lines[1:17]]
     assert min(lengths) == max(lengths) == 0.8  # 0.5, lengthened by 0.05 at six curriculum steps
     assert "env steps in" in lines[-1]
 
 
+def quick_rows(lines: list[str], header: list[str]) -> list[list[float]]:
+    """The numbers of the table under ``header`` (its first words) in a script's output."""
+    start = next(index for index, line in enumerate(lines) if line.split()[: len(header)] == header)
+    return [[float(word) for word in line.split()] for line in lines[start + 1 :] if line[:9].strip().isdigit()]
+
+
+@helpers.needs("torchrl")
+def test_torchrl_ppo_quick_trains_and_lengthens_the_poles() -> None:
+    rows = quick_rows(run_quick("torchrl_ppo"), ["batch", "episodes", "mean", "return"])
+    assert [row[0] for row in rows] == [1, 2, 3]
+    assert all(row[1] > 0 and 0 < row[2] <= 500 for row in rows)
+    assert rows[0][3] == 0.5 and rows[-1][3] > 0.5  # returns above the quick target: the poles grew
+
+
+@helpers.needs("rllib")
+def test_rllib_ppo_quick_trains_and_lengthens_the_poles() -> None:
+    lines = run_quick("rllib_ppo", timeout=300)
+    header = ["iteration", "mean", "return", "pole", "length", "pole", "masses", "seconds"]
+    start = next(index for index, line in enumerate(lines) if line.split() == header)
+    rows = [line.split() for line in lines[start + 1 :]]
+    assert [row[0] for row in rows] == ["1", "2"]
+    assert (rows[0][2], rows[1][2]) == ("0.50", "0.60")  # the first iteration's return reached the target
+    for row in rows:
+        low, high = (float(mass) for mass in row[3].split("-"))
+        assert 0.05 <= low < high <= 0.2  # drawn per episode by on_episode_end
+
+
+@helpers.needs(*SCRIPT_NEEDS["robot_dr"])
 def test_robot_dr_prints_applied_ranges() -> None:
     result = subprocess.run(
         [sys.executable, "scripts/robot_dr.py", "--quick"],

@@ -1,0 +1,110 @@
+"""TorchRL support: :class:`ShmpoolEnv`, a TorchRL env whose envs run in a shmpool pool.
+
+Needs ``pip install "shmpool[torchrl]"``. It is TorchRL's own ``GymWrapper`` around a pool launched
+with gymnasium's ``DISABLED`` autoreset, the mode TorchRL prefers: TorchRL resets the envs that
+finished through ``reset_mask``, and sees every final observation. What it adds are the pool's live
+parameters: ``env.params``, ``env.applied``, ``env.episodes``, ``env.events``, and ``env.pool``.
+
+Example:
+    >>> import shmpool
+    >>> from shmpool.torchrl import ShmpoolEnv
+    >>> env = ShmpoolEnv("CartPole-v1", 4, num_workers=2, params={"length": shmpool.Param(0.5, low=0.1, high=2.0)})
+    >>> _ = env.set_seed(0)                 # env i is seeded with 0 + i, as gymnasium seeds vector envs
+    >>> rollout = env.rollout(20, break_when_any_done=False)
+    >>> env.params.write(None, length=0.8)  # every env's pole, from its next step
+    >>> rollout = env.rollout(20, break_when_any_done=False)
+    >>> env.applied["length"].tolist()
+    [0.8, 0.8, 0.8, 0.8]
+    >>> env.close()
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium.vector import AutoresetMode
+from torchrl.envs.libs.gym import GymWrapper
+
+import shmpool
+
+from .pool import Pool
+
+
+class _LaunchOptionsKept(type(GymWrapper)):  # type: ignore[misc]
+    """GymWrapper's metaclass takes some keywords for itself (``num_workers``, for ``GymEnv``'s
+    ``ParallelEnv``); launch options are passed through it as one, so that none is lost."""
+
+    def __call__(
+        cls,
+        env: Any,
+        num_envs: int | None = None,
+        *,
+        device: torch.device | str | None = None,
+        categorical_action_encoding: bool = False,
+        **launch_options: Any,
+    ) -> Any:
+        return super().__call__(
+            env,
+            num_envs,
+            device=device,
+            categorical_action_encoding=categorical_action_encoding,
+            launch_options=launch_options,
+        )
+
+
+class ShmpoolEnv(GymWrapper, metaclass=_LaunchOptionsKept):
+    """A TorchRL env (``batch_size=[num_envs]``) over :func:`shmpool.launch`:
+    ``ShmpoolEnv(env, num_envs, *, device=None, categorical_action_encoding=False, **launch_options)``.
+
+    Args:
+        env: A registered gymnasium id, a callable returning an env, or one callable per env (as
+            :func:`shmpool.launch` takes).
+        num_envs: How many envs (None when ``env`` is a sequence of callables).
+        device: Where TorchRL puts the tensors.
+        categorical_action_encoding: Discrete actions as integers (True) or one-hot (False,
+            TorchRL's default).
+        **launch_options: Further options of :func:`shmpool.launch` (``num_workers``, ``params``,
+            ``hooks``, ``name``, ``engine``, ...); ``autoreset_mode`` is always ``DISABLED`` and
+            ``copy`` always True (TorchRL keeps the arrays it is given).
+    """
+
+    def __init__(
+        self, env: Any, num_envs: int | None, *, launch_options: dict[str, Any], **wrapper_options: Any
+    ) -> None:
+        for option, needed in (("autoreset_mode", AutoresetMode.DISABLED), ("copy", True)):
+            if option in launch_options and launch_options[option] not in (needed, getattr(needed, "value", needed)):
+                raise ValueError(f"ShmpoolEnv needs {option}={needed!r}, got {launch_options[option]!r}")
+        launch_options.update(autoreset_mode=AutoresetMode.DISABLED, copy=True)
+        pool = shmpool.launch(env, num_envs, **launch_options)
+        try:
+            super().__init__(env=pool, **wrapper_options)
+        except BaseException:
+            pool.close()
+            raise
+
+    @property
+    def pool(self) -> Pool:
+        """The pool whose envs this env steps."""
+        return self._env
+
+    @property
+    def params(self) -> Any:
+        """The pool's parameter block (:attr:`shmpool.Pool.params`)."""
+        return self._env.params
+
+    @property
+    def applied(self) -> np.ndarray:
+        """The parameter values each env uses now (:attr:`shmpool.Pool.applied`)."""
+        return self._env.applied
+
+    @property
+    def episodes(self) -> Any:
+        """The pool's finished-episode records (:attr:`shmpool.Pool.episodes`)."""
+        return self._env.episodes
+
+    @property
+    def events(self) -> Any:
+        """The pool's per-step event queues (:attr:`shmpool.Pool.events`)."""
+        return self._env.events
