@@ -63,8 +63,9 @@ def main() -> None:
     torch.manual_seed(settings.seed)
     spec = {"length": shmpool.Param(0.5, low=0.1, high=settings.max_length)}
     base = ShmpoolEnv("CartPole-v1", settings.num_envs, num_workers=settings.num_workers, params=spec)
-    env = TransformedEnv(base, RewardSum())
+    collector = None
     try:
+        env = TransformedEnv(base, RewardSum())
         env.set_seed(settings.seed)
         logits = nn.Sequential(nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 2))
         actor = ProbabilisticActor(
@@ -105,9 +106,10 @@ def main() -> None:
                 base.params.write(None, length=min(length + settings.length_step, settings.max_length))
             if batch == batches:
                 break
-        collector.shutdown()
     finally:
-        env.close()
+        if collector is not None:
+            collector.shutdown()
+        base.close()
 
 
 if __name__ == "__main__":

@@ -152,7 +152,8 @@ class Batches:
                 )
 
     def recv(self, held: interrupts_deferred) -> Handout:
-        """Hands out the results of the first ``batch_size`` envs to finish, with ``infos["env_id"]``.
+        """Hands out the results of the first ``batch_size`` envs to finish (with ``recv_order="sent"``:
+        whose commands went out first), with ``infos["env_id"]``.
         Ctrl-C interrupts the wait; from the handing out on, ``held`` holds it back for the caller to
         release once it has nothing left to do but return (see ``Pool.recv``)."""
         ready, needed = self._ready, self._workers_per_batch
@@ -169,14 +170,14 @@ class Batches:
                     f"{sum(self._slots[k][1] - self._slots[k][0] for k in (*ready, *busy))} are: call "
                     f"async_reset() first, and send() the actions of the envs each recv() returns"
                 )
+            # Spinning takes a core: only when one is free of stepping workers (see TRAINER_SPIN).
+            spin = TRAINER_SPIN if len(busy) < self._cores else 0
             if in_sent_order:  # the oldest commands, whether they finished or not; wait for those only
                 oldest = sorted((*ready, *busy), key=lambda k: (self._seq[k], k))[:needed]
                 busy = {k: busy[k] for k in oldest if k in busy}
                 waiting = lambda: bool(busy)  # noqa: E731
             else:
                 waiting = lambda: len(ready) < needed  # noqa: E731
-            # Spinning takes a core: only when one is free of stepping workers (see TRAINER_SPIN).
-            spin = TRAINER_SPIN if len(busy) < self._cores else 0
             while waiting():  # the deadline of the workers still stepping, after each wait
                 self._mark_ready(self._waiter.wait_some(busy, "recv", self._deadline(busy), spin), busy)
         self._waiter.raise_failures("recv")

@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import inspect
 import os
 import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import MISSING, dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, TypedDict
 
 import gymnasium
 import multiprocess
@@ -529,18 +529,80 @@ def _count(option: str, value: Any, low: int, high: int | None = None) -> int:
     return number
 
 
-def launch_signature() -> inspect.Signature:
-    """The signature of ``launch``: ``env`` and ``num_envs``, then every option of :class:`PoolConfig`
-    as a keyword with its default (so ``help(shmpool.launch)`` and IDEs list them)."""
-    parameters = []
-    for option in fields(PoolConfig):
-        if not option.init:
+def fixed_options(owner: str, options: Mapping[str, Any], **fixed: Any) -> dict[str, Any]:
+    """``options`` with the ``fixed`` ones set, for an integration that needs those values; a
+    ``ValueError`` naming ``owner``, the option and both values when ``options`` gives another."""
+    for option, needed in fixed.items():
+        if option not in options:
             continue
-        kind = (
-            inspect.Parameter.POSITIONAL_OR_KEYWORD
-            if option.name in ("env", "num_envs")
-            else inspect.Parameter.KEYWORD_ONLY
-        )
-        default = inspect.Parameter.empty if option.default is MISSING else option.default
-        parameters.append(inspect.Parameter(option.name, kind, default=default, annotation=option.type))
-    return inspect.Signature(parameters, return_annotation="Pool")
+        given = options[option]
+        if option == "autoreset_mode":
+            with contextlib.suppress(KeyError, ValueError):
+                given = _autoreset_mode(given)  # any spelling PoolConfig takes
+        if given is not needed and given != needed:
+            raise ValueError(f"{owner} needs {option}={needed!r}, got {options[option]!r}")
+    return {**options, **fixed}
+
+
+class _Options(TypedDict, total=False):
+    """The options of :func:`shmpool.launch` that every function forwarding them takes through."""
+
+    num_workers: int | None
+    autoreset_mode: AutoresetMode | str
+    env_kwargs: Mapping[str, Any] | None
+    copy: bool
+    timeout: float | None
+    launch_timeout: float
+    info_keys: int
+    info_bytes: int
+    params: Mapping[str, Param] | None
+    info_params: bool
+    hooks: Sequence[Any]
+    event_capacity: int
+    event_payload: int
+    episode_metrics: Mapping[str, str] | None
+    episode_capacity: int
+    observation_mode: str | tuple[gymnasium.Space[Any], gymnasium.Space[Any]]
+    recv_order: str
+    trainer_slot: bool | None
+    episode_statistics: bool
+    profile: bool
+    worker_init: Callable[[], Any] | None
+    engine: str
+
+
+# The options as the functions that forward them take them, written out for static tools (mypy,
+# pyright, IDEs: a misspelt option is an error before anything runs): each leaves out those its
+# function takes as its own parameters. tests/test_packaging.py checks them against PoolConfig.
+
+
+class LaunchOptions(_Options, total=False):
+    """Every option of :func:`shmpool.launch` (``**options: Unpack[LaunchOptions]``)."""
+
+    seed: int | None
+    name: str | None
+    start_method: str | None
+    batch_size: int | None
+
+
+class OptionsButName(_Options, total=False):
+    """The options of :func:`shmpool.launch` but ``name`` (the forwarder names the pool)."""
+
+    seed: int | None
+    start_method: str | None
+    batch_size: int | None
+
+
+class OptionsButStartMethod(_Options, total=False):
+    """The options of :func:`shmpool.launch` but ``start_method`` (the forwarder takes it itself)."""
+
+    seed: int | None
+    name: str | None
+    batch_size: int | None
+
+
+class OptionsButSeedAndBatch(_Options, total=False):
+    """The options of :func:`shmpool.launch` but ``seed`` and ``batch_size`` (the forwarder takes them)."""
+
+    name: str | None
+    start_method: str | None

@@ -21,6 +21,16 @@ What differs from EnvPool, and why:
   env once per ``num_envs / batch_size`` recvs. shmpool's workers are processes that the OS may
   deschedule; first-finished order (``recv_order="finished"``, the pool's default) would then return
   one slot twice before another.
+- A batch is made of whole slots (a worker process steps its slot at once): ``batch_size`` must be
+  a multiple of ``num_envs / num_workers``. Without ``num_workers``, :func:`make` picks the most
+  workers (up to the usable cores) for which it is. A synchronous pool (``batch_size=num_envs``)
+  steps every env at once: ``step(action, env_id)`` with some of them is refused.
+- ``reset(env_id)`` resets some envs of a synchronous pool (or ``options={"reset_mask": ...}``,
+  not both); an async pool resets every env, as ``async_reset()``.
+- ``batch_size=0`` (EnvPool's "every env"), ``num_threads`` and ``recv(reset, return_info)`` are not
+  taken: say ``batch_size=None``, ``num_workers``, and ``recv()``.
+- A Ctrl-C inside ``recv`` after the pool handed the batch out loses that batch here (the pool's
+  own ``recv`` never does: its batches are queued again); ``pool.recv()`` has the guarantee.
 - ``seed`` defaults to EnvPool's 42; env ``i`` gets ``seed + i`` on its first reset, as gymnasium's
   vector envs seed them.
 
@@ -39,13 +49,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
 import numpy.typing as npt
+from gymnasium.vector import AutoresetMode
 
+from .config import fixed_options
 from .pool import Pool, launch
+from .system import usable_cores
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from .config import OptionsButSeedAndBatch
 
 #: The ``env_type`` values taken, and what each means here.
 ENV_TYPES = {"gymnasium": "gymnasium's API", "gym": "gymnasium's API (EnvPool 1.x's alias)"}
@@ -122,6 +140,16 @@ class EnvPoolAPI:
         return self.pool.single_action_space
 
     @property
+    def single_observation_space(self) -> gym.Space[Any]:
+        """One env's observation space (the same as :attr:`observation_space`, as in EnvPool)."""
+        return self.pool.single_observation_space
+
+    @property
+    def single_action_space(self) -> gym.Space[Any]:
+        """One env's action space (the same as :attr:`action_space`, as in EnvPool)."""
+        return self.pool.single_action_space
+
+    @property
     def params(self) -> Any:
         """The pool's parameter block (:attr:`shmpool.Pool.params`)."""
         return self.pool.params
@@ -157,8 +185,19 @@ class EnvPoolAPI:
             self.async_reset(seed=seed, options=options)
             observations, _, _, _, info = self.recv()
             return observations, info
-        ids = self._ids(env_id)
-        if len(ids) < self.num_envs or options is not None and "reset_mask" in options:
+        if options is not None and "reset_mask" in options:
+            if env_id is not None:
+                raise ValueError(f"{self.task_id}: pass either env_id or options['reset_mask'], not both")
+            mask = np.asarray(options["reset_mask"])
+            if mask.shape != (self.num_envs,) or mask.dtype != np.bool_ or not mask.any():
+                raise ValueError(
+                    f"{self.task_id}: options['reset_mask'] must be a bool array of shape ({self.num_envs},) with "
+                    f"a True value, got {options['reset_mask']!r:.100}"
+                )
+            ids = np.flatnonzero(mask)
+        else:
+            ids = self._ids(env_id)
+        if len(ids) < self.num_envs:
             mask = np.zeros(self.num_envs, dtype=np.bool_)
             mask[ids] = True
             options = {**(options or {}), "reset_mask": mask}
@@ -167,12 +206,18 @@ class EnvPoolAPI:
         self._elapsed[ids] = 0
         self._ended[ids] = False
         self._resetting[:] = False
-        return self._rows(observations, ids), self._info(infos, ids)
+        # The pool returns every env's rows after a masked reset: EnvPool returns those reset only.
+        return self._rows(observations, ids), self._info(self._rows(infos, ids), ids)
 
     def step(self, action: Any, env_id: npt.ArrayLike | None = None) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         """Steps the envs ``env_id`` (None: all) and returns a batch: ``send`` then ``recv``, or one
         synchronous step of every env when nothing is in flight."""
         everyone = env_id is None or np.array_equal(np.asarray(env_id), self.all_env_ids)
+        if not self.is_async and not everyone:
+            raise ValueError(
+                f"{self.task_id}: env_id={np.asarray(env_id).tolist()}: a synchronous pool (batch_size = num_envs) "
+                f"steps every env at once; launch with a batch_size of whole slots to step some of them"
+            )
         if everyone and not self._async and not self.is_async:
             observations, rewards, terminations, truncations, infos = self.pool.step(action)
             ids = self.all_env_ids
@@ -201,6 +246,7 @@ class EnvPoolAPI:
         reset = self._resetting[ids]
         self._count_steps(ids, terminations | truncations, reset)
         self._resetting[ids] = False
+        # The pool's infos of a batch hold the batch's rows only: nothing to select.
         return observations, rewards.astype(np.float32), terminations, truncations, self._info(infos, ids)
 
     def close(self) -> None:
@@ -229,6 +275,8 @@ class EnvPoolAPI:
             raise ValueError(f"{self.task_id}: env_id must be a non-empty sequence of ints, got {env_id!r:.100}")
         if ids.min() < 0 or ids.max() >= self.num_envs:
             raise ValueError(f"{self.task_id}: env_id {ids.tolist()} out of range for num_envs={self.num_envs}")
+        if len(np.unique(ids)) < len(ids):
+            raise ValueError(f"{self.task_id}: env_id {ids.tolist()} names an env more than once")
         return ids
 
     def _count_steps(self, ids: np.ndarray, done: np.ndarray, reset: np.ndarray | None = None) -> None:
@@ -247,7 +295,8 @@ class EnvPoolAPI:
         return values[ids]
 
     def _info(self, infos: dict[str, Any], ids: np.ndarray) -> dict[str, Any]:
-        info = self._rows({key: value for key, value in infos.items() if key != "env_id"}, ids)
+        """EnvPool's info for the rows ``ids`` of ``infos`` (which holds those rows only)."""
+        info = {key: value for key, value in infos.items() if key != "env_id"}
         env_id = infos.get("env_id", ids if ids.dtype == np.int32 else ids.astype(np.int32))
         info["env_id"] = env_id
         info["players"] = {"env_id": env_id}
@@ -262,7 +311,7 @@ def make(
     batch_size: int | None = None,
     seed: int = DEFAULT_SEED,
     max_episode_steps: int | None = None,
-    **launch_options: Any,
+    **launch_options: Unpack[OptionsButSeedAndBatch],
 ) -> EnvPoolAPI:
     """A pool of ``num_envs`` gymnasium ``task_id`` envs behind EnvPool's API.
 
@@ -277,22 +326,30 @@ def make(
             f"{task_id}: env_type={env_type!r} is not supported; shmpool.envpool takes {list(ENV_TYPES)} "
             f"(pools speak gymnasium's API; dm_env's TimeStep is not offered)"
         )
-    mode = launch_options.pop("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
-    if mode not in (gym.vector.AutoresetMode.NEXT_STEP, gym.vector.AutoresetMode.NEXT_STEP.value):
-        raise ValueError(
-            f"{task_id}: EnvPool's API autoresets on the next step; autoreset_mode={mode!r} is not offered"
-        )
-    env_kwargs = dict(launch_options.pop("env_kwargs", None) or {})
+    # EnvPool's API autoresets on the next step
+    options = fixed_options(f"shmpool.envpool ({task_id})", launch_options, autoreset_mode=AutoresetMode.NEXT_STEP)
+    env_kwargs = dict(options.pop("env_kwargs", None) or {})
     if max_episode_steps is not None:
         env_kwargs["max_episode_steps"] = max_episode_steps
-    launch_options.setdefault("episode_statistics", False)
-    launch_options.setdefault("recv_order", "sent")
-    pool = launch(task_id, num_envs, batch_size=batch_size, seed=seed, env_kwargs=env_kwargs or None, **launch_options)
+    if options.get("num_workers") is None:
+        options["num_workers"] = _workers_for_batches(num_envs, batch_size)
+    options.setdefault("episode_statistics", False)
+    options.setdefault("recv_order", "sent")
+    pool = launch(task_id, num_envs, batch_size=batch_size, seed=seed, env_kwargs=env_kwargs or None, **options)
     try:
         return EnvPoolAPI(task_id, pool, seed, max_episode_steps)
     except BaseException:
         pool.close()
         raise
+
+
+def _workers_for_batches(num_envs: int, batch_size: int | None) -> int:
+    """The most worker processes, up to the usable cores, whose equal slots make up ``batch_size``
+    envs (a batch is whole slots): EnvPool takes any batch size, so ported code does not choose."""
+    cores = max(1, min(usable_cores(), num_envs))
+    batch = num_envs if batch_size is None else batch_size
+    fitting = [w for w in range(1, cores + 1) if num_envs % w == 0 and batch % (num_envs // w) == 0]
+    return cores if batch == num_envs else max(fitting, default=cores)  # none: launch names the problem
 
 
 def make_gymnasium(task_id: str, **kwargs: Any) -> EnvPoolAPI:

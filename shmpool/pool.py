@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
@@ -25,7 +25,7 @@ from .batches import Batches
 from .call_routing import CallRouter
 from .calls import Request
 from .commands import CommandChannel
-from .config import PoolConfig, launch_signature
+from .config import EnvSpec, PoolConfig
 from .errors import ForeignProcessError, PoolClosedError, ShmpoolError, StepSentInterrupt
 from .interrupts import interrupts_deferred
 from .layout import CMD_RESET, CMD_STEP
@@ -37,6 +37,11 @@ from .reset_encoding import ResetEncoder
 from .results import Results
 from .spaces import ActionChecker, leaves
 from .view import Channels, PoolView
+
+if TYPE_CHECKING:
+    import gymnasium
+
+    from .params import Param
 from .waiting import Waiter
 
 #: How long close() waits for a reset or step in flight in another thread to give up.
@@ -64,13 +69,43 @@ def _weakly(pool: Pool) -> tuple[Callable[[], None], Callable[[], bool]]:
     return check_open, closing
 
 
-def launch(env: Any, num_envs: int | None = None, **options: Any) -> Pool:
+def launch(
+    env: EnvSpec,
+    num_envs: int | None = None,
+    *,
+    num_workers: int | None = None,
+    seed: int | None = None,
+    name: str | None = None,
+    autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+    start_method: str | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
+    copy: bool = True,
+    timeout: float | None = 60.0,
+    launch_timeout: float = 120.0,
+    info_keys: int = 32,
+    info_bytes: int = 64,
+    params: Mapping[str, Param] | None = None,
+    info_params: bool = False,
+    hooks: Sequence[Any] = (),
+    event_capacity: int = 1024,
+    event_payload: int = 8,
+    episode_metrics: Mapping[str, str] | None = None,
+    episode_capacity: int = 4096,
+    observation_mode: str | tuple[gymnasium.Space[Any], gymnasium.Space[Any]] = "same",
+    batch_size: int | None = None,
+    recv_order: str = "finished",
+    trainer_slot: bool | None = None,
+    episode_statistics: bool = True,
+    profile: bool = False,
+    worker_init: Callable[[], Any] | None = None,
+    engine: str = "python",
+) -> Pool:
     """Starts worker processes that together run ``num_envs`` copies of ``env``; returns the pool.
 
     ``env`` is a registered gymnasium id, a callable returning a ``gymnasium.Env``, or a sequence of
-    such callables, one per env (``num_envs`` is then its length). The options
-    (``num_workers``, ``seed``, ``name``, ``params``, ``hooks``, ``timeout``, ...) are the fields of
-    :class:`shmpool.config.PoolConfig`, where each one's default, check and meaning are written.
+    such callables, one per env (``num_envs`` is then its length). The options are the fields of
+    :class:`shmpool.config.PoolConfig`, in its order and with its defaults (a test checks that they
+    agree), where each one's check and meaning are written.
 
     Example:
         >>> import shmpool
@@ -80,10 +115,7 @@ def launch(env: Any, num_envs: int | None = None, **options: Any) -> Pool:
         >>> observations.shape
         (4, 4)
     """
-    return Pool(PoolConfig(env, num_envs, **options))  # type: ignore[arg-type]
-
-
-launch.__signature__ = launch_signature()  # type: ignore[attr-defined]
+    return Pool(PoolConfig(**locals()))  # every parameter is a PoolConfig field, and nothing else is local yet
 
 
 class Pool(Channels, VectorEnv):
@@ -348,7 +380,8 @@ class Pool(Channels, VectorEnv):
             raise
 
     def recv(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        """Waits for the first ``batch_size`` envs to finish their step (or reset) and returns their
+        """Waits for the first ``batch_size`` envs to finish their step or reset (with
+        ``recv_order="sent"``: those sent first) and returns their
         observations, rewards, terminations, truncations and infos, with ``infos["env_id"]`` (int32)
         saying which env each row is. One that raises ``KeyboardInterrupt`` has handed nothing out:
         the next ``recv()`` returns the batch."""

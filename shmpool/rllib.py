@@ -28,16 +28,23 @@ parameters for its next episode.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import PoolExistsError
 from .pool import Pool, launch
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from .config import OptionsButName
 
 #: How many runner pools of one ``name`` a machine can hold (``name-0``, ``name-1``, ...).
 MAX_RUNNERS_PER_NAME = 1024
 
 
-def vector_env_creator(env: Any, *, name: str | None = None, **launch_options: Any) -> Callable[[Mapping], Pool]:
+def vector_env_creator(
+    env: Any, *, name: str | None = None, **launch_options: Unpack[OptionsButName]
+) -> Callable[[Mapping], Pool]:
     """The env creator that ``ray.tune.registry.register_env`` takes, for
     ``gym_env_vectorize_mode="vector_entry_point"``: it launches a pool of ``config["num_envs"]``
     envs of ``env`` and returns it.
@@ -59,7 +66,7 @@ def vector_env_creator(env: Any, *, name: str | None = None, **launch_options: A
                 "env_runners(gym_env_vectorize_mode='vector_entry_point', num_envs_per_env_runner=N)"
             )
         num_envs = env_config.pop("num_envs")
-        options = dict(launch_options)
+        options: dict[str, Any] = dict(launch_options)
         env_kwargs = {**env_config, **(options.pop("env_kwargs", None) or {})}
         options["env_kwargs"] = env_kwargs or None
         if name is None:

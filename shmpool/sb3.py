@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -30,6 +30,13 @@ from gymnasium.vector.utils import concatenate, create_empty_array
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
 import shmpool
+
+from .config import fixed_options
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from .config import OptionsButStartMethod
 
 #: Infos that the pool adds itself, at the top level of a step's infos (``gymnasium``'s place for
 #: them). For an env that finished, SB3 wants them in the finished episode's info, not the reset's.
@@ -57,14 +64,11 @@ class ShmpoolVecEnv(VecEnv):
         self,
         env_fns: Sequence[Callable[[], gym.Env]],
         start_method: str | None = None,
-        **launch_kwargs: Any,
+        **launch_kwargs: Unpack[OptionsButStartMethod],
     ) -> None:
-        for option, needed in (("autoreset_mode", AutoresetMode.SAME_STEP), ("copy", True)):
-            if option in launch_kwargs and launch_kwargs[option] not in (needed, getattr(needed, "value", needed)):
-                raise ValueError(f"ShmpoolVecEnv needs {option}={needed!r}, got {launch_kwargs[option]!r}")
-        launch_kwargs.update(autoreset_mode=AutoresetMode.SAME_STEP, copy=True)
+        options = fixed_options("ShmpoolVecEnv", launch_kwargs, autoreset_mode=AutoresetMode.SAME_STEP, copy=True)
         self.closed = True  # until the pool exists: close() has nothing to do
-        self.pool = shmpool.launch(list(env_fns), start_method=start_method, **launch_kwargs)
+        self.pool = shmpool.launch(list(env_fns), start_method=start_method, **options)
         self.closed = False
         self._actions: Any = None
         try:

@@ -20,7 +20,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -29,7 +29,13 @@ from torchrl.envs.libs.gym import GymWrapper
 
 import shmpool
 
+from .config import fixed_options
 from .pool import Pool
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from .config import LaunchOptions
 
 
 class _LaunchOptionsKept(type(GymWrapper)):  # type: ignore[misc]
@@ -43,7 +49,7 @@ class _LaunchOptionsKept(type(GymWrapper)):  # type: ignore[misc]
         *,
         device: torch.device | str | None = None,
         categorical_action_encoding: bool = False,
-        **launch_options: Any,
+        **launch_options: Unpack[LaunchOptions],
     ) -> Any:
         return super().__call__(
             env,
@@ -73,11 +79,13 @@ class ShmpoolEnv(GymWrapper, metaclass=_LaunchOptionsKept):
     def __init__(
         self, env: Any, num_envs: int | None, *, launch_options: dict[str, Any], **wrapper_options: Any
     ) -> None:
-        for option, needed in (("autoreset_mode", AutoresetMode.DISABLED), ("copy", True)):
-            if option in launch_options and launch_options[option] not in (needed, getattr(needed, "value", needed)):
-                raise ValueError(f"ShmpoolEnv needs {option}={needed!r}, got {launch_options[option]!r}")
-        launch_options.update(autoreset_mode=AutoresetMode.DISABLED, copy=True)
-        pool = shmpool.launch(env, num_envs, **launch_options)
+        if "batch_size" in launch_options:  # TorchRL's word for num_envs here; shmpool's for async batches
+            raise ValueError(
+                f"ShmpoolEnv: batch_size={launch_options['batch_size']!r}: the env's batch size is num_envs, "
+                f"and TorchRL steps every env at once (async batches are not offered)"
+            )
+        options = fixed_options("ShmpoolEnv", launch_options, autoreset_mode=AutoresetMode.DISABLED, copy=True)
+        pool = shmpool.launch(env, num_envs, **options)
         try:
             super().__init__(env=pool, **wrapper_options)
         except BaseException:

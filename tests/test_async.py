@@ -367,9 +367,10 @@ def test_batches_carry_each_envs_infos_final_obs_and_episodes(mode: str, pool_na
         assert all(episode["l"] == 4 and episode["r"] == 4.0 for episode in ended) and ended
 
 
-def test_ctrl_c_in_recv_loses_no_batch(pool_name: str) -> None:
+@pytest.mark.parametrize("recv_order", ["finished", "sent"])
+def test_ctrl_c_in_recv_loses_no_batch(pool_name: str, recv_order: str) -> None:
     slow = [lambda: Slow(gym.make("CartPole-v1"), 0.15)] * 4  # a slot's step takes 0.3 s
-    with shmpool.launch(slow, num_workers=2, batch_size=2, name=pool_name) as pool:
+    with shmpool.launch(slow, num_workers=2, batch_size=2, recv_order=recv_order, name=pool_name) as pool:
         pool.async_reset(seed=0)
         sent = []
         for _ in range(2):
@@ -389,9 +390,10 @@ def test_ctrl_c_in_recv_loses_no_batch(pool_name: str) -> None:
         assert sorted(got) == sorted(sent)
 
 
+@pytest.mark.parametrize("recv_order", ["finished", "sent"])
 @pytest.mark.parametrize("where", ["marking ready", "handing out"])
 def test_a_ctrl_c_held_back_inside_recv_loses_no_batch(
-    pool_name: str, monkeypatch: pytest.MonkeyPatch, where: str
+    pool_name: str, monkeypatch: pytest.MonkeyPatch, where: str, recv_order: str
 ) -> None:
     """A Ctrl-C that arrives while recv changes its queue is raised when that block ends: in the
     block that marks finished workers ready, or in the one that hands a batch out (held until recv
@@ -410,7 +412,7 @@ def test_a_ctrl_c_held_back_inside_recv_loses_no_batch(
     # batches marks workers ready; pool holds Ctrl-C back from the hand-out to recv's return.
     module = shmpool.batches if where == "marking ready" else shmpool.pool
     actions = np.zeros(2, dtype=np.int64)
-    with shmpool.launch(CountingEnv, 4, num_workers=2, batch_size=2, name=pool_name) as pool:
+    with shmpool.launch(CountingEnv, 4, num_workers=2, batch_size=2, recv_order=recv_order, name=pool_name) as pool:
         pool.async_reset(seed=0)
         interrupts = 0
         monkeypatch.setattr(module, "interrupts_deferred", CtrlCInside)

@@ -3,6 +3,7 @@ and gymnasium's SyncVectorEnv (the trajectories: shmpool runs gymnasium's envs, 
 
 from __future__ import annotations
 
+from contextlib import closing
 from typing import Any
 
 import gymnasium as gym
@@ -48,9 +49,11 @@ def test_the_api_matches_envpools_methods_arity_dtypes_and_info_keys(pool_name: 
 
     kwargs = {"env_type": "gymnasium", "num_envs": 4, "batch_size": 2, "seed": 3}
     reference = envpool.make("CartPole-v1", **kwargs)
-    with shm_envpool.make("CartPole-v1", **kwargs, num_workers=2, name=pool_name) as env:
+    with closing(reference), shm_envpool.make("CartPole-v1", **kwargs, num_workers=2, name=pool_name) as env:
         for name in API:
             assert hasattr(reference, name) and hasattr(env, name), name
+        assert env.single_observation_space == reference.single_observation_space
+        assert env.single_action_space == reference.single_action_space
         assert env.is_async == reference.is_async is True
         assert env.spec.config.num_envs == reference.spec.config.num_envs == 4
         assert env.spec.config.batch_size == reference.spec.config.batch_size == 2
@@ -75,7 +78,6 @@ def test_the_api_matches_envpools_methods_arity_dtypes_and_info_keys(pool_name: 
                 env.send(actions, got[4]["env_id"])
                 reference.send(actions, expected[4]["env_id"])
             assert sorted(seen) == [0, 1, 2, 3]
-        reference.close()
 
 
 @pytest.mark.parametrize("env_type", ["gymnasium", "gym"])
@@ -153,6 +155,70 @@ def test_async_batches_follow_each_envs_gymnasium_trajectory(pool_name: str) -> 
         reference.close()
 
 
+@pytest.mark.parametrize("recv_order", ["sent", "finished"])
+def test_async_batches_carry_their_own_rows_of_infos(pool_name: str, recv_order: str) -> None:
+    """Infos of every kind (the applied params, episode statistics) are the batch's own rows, for
+    each batch whatever its envs."""
+    spec = {"length": shmpool.Param(0.5, low=0.1, high=2.0)}
+    with shm_envpool.make(
+        "CartPole-v1",
+        num_envs=4,
+        batch_size=2,
+        num_workers=2,
+        params=spec,
+        info_params=True,
+        episode_statistics=True,
+        recv_order=recv_order,
+        name=pool_name,
+    ) as env:
+        lengths = np.array([0.4, 0.5, 0.6, 0.7])
+        env.params.write(None, length=lengths)
+        env.async_reset()
+        batches, episodes = set(), 0
+        for _ in range(120):
+            observations, rewards, terminations, truncations, info = env.recv()
+            ids = info["env_id"]
+            batches.add(tuple(ids.tolist()))
+            np.testing.assert_array_equal(info["params"]["length"], lengths[ids])
+            if "episode" in info:
+                ended = terminations | truncations
+                np.testing.assert_array_equal(info["_episode"], ended)
+                episodes += int(ended.sum())
+            env.send(np.ones(2, dtype=np.int64), ids)  # always right: episodes end in about ten steps
+        assert batches == {(0, 1), (2, 3)} and episodes > 10
+
+
+def test_partial_resets_and_steps_are_checked_as_envpool_checks_them(pool_name: str) -> None:
+    with shm_envpool.make("CartPole-v1", num_envs=4, num_workers=2, seed=1, name=pool_name) as env:
+        env.reset()
+        for _ in range(3):
+            env.step(np.zeros(4, dtype=np.int64))
+        mask = np.array([True, False, False, False])
+        observations, info = env.reset(options={"reset_mask": mask})
+        assert observations.shape == (1, 4)
+        np.testing.assert_array_equal(info["env_id"], [0])
+        *_, info = env.step(np.zeros(4, dtype=np.int64))
+        np.testing.assert_array_equal(info["elapsed_step"], [1, 4, 4, 4])  # only env 0 was reset
+        with pytest.raises(ValueError, match="either env_id or options\\['reset_mask'\\], not both"):
+            env.reset(np.array([1]), options={"reset_mask": mask})
+        with pytest.raises(ValueError, match="names an env more than once"):
+            env.reset(np.array([2, 2]))
+        with pytest.raises(ValueError, match="env_id=\\[1, 2\\]: a synchronous pool .* steps every env at once"):
+            env.step(np.zeros(2, dtype=np.int64), np.array([1, 2]))
+
+
+def test_without_num_workers_the_batches_decide_the_workers() -> None:
+    from shmpool.envpool import _workers_for_batches
+    from shmpool.system import usable_cores
+
+    cores = usable_cores()
+    assert _workers_for_batches(16, None) == min(cores, 16)
+    for num_envs, batch_size in [(16, 8), (12, 6), (8, 4), (6, 3)]:
+        fits = [w for w in range(1, cores + 1) if num_envs % w == 0 and batch_size % (num_envs // w) == 0]
+        assert fits  # two workers at least fit each
+        assert _workers_for_batches(num_envs, batch_size) == max(fits)  # the most workers that fit
+
+
 def test_params_are_the_pools_and_a_write_reaches_the_envs(pool_name: str) -> None:
     spec = {"length": shmpool.Param(low=0.1, high=2.0)}
     with shm_envpool.make_gymnasium("CartPole-v1", num_envs=4, params=spec, num_workers=2, name=pool_name) as env:
@@ -178,7 +244,7 @@ def test_max_episode_steps_truncates_and_shows_in_the_config(pool_name: str) -> 
     ("options", "message"),
     [
         ({"env_type": "dm"}, "env_type='dm' is not supported; shmpool.envpool takes \\['gymnasium', 'gym'\\]"),
-        ({"autoreset_mode": "SameStep"}, "autoresets on the next step"),
+        ({"autoreset_mode": "SameStep"}, "needs autoreset_mode=<AutoresetMode.NEXT_STEP"),
     ],
 )
 def test_what_the_api_cannot_offer_is_refused_naming_it(options: dict[str, Any], message: str) -> None:

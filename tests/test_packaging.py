@@ -70,3 +70,97 @@ def test_the_layers_hold_and_no_modules_import_each_other() -> None:
     result = subprocess.run([str(lint)], cwd=root, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "Contracts: 2 kept, 0 broken." in result.stdout
+
+
+def pool_config_options() -> list[tuple[str, object, object]]:
+    """``PoolConfig``'s options after ``env`` and ``num_envs``: (name, default, annotation) in order."""
+    from dataclasses import MISSING, fields
+
+    from shmpool.config import PoolConfig
+
+    return [
+        (option.name, None if option.default is MISSING else option.default, option.type)
+        for option in fields(PoolConfig)
+        if option.init and option.name not in ("env", "num_envs")
+    ]
+
+
+def test_launch_writes_out_every_option_of_pool_config_in_order_with_its_default() -> None:
+    import inspect
+
+    import shmpool
+
+    parameters = list(inspect.signature(shmpool.launch).parameters.values())
+    assert [(p.name, p.kind) for p in parameters[:2]] == [
+        ("env", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        ("num_envs", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+    ]
+    options = [(p.name, p.default, p.annotation) for p in parameters[2:]]
+    assert options == pool_config_options()
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in parameters[2:])
+
+
+@pytest.mark.parametrize(
+    ("options_type", "taken_by_the_forwarder"),
+    [
+        ("LaunchOptions", ()),  # shmpool.torchrl.ShmpoolEnv
+        ("OptionsButName", ("name",)),  # shmpool.ray.launch, shmpool.rllib.vector_env_creator
+        ("OptionsButStartMethod", ("start_method",)),  # shmpool.sb3.ShmpoolVecEnv
+        ("OptionsButSeedAndBatch", ("seed", "batch_size")),  # shmpool.envpool.make
+    ],
+)
+def test_each_forwarders_typed_options_are_pool_configs_but_its_own(
+    options_type: str, taken_by_the_forwarder: tuple[str, ...]
+) -> None:
+    """The TypedDicts that forwarders unpack (``**options: Unpack[...]``) name PoolConfig's options
+    with its annotations, less those the forwarder takes itself."""
+    import shmpool.config
+
+    typed = getattr(shmpool.config, options_type)
+    expected = {name: annotation for name, _, annotation in pool_config_options() if name not in taken_by_the_forwarder}
+    assert typed.__optional_keys__ == set(expected) and not typed.__required_keys__
+    declared = {}
+    for klass in reversed(typed.__mro__):  # the annotations as written, base first
+        declared.update(getattr(klass, "__annotations__", {}))
+    written = {name: getattr(declared[name], "__forward_arg__", declared[name]) for name in expected}
+    assert written == expected
+
+
+MISSPELT = """
+import shmpool
+from shmpool.envpool import make
+from shmpool.rllib import vector_env_creator
+from shmpool.sb3 import ShmpoolVecEnv
+
+shmpool.launch("CartPole-v1", 4, num_worker=2)
+make("CartPole-v1", num_envs=4, num_worker=2)
+vector_env_creator("CartPole-v1", num_worker=2)
+ShmpoolVecEnv([], num_worker=2)
+shmpool.launch("CartPole-v1", 4, num_workers="two")
+"""
+
+
+def test_static_tools_see_every_launch_option(tmp_path: Path) -> None:
+    """mypy flags a misspelt or mistyped option wherever launch options are taken, before anything runs."""
+    pytest.importorskip("mypy", reason='needs mypy: pip install -e ".[test-tools]"')
+    script = tmp_path / "misspelt.py"
+    script.write_text(MISSPELT)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--no-incremental",
+            "--ignore-missing-imports",
+            "--follow-imports=silent",
+            str(script),
+        ],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = [line for line in result.stdout.splitlines() if ": error:" in line]
+    flagged = sorted(int(line.split(":")[1]) for line in lines)
+    assert flagged == [7, 8, 9, 10, 11], result.stdout
+    assert sum('Unexpected keyword argument "num_worker"' in line for line in lines) == 4, result.stdout

@@ -113,9 +113,23 @@ def test_a_collector_runs_with_parameter_writes_between_batches(pool_name: str) 
         np.testing.assert_allclose(applied, 0.5 + 0.1 * batch)  # each batch ran on the last write
 
 
-@pytest.mark.parametrize("option", [{"autoreset_mode": "NextStep"}, {"copy": False}])
-def test_options_that_torchrl_cannot_use_are_refused(option: dict) -> None:
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ({"autoreset_mode": "NextStep"}, "ShmpoolEnv needs autoreset_mode=<AutoresetMode.DISABLED"),
+        ({"copy": False}, "ShmpoolEnv needs copy=True, got False"),
+        ({"batch_size": 2}, "ShmpoolEnv: batch_size=2: the env's batch size is num_envs"),
+    ],
+)
+def test_options_that_torchrl_cannot_use_are_refused(option: dict, message: str) -> None:
     from shmpool.torchrl import ShmpoolEnv
 
-    with pytest.raises(ValueError, match="ShmpoolEnv needs"):
+    with pytest.raises(ValueError, match=message):
         ShmpoolEnv("CartPole-v1", 2, **option)
+
+
+def test_disabled_autoreset_may_be_spelt_as_launch_takes_it(pool_name: str) -> None:
+    from shmpool.torchrl import ShmpoolEnv
+
+    env = ShmpoolEnv("CartPole-v1", 2, autoreset_mode="disabled", num_workers=2, name=pool_name)
+    env.close()

@@ -9,7 +9,7 @@ import os
 import secrets
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,6 +20,11 @@ from .fleet import NAMESPACE, QUICK_CALL, TRANSPORT_MARGIN, NodeInfo, _Fleet, ac
 from .node import _Host, _Registry
 from .teardown import stop, sweep
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from shmpool.config import OptionsButName
+
 
 def launch(
     env: Any,
@@ -29,7 +34,7 @@ def launch(
     name: str | None = None,
     host_options: Mapping[str, Any] | None = None,
     num_envs_per_node: int | None = None,
-    **options: Any,
+    **options: Unpack[OptionsButName],
 ) -> ClusterPool:
     """Launches a pool of ``num_envs`` envs over the chosen nodes of the Ray cluster this process is
     connected to (``ray.init()`` first; called without it, Ray's default ``ray.init()`` runs): one
