@@ -48,8 +48,10 @@ class Param:
         default: the initial value for every env; None reads the nominal value from a fresh env.
             For a ``dist`` parameter, a dict of the distribution's arguments (by default
             ``low``/``high`` are the hard bounds, ``mean`` the nominal value and ``std`` 0).
-        low, high: hard bounds; a value outside them, or not finite, is never applied.
-        dtype, shape: of one env's value.
+        low: the hard lower bound; a value below it, or not finite, is never applied.
+        high: the hard upper bound.
+        dtype: of one env's value.
+        shape: of one env's value.
         when: ``"step"`` (from the env's next step), ``"reset"`` (from its next reset, autoresets
             included) or ``"rebuild"`` (a constructor keyword; the env is re-made at its next reset
             when the value changed).

@@ -64,16 +64,13 @@ class ShmpoolEnv(GymWrapper, metaclass=_LaunchOptionsKept):
     """A TorchRL env (``batch_size=[num_envs]``) over :func:`shmpool.launch`:
     ``ShmpoolEnv(env, num_envs, *, device=None, categorical_action_encoding=False, **launch_options)``.
 
-    Args:
-        env: A registered gymnasium id, a callable returning an env, or one callable per env (as
-            :func:`shmpool.launch` takes).
-        num_envs: How many envs (None when ``env`` is a sequence of callables).
-        device: Where TorchRL puts the tensors.
-        categorical_action_encoding: Discrete actions as integers (True) or one-hot (False,
-            TorchRL's default).
-        **launch_options: Further options of :func:`shmpool.launch` (``num_workers``, ``params``,
-            ``hooks``, ``name``, ``engine``, ...); ``autoreset_mode`` is always ``DISABLED`` and
-            ``copy`` always True (TorchRL keeps the arrays it is given).
+    ``env`` is a registered gymnasium id, a callable returning an env, or one callable per env (as
+    :func:`shmpool.launch` takes them; ``num_envs`` is None then). ``device`` is where TorchRL puts
+    the tensors; ``categorical_action_encoding`` gives discrete actions as integers (True) or
+    one-hot (False, TorchRL's default). ``launch_options`` are further options of
+    :func:`shmpool.launch` (``num_workers``, ``params``, ``hooks``, ``name``, ``engine``, ...);
+    ``autoreset_mode`` is always ``DISABLED`` and ``copy`` always True (TorchRL keeps the arrays it
+    is given).
     """
 
     def __init__(

@@ -1,5 +1,6 @@
-"""Every Python block of README.md runs as shown: each one alone, as a script in a fresh interpreter,
-in an empty working folder, and it leaves no process, shared memory or file behind.
+"""The documentation: the site builds with ``mkdocs build --strict`` (a broken link or reference fails
+it), and every Python block of README.md and docs/ runs as shown: each one alone, as a script in a
+fresh interpreter, in an empty working folder, and it leaves no process, shared memory or file behind.
 
 A block therefore has to be self-contained (its imports, its own pool) and quick (small sizes).
 Examples that need a second process start it themselves (the attach example does). Blocks fenced
@@ -9,6 +10,7 @@ otherwise (```bash, ```text) are not run.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import re
 import signal
@@ -24,15 +26,20 @@ from shmpool.system import SEGMENT_PREFIX, stat_fields
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 SHM_DIR = "/dev/shm"
 TIMEOUT = 90.0  # seconds per block: each takes about one on an idle machine; 2 shared cores can be slow
 FENCE = re.compile(r"^```python\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 
 
-def python_blocks() -> list[tuple[int, str]]:
-    """The ```python blocks of the README, each with the line its fence opens on."""
-    text = README.read_text()
-    return [(text.count("\n", 0, match.start()) + 1, match.group(1)) for match in FENCE.finditer(text)]
+def python_blocks() -> list[tuple[str, str]]:
+    """The ```python blocks of the README and the docs, each with its page and the line its fence opens on."""
+    blocks = []
+    for page in PAGES:
+        text = page.read_text()
+        where = page.relative_to(ROOT).as_posix()
+        blocks += [(f"{where}:{text.count(chr(10), 0, m.start()) + 1}", m.group(1)) for m in FENCE.finditer(text)]
+    return blocks
 
 
 BLOCKS = python_blocks()
@@ -62,17 +69,38 @@ def pool_entries(code: str, pid: int) -> set[str]:
     }
 
 
-def test_readme_blocks_are_all_found() -> None:
+def test_python_blocks_are_all_found() -> None:
     # A fence the pattern misses (a trailing word, CRLF) would silently drop a block from the test.
-    assert len(BLOCKS) == README.read_text().count("```python") >= 5
+    assert len(BLOCKS) == sum(page.read_text().count("```python") for page in PAGES) >= 15
+    assert README.read_text().count("\n") <= 200  # the manual is the site; the README its first page
 
 
-@pytest.mark.parametrize("line, code", BLOCKS, ids=[f"line{line}" for line, _ in BLOCKS])
-def test_readme_block_runs(line: int, code: str, tmp_path: Path) -> None:
+@pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None, reason='needs mkdocs: pip install -e ".[docs]"')
+def test_the_site_builds_strictly(tmp_path: Path) -> None:
+    """Every page in the nav, every link and anchor resolving, every reference rendering from its
+    docstring without a warning."""
+    mkdocs = Path(sys.executable).with_name("mkdocs")
+    result = subprocess.run(
+        [str(mkdocs), "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    built = {path.relative_to(tmp_path / "site").as_posix() for path in (tmp_path / "site").rglob("index.html")}
+    pages = {page.relative_to(ROOT / "docs").with_suffix("").as_posix() for page in PAGES[1:]}
+    assert {f"{page}/index.html" for page in pages - {"index"}} | {"index.html"} <= built
+    assert "recv_order" in (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
+
+
+@pytest.mark.parametrize("where, code", BLOCKS, ids=[where for where, _ in BLOCKS])
+def test_python_block_runs(where: str, code: str, tmp_path: Path) -> None:
     missing = helpers.missing_extras(*(module for module in helpers.EXTRA_OF if re.search(rf"\b{module}\b", code)))
     if missing:
         pytest.skip(f"needs {', '.join(missing)}")
-    script = tmp_path / f"readme_line{line}.py"
+    script = tmp_path / f"block_{re.sub(r'[^A-Za-z0-9]+', '_', where)}.py"
     script.write_text(code)
     workdir = tmp_path / "cwd"
     workdir.mkdir()
@@ -91,7 +119,7 @@ def test_readme_block_runs(line: int, code: str, tmp_path: Path) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(child.pid, signal.SIGKILL)
         stdout, stderr = child.communicate()
-        pytest.fail(f"README block at line {line} still ran after {TIMEOUT:.0f} s\n{stdout}\n{stderr}")
+        pytest.fail(f"{where} still ran after {TIMEOUT:.0f} s\n{stdout}\n{stderr}")
     finally:
         deadline = time.monotonic() + 5.0  # workers notice their owner's exit within ~0.2 s
         while (session_processes(child.pid) or pool_entries(code, child.pid) - before) and time.monotonic() < deadline:
@@ -100,7 +128,7 @@ def test_readme_block_runs(line: int, code: str, tmp_path: Path) -> None:
         for pid in left_processes:  # never leave them to the rest of the suite
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-    assert child.returncode == 0, f"README block at line {line} failed:\n{stdout}\n{stderr}"
-    assert not left_processes, f"README block at line {line} left processes {sorted(left_processes)} behind"
-    assert not pool_entries(code, child.pid) - before, f"README block at line {line} left shared memory behind"
-    assert not os.listdir(workdir), f"README block at line {line} left files behind: {os.listdir(workdir)}"
+    assert child.returncode == 0, f"{where} failed:\n{stdout}\n{stderr}"
+    assert not left_processes, f"{where} left processes {sorted(left_processes)} behind"
+    assert not pool_entries(code, child.pid) - before, f"{where} left shared memory behind"
+    assert not os.listdir(workdir), f"{where} left files behind: {os.listdir(workdir)}"
