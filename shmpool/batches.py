@@ -19,7 +19,7 @@ finished (whatever their ids) and returns their rows, in worker order, with ``in
 ``send`` takes actions for whole RETURNED slots. Each worker's command has its own sequence number,
 so one worker can start a step while another is still on its previous one.
 
-On 2 cores this does not beat synchronous steps (the README has the arithmetic, ``bench.py
+On 2 cores this does not beat synchronous steps (docs/guides/async.md has the arithmetic, ``bench.py
 --loop`` the measurement): two half batches cost the policy more than one whole batch, and with
 both cores stepping envs the overlap has no idle core to fill, so its best case is a few percent,
 less than the wake-ups a third runnable process adds. ``trainer_slot=True`` with ``step`` is the

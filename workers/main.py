@@ -79,7 +79,7 @@ class OwnerGone(BaseException):
 
 
 #: Seconds the watchdog lets the main thread unwind (close envs, remove the pool) before it ends the
-#: process itself; the whole exit stays well within the ~2 s the README promises.
+#: process itself; the whole exit stays well within the ~2 s the troubleshooting page promises.
 OWNER_GONE_GRACE = 1.0
 #: Exit status of a worker that the watchdog ended because its owner died.
 EXIT_OWNER_GONE = 70
