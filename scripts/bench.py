@@ -858,6 +858,48 @@ def write_costs(settings: Settings) -> None:
                     raw, written = _write_and_raw_costs(pool.params, values)
                     what = f"{count} param{'s' if count > 1 else ''}, {kind}"
                     print(f"{num_envs:>8}  {what:<24} {raw:>13.1f} {written:>11.1f} {written / raw:>6.1f}")
+            floors = _write_floors(pool.params, {name: float(np.mean(bounds)) for name, bounds in UPDATED.items()})
+            for what, cost, raw in floors:
+                print(f"{num_envs:>8}  {what:<24} {raw:>13.1f} {cost:>11.1f} {cost / raw:>6.1f}")
+
+
+def _write_floors(block: Any, values: dict[str, float]) -> list[tuple[str, float, float]]:
+    """What any write of ``values`` (numbers) for every env costs at least, as (what, us, raw numpy
+    us): a Python method that takes them and does nothing, and one that also makes one compiled
+    call over the block's rows (numba: the stores alone, with no lock, journal or validation)."""
+
+    class NoOp:
+        def write(self, env_ids: Any, **values: float) -> int:
+            return 0
+
+    floors = [("floor, no-op", NoOp().write)]
+    try:
+        import numba
+    except ImportError:
+        numba = None
+    if numba is not None:
+
+        @numba.njit
+        def store(rows: np.ndarray, columns: np.ndarray, numbers: np.ndarray) -> int:
+            for row in range(rows.shape[0]):
+                for k in range(columns.shape[0]):
+                    rows[row, columns[k]] = numbers[k]
+            return 0
+
+        rows = np.zeros((len(block), len(values)))
+        columns, numbers, index = np.arange(len(values)), np.zeros(len(values)), {n: i for i, n in enumerate(values)}
+
+        def compiled(env_ids: Any, **given: float) -> int:
+            for name, number in given.items():
+                numbers[index[name]] = number
+            return store(rows, columns, numbers)
+
+        floors.append(("floor, +compiled", compiled))
+    raw = _write_and_raw_costs(block, values)[0]
+    return [
+        (f"{what} ({len(values)})", _microseconds_per_call(lambda w=write: w(None, **values)), raw)
+        for what, write in floors
+    ]
 
 
 def _write_and_raw_costs(block: Any, values: dict[str, Any]) -> tuple[float, float]:

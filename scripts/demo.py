@@ -7,7 +7,7 @@
 3. Improves a linear controller with the cross-entropy method against those widening ranges.
 4. Prints a summary table and saves a plot of the ranges and the returns (``--plot``).
 
-    python scripts/demo.py            # about 20 s on 2 cores
+    python scripts/demo.py            # about 25 s on 2 cores
     python scripts/demo.py --quick    # a few seconds, for CI
 """
 

@@ -1,7 +1,7 @@
 """shmpool: multi-process gymnasium env pools whose parameters any process can change while they run.
 
 ``import shmpool`` is cheap: it starts nothing and prints nothing; the pool machinery (numpy,
-gymnasium, multiprocess) is imported on first use of :func:`launch` or :class:`Pool`.
+gymnasium, multiprocess) is imported on first use of ``launch`` or ``Pool``.
 
 Example:
     >>> import shmpool

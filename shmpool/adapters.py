@@ -1,4 +1,4 @@
-"""Deprecated: :mod:`shmpool.env_families` under its old name, which goes in the next release."""
+"""Deprecated: ``shmpool.env_families`` under its old name, which goes in the next release."""
 
 from __future__ import annotations
 

@@ -102,7 +102,7 @@ class Batches:
 
     def start_reset(self, seq: int) -> None:
         """Sends the reset the pool has just prepared in the segment (flags, seeds, options) to every
-        worker, once :meth:`discard` has ended what was in flight; ``recv`` returns its observations
+        worker, once ``discard`` has ended what was in flight; ``recv`` returns its observations
         batch by batch."""
         with interrupts_deferred():  # as send's caller holds it: see _issue
             self._issue(seq, CMD_RESET, list(range(len(self._slots))))
@@ -198,7 +198,7 @@ class Batches:
         return handout
 
     def take_back(self, handout: Handout) -> None:
-        """Queues a batch that :meth:`recv` handed out but the caller never got (Ctrl-C) for the next
+        """Queues a batch that ``recv`` handed out but the caller never got (Ctrl-C) for the next
         ``recv``, first in line; does nothing if it is back already. Call it with Ctrl-C held back."""
         if self._returned is not handout.slot_set or any(self._state[k] != RETURNED for k in handout.workers):
             return

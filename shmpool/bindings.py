@@ -109,7 +109,7 @@ class Binding:
 
 
 def plain_values(values: np.ndarray) -> list[Any]:
-    """Per-env values as :meth:`Binding.set` takes them: Python scalars, or arrays for shaped ones."""
+    """Per-env values as ``Binding.set`` takes them: Python scalars, or arrays for shaped ones."""
     return values.tolist() if values.ndim == 1 else list(values)
 
 

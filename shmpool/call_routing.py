@@ -2,8 +2,8 @@
 one request per env, split by worker, sent on each worker's pipe under one CALL command, and the
 answers put back in request order; a failure is raised with its type, naming the env it happened in.
 
-:mod:`shmpool.calls` is the wire format the requests and answers travel in, and
-:mod:`shmpool.commands` the command they ride on.
+``shmpool.calls`` is the wire format the requests and answers travel in, and
+``shmpool.commands`` the command they ride on.
 """
 
 from __future__ import annotations

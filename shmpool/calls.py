@@ -40,7 +40,7 @@ Request = tuple[int, Any, tuple[Any, ...], dict[str, Any]]
 IN_ENV, IN_ARGUMENTS, IN_RESULT = "env", "arguments", "result"
 
 #: How a failure's exception travels after the header: not at all (it does not pickle), pickled
-#: whole, or as its class, args and attributes (see :func:`_rebuild`).
+#: whole, or as its class, args and attributes (see ``_rebuild``).
 _NO_ERROR, _WHOLE, _PARTS = 0, 1, 2
 
 
@@ -49,7 +49,7 @@ class Failure(NamedTuple):
 
     #: The env whose function raised or whose result failed to travel; -1: none (see ``stage``).
     env_id: int
-    #: :data:`IN_ENV`, :data:`IN_ARGUMENTS` or :data:`IN_RESULT`.
+    #: ``IN_ENV``, ``IN_ARGUMENTS`` or ``IN_RESULT``.
     stage: str
     #: The exception, rebuilt in the trainer; None if it could not be (``problem`` says why).
     error: BaseException | None
@@ -85,7 +85,7 @@ def encode(message: Any, what: str) -> bytes:
 
 
 def decode(data: bytes) -> Any:
-    """A message sent by :func:`encode` over a pool's private pipe (never from shared memory)."""
+    """A message sent by ``encode`` over a pool's private pipe (never from shared memory)."""
     return dill.loads(data)
 
 
@@ -95,7 +95,7 @@ def set_wrapper_attribute(env: Any, name: str, value: Any) -> None:
 
 
 def run_requests(envs: list[Any], first_env_id: int, seq: int, requests: list[Request]) -> bytes:
-    """Runs one worker's part of call ``seq`` and returns its encoded answer (see :func:`decode_answer`).
+    """Runs one worker's part of call ``seq`` and returns its encoded answer (see ``decode_answer``).
 
     A string is gymnasium's ``call``: the attribute, called with the arguments if it is callable; a
     callable is applied as ``function(env, *args, **kwargs)``. The first env that raises ends the
@@ -162,10 +162,10 @@ def failure_answer(seq: int, env_id: int, error: BaseException, text: str, stage
 
 
 def decode_answer(data: bytes) -> tuple[int, list[Any] | None, Failure | None]:
-    """A worker's answer ``(seq, results, failure)``, from :func:`run_requests` or :func:`failure_answer`.
+    """A worker's answer ``(seq, results, failure)``, from ``run_requests`` or ``failure_answer``.
 
     Raises only if the header does not unpickle (a damaged message); a result or an exception that
-    cannot be rebuilt here becomes a :class:`Failure` whose ``error`` is None.
+    cannot be rebuilt here becomes a ``Failure`` whose ``error`` is None.
     """
     stream = io.BytesIO(data)
     seq, env_ids, header = dill.load(stream)

@@ -17,7 +17,7 @@ A state is plain data (dicts, lists, str, int, None and numpy arrays of numbers)
 * ``param_seed``: the seed of the draws.
 
 Draws are a pure function of (seed, env id, episode index, parameter index, step in the episode;
-:mod:`shmpool.draws`), and the episode index lives in the segment, so nothing worker-private needs
+``shmpool.draws``), and the episode index lives in the segment, so nothing worker-private needs
 saving: a fresh pool with the same seed that loads the state draws at each env's next reset exactly
 what the saved pool would have drawn at its next one.
 """
@@ -42,7 +42,7 @@ MAX_EPISODE_INDEX = 1 << 62
 
 
 class PoolState(TypedDict):
-    """What :func:`state_dict` returns (see the module docstring)."""
+    """What ``state_dict`` returns (see the module docstring)."""
 
     version: int
     schema: dict[str, Any]
@@ -52,8 +52,8 @@ class PoolState(TypedDict):
 
 
 class Checkpointable(Protocol):
-    """What a checkpoint reads and writes: one pool's channels, such as a :class:`shmpool.view.PoolView`.
-    Described here rather than imported from :mod:`shmpool.view`, which imports this module: the two
+    """What a checkpoint reads and writes: one pool's channels, such as a ``shmpool.view.PoolView``.
+    Described here rather than imported from ``shmpool.view``, which imports this module: the two
     would import each other."""
 
     name: str

@@ -1,4 +1,4 @@
-"""What shmpool knows about gymnasium's classic-control envs (see :mod:`shmpool.env_families`).
+"""What shmpool knows about gymnasium's classic-control envs (see ``shmpool.env_families``).
 
 Their parameters are plain attributes of the unwrapped env, bound by name (``Param(...)`` for
 ``"gravity"`` binds ``env.unwrapped.gravity``), and every one of them is read on each step, except
@@ -51,7 +51,7 @@ class CartPole(ClassicControl):
         return self.refresher_of_many([env])
 
     def refresher_of_many(self, envs: list[Any]) -> Callable[[], None]:
-        """:meth:`refresher` of every env in ``envs``, in one loop."""
+        """``refresher`` of every env in ``envs``, in one loop."""
         unwrapped = [env.unwrapped for env in envs]
 
         def refresh() -> None:

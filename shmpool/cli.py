@@ -140,7 +140,7 @@ ENVS_HELP = (
 
 
 def _parse_envs(text: str | None, num_envs: int) -> slice | list[int] | None:
-    """The env ids that ``--envs`` names (see :data:`ENVS_HELP`; None: every env), or a ``ValueError``
+    """The env ids that ``--envs`` names (see ``ENVS_HELP``; None: every env), or a ``ValueError``
     naming the text and the valid ids. A negative id is refused, not counted from the end as numpy
     would (``--envs -1`` is likelier a typo than a wish for the last env), and so is a selection of
     no env, which would write nothing (issue #24)."""

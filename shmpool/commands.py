@@ -1,7 +1,7 @@
 """The command channel: how the trainer has its workers run one command (a reset, a step, a control
 call) and knows it done, even when Ctrl-C or a failure cuts the command short.
 
-Every call of the pool goes through the states of :class:`CommandChannel`::
+Every call of the pool goes through the states of ``CommandChannel``::
 
     usable ──run()──▶ pending ──finish()──▶ usable
                          │                     │
@@ -13,7 +13,7 @@ Every call of the pool goes through the states of :class:`CommandChannel`::
 A command is pending from before its first control word is written until every worker has done it:
 Ctrl-C anywhere in between leaves it pending, and the next call sends it again (same sequence
 number: a worker runs each once) and waits for it before issuing another. Async batches are
-commands too, each to some workers (:mod:`shmpool.batches`): a command to all, or a checkpoint,
+commands too, each to some workers (``shmpool.batches``): a command to all, or a checkpoint,
 first waits for those in flight. The channel also publishes what the commands did for attached
 processes (``stats``): the global step and the env steps per second.
 """
@@ -107,7 +107,7 @@ class CommandChannel:
 
     def prepare(self, command: int, seq: int | None = None) -> int:
         """Makes ``command`` pending, and returns its sequence number: from here on, it is sent and
-        waited for by :meth:`finish`, or by the next :meth:`enter` if Ctrl-C comes first."""
+        waited for by ``finish``, or by the next ``enter`` if Ctrl-C comes first."""
         self.usable = False
         steps = self.global_step + (command == CMD_STEP)
         seq = self._lifecycle.next_seq() if seq is None else seq

@@ -1,5 +1,5 @@
-"""Every launch option in one frozen object (:class:`PoolConfig`), what a worker is told at launch
-(:class:`WorkerConfig`, shipped once with ``multiprocess``), and how an env is made."""
+"""Every launch option in one frozen object (``PoolConfig``), what a worker is told at launch
+(``WorkerConfig``, shipped once with ``multiprocess``), and how an env is made."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ class WorkerConfig:
 
 @dataclass(frozen=True)
 class PoolConfig:
-    """Every option of :func:`shmpool.launch`: its default, its check and its meaning, in one place.
+    """Every option of ``shmpool.launch``: its default, its check and its meaning, in one place.
 
     ``launch(env, num_envs, **options)`` builds one (raising ``TypeError``/``ValueError`` naming the
     option for a bad value); every part of the pool reads it. A new option is a new field here.
@@ -125,12 +125,12 @@ class PoolConfig:
     """The largest numeric info value, in bytes (a multiple of 8)."""
     params: Mapping[str, Param] | None = None
     """Env parameters any process can change while the pool runs, by name (see
-    :class:`shmpool.Param`); ``pool.params`` and ``pool.applied`` hold them."""
+    ``shmpool.Param``); ``pool.params`` and ``pool.applied`` hold them."""
     info_params: bool = False
     """Also return the applied parameter values as ``infos["params"]``."""
     hooks: Sequence[Any] = ()
     """Objects whose ``before_step``/``after_step``/``on_reset`` run in the workers over each slot
-    (see :mod:`shmpool.hooks`); the parameters they declare join ``params``."""
+    (see ``shmpool.hooks``); the parameters they declare join ``params``."""
     event_capacity: int = 1024
     """Events each worker's ring holds before ``pool.events.send`` waits or raises."""
     event_payload: int = 8
@@ -146,16 +146,16 @@ class PoolConfig:
     pair ``(observation_space, single_observation_space)`` to use as given."""
     batch_size: int | None = None
     """Envs per ``recv()`` of the async API (``async_reset``/``send``/``recv``, EnvPool's); None:
-    ``num_envs``. A multiple of the slot size, with equal slots (see :mod:`shmpool.batches`)."""
+    ``num_envs``. A multiple of the slot size, with equal slots (see ``shmpool.batches``)."""
     recv_order: str = "finished"
     """Which envs a ``recv()`` of async batches returns: ``"finished"``, the first to finish their
     step (a slow or descheduled worker is passed over); ``"sent"``, those whose step was sent first
     (it waits for them), so that every env comes round once per ``num_envs / batch_size`` recvs, as
-    EnvPool's queue order gives with envs of equal cost (:mod:`shmpool.envpool` uses it)."""
+    EnvPool's queue order gives with envs of equal cost (``shmpool.envpool`` uses it)."""
     trainer_slot: bool | None = None
     """Step the last slot in the trainer's process instead of a worker process's, while the workers
     step theirs: one process fewer, for machines with fewer cores than workers plus the trainer
-    (see :mod:`shmpool.workers.local` for what it costs: an env that hangs or crashes there stops
+    (see ``shmpool.workers.local`` for what it costs: an env that hangs or crashes there stops
     the trainer). None (the default) chooses it when no core is left for the trainer (usable
     cores <= workers, and 2 workers or more), the pool steps all envs at once (no async
     ``batch_size``), and only library code would run there: gymnasium's
@@ -176,10 +176,10 @@ class PoolConfig:
     called for the trainer's own slot (``trainer_slot``), which the default never picks with it."""
     engine: str = "python"
     """How a worker steps its slot: ``"python"``, env by env (any gymnasium env); ``"numba"``, the
-    whole slot in one compiled call of a batch kernel (:mod:`shmpool.kernels`: CartPole-v1,
+    whole slot in one compiled call of a batch kernel (``shmpool.kernels``: CartPole-v1,
     Pendulum-v1, MountainCar-v0, MountainCarContinuous-v0, Acrobot-v1 and registered ones; needs
     ``pip install "shmpool[numba]"``); or ``"mujoco"``, the slot's physics in one
-    ``mujoco.batch.Batch`` on C threads (gymnasium's MuJoCo v5 envs, :mod:`shmpool.mujoco_tasks`;
+    ``mujoco.batch.Batch`` on C threads (gymnasium's MuJoCo v5 envs, ``shmpool.mujoco_tasks``;
     needs ``pip install "shmpool[mujoco]"``). Every engine gives the same results, parameters and
     hooks as ``"python"``."""
 
@@ -421,7 +421,7 @@ def _library_code(thing: Any) -> bool:
 
 def _check_mujoco_engine(config: PoolConfig) -> None:
     """That ``engine="mujoco"`` can run ``config``: a supported id, MuJoCo's batch stepper installed,
-    parameters bound through :mod:`shmpool.mujoco` (or read by hooks only), none that rebuilds envs
+    parameters bound through ``shmpool.mujoco`` (or read by hooks only), none that rebuilds envs
     (the simulations of a batch share one model layout)."""
     from .mujoco_tasks import task_of
 
@@ -545,7 +545,7 @@ def fixed_options(owner: str, options: Mapping[str, Any], **fixed: Any) -> dict[
 
 
 class _Options(TypedDict, total=False):
-    """The options of :func:`shmpool.launch` that every function forwarding them takes through."""
+    """The options of ``shmpool.launch`` that every function forwarding them takes through."""
 
     num_workers: int | None
     autoreset_mode: AutoresetMode | str
@@ -577,7 +577,7 @@ class _Options(TypedDict, total=False):
 
 
 class LaunchOptions(_Options, total=False):
-    """Every option of :func:`shmpool.launch` (``**options: Unpack[LaunchOptions]``)."""
+    """Every option of ``shmpool.launch`` (``**options: Unpack[LaunchOptions]``)."""
 
     seed: int | None
     name: str | None
@@ -586,7 +586,7 @@ class LaunchOptions(_Options, total=False):
 
 
 class OptionsButName(_Options, total=False):
-    """The options of :func:`shmpool.launch` but ``name`` (the forwarder names the pool)."""
+    """The options of ``shmpool.launch`` but ``name`` (the forwarder names the pool)."""
 
     seed: int | None
     start_method: str | None
@@ -594,7 +594,7 @@ class OptionsButName(_Options, total=False):
 
 
 class OptionsButStartMethod(_Options, total=False):
-    """The options of :func:`shmpool.launch` but ``start_method`` (the forwarder takes it itself)."""
+    """The options of ``shmpool.launch`` but ``start_method`` (the forwarder takes it itself)."""
 
     seed: int | None
     name: str | None
@@ -602,7 +602,15 @@ class OptionsButStartMethod(_Options, total=False):
 
 
 class OptionsButSeedAndBatch(_Options, total=False):
-    """The options of :func:`shmpool.launch` but ``seed`` and ``batch_size`` (the forwarder takes them)."""
+    """The options of ``shmpool.launch`` but ``seed`` and ``batch_size`` (the forwarder takes them)."""
 
+    name: str | None
+    start_method: str | None
+
+
+class OptionsButBatchSize(_Options, total=False):
+    """The options of ``shmpool.launch`` but ``batch_size`` (the forwarder steps every env at once)."""
+
+    seed: int | None
     name: str | None
     start_method: str | None

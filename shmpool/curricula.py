@@ -99,7 +99,7 @@ class Threshold:
         return {**self.state(), "settings": settings}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restores a :meth:`state_dict` (its settings too); it then continues as the saved one would.
+        """Restores a ``state_dict`` (its settings too); it then continues as the saved one would.
 
         Raises ``ValueError`` for the state of another curriculum or parameter.
         """
@@ -275,7 +275,7 @@ class ADR:
         self._started = False
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything it depends on, as plain JSON data: :meth:`state` plus the pinned envs, the hard
+        """Everything it depends on, as plain JSON data: ``state`` plus the pinned envs, the hard
         bounds, the parameters it steers and its settings."""
         settings = {
             "delta": float(self.delta),
@@ -296,7 +296,7 @@ class ADR:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restores a :meth:`state_dict` (its settings too): pinned envs stay pinned, and it then
+        """Restores a ``state_dict`` (its settings too): pinned envs stay pinned, and it then
         continues as the saved one would. Raises ``ValueError`` for another curriculum's state."""
         _check_algo(state, "adr")
         settings = state["settings"]

@@ -1,18 +1,18 @@
 """What shmpool knows about particular env families, found by the env's class.
 
 Generic code (parameter bindings, the workers, the built-in hooks) never names an env: it asks
-:func:`adapter_for` for the :class:`EnvAdapter` of an env once, when the env is attached (made or
+``adapter_for`` for the ``EnvAdapter`` of an env once, when the env is attached (made or
 re-made), keeps what the adapter hands back for that env, and calls only that on each step.
 
 An adapter handles the env classes it lists in ``classes`` (as ``"module:QualName"`` strings, so
 nothing is imported to match them) and their subclasses; the match is on ``type(env.unwrapped)``'s
 method resolution order, most derived class first, never on the gymnasium id. An env that no
-adapter handles gets :data:`GENERIC`, which knows nothing (no derived values, no default kick).
+adapter handles gets ``GENERIC``, which knows nothing (no derived values, no default kick).
 
 shmpool's own families live one module each (``shmpool.classic_control``, ``shmpool.mujoco``), each
 declaring an ``ADAPTERS`` list; they are imported on the first lookup (not by ``import shmpool``)
 and import nothing heavy themselves: ``mujoco`` is imported only once a MuJoCo env is used. A family
-of your own: subclass :class:`EnvAdapter` and :func:`register` an instance in every process that
+of your own: subclass ``EnvAdapter`` and ``register`` an instance in every process that
 makes the envs (in the module that defines the env, or with ``launch(..., worker_init=...)``).
 """
 
@@ -36,7 +36,7 @@ class EnvAdapter:
 
     name: str = "generic"
     classes: tuple[str, ...] = ()
-    #: The attributes of the unwrapped env that :meth:`refresher` derives values from: a parameter
+    #: The attributes of the unwrapped env that ``refresher`` derives values from: a parameter
     #: bound to another plain attribute changes nothing it must recompute. None: any parameter.
     refresh_inputs: frozenset[str] | None = None
 
@@ -47,7 +47,7 @@ class EnvAdapter:
         return None
 
     def refresher_of_many(self, envs: list[Any]) -> Callable[[], None] | None:
-        """One function doing what :meth:`refresher` does for each of ``envs`` (all of this family),
+        """One function doing what ``refresher`` does for each of ``envs`` (all of this family),
         for a slot whose every env changed; None: the envs' own refreshers are called one by one."""
         return None
 
@@ -106,7 +106,7 @@ def _classes() -> dict[str, EnvAdapter]:
 
 def adapter_for(env: Any) -> EnvAdapter:
     """The adapter of ``env`` (a wrapped or unwrapped env), by its unwrapped class: the adapter of
-    the most derived class in its hierarchy that one lists, else :data:`GENERIC`."""
+    the most derived class in its hierarchy that one lists, else ``GENERIC``."""
     cls = type(env.unwrapped)
     adapter = _by_type.get(cls)
     if adapter is None:

@@ -1,4 +1,4 @@
-"""EnvPool's Python API over a pool: :func:`make` and :func:`make_gymnasium`.
+"""EnvPool's Python API over a pool: ``make`` and ``make_gymnasium``.
 
 Code written for EnvPool (``envpool.make(task_id, env_type="gymnasium", num_envs=..., batch_size=...)``,
 then ``reset``/``step`` or ``async_reset``/``send``/``recv`` with ``info["env_id"]``) runs on shmpool
@@ -9,7 +9,7 @@ the same seeds and actions, every env follows what gymnasium's ``SyncVectorEnv``
 What differs from EnvPool, and why:
 
 - ``observation_space`` and ``action_space`` are one env's spaces, as in EnvPool (a pool's own are
-  batched, as in gymnasium); ``env.pool`` is the :class:`shmpool.Pool` underneath.
+  batched, as in gymnasium); ``env.pool`` is the ``shmpool.Pool`` underneath.
 - ``env_type``: ``"gymnasium"``, and ``"gym"``, which EnvPool 1.x also takes to mean gymnasium's API.
   ``"dm"`` (dm_env ``TimeStep``s) is refused: shmpool's pools speak gymnasium's API only.
 - Envs autoreset on the step after their episode ends (gymnasium's ``NEXT_STEP``, EnvPool's rule):
@@ -22,7 +22,7 @@ What differs from EnvPool, and why:
   deschedule; first-finished order (``recv_order="finished"``, the pool's default) would then return
   one slot twice before another.
 - A batch is made of whole slots (a worker process steps its slot at once): ``batch_size`` must be
-  a multiple of ``num_envs / num_workers``. Without ``num_workers``, :func:`make` picks the most
+  a multiple of ``num_envs / num_workers``. Without ``num_workers``, ``make`` picks the most
   workers (up to the usable cores) for which it is. A synchronous pool (``batch_size=num_envs``)
   steps every env at once: ``step(action, env_id)`` with some of them is refused.
 - ``reset(env_id)`` resets some envs of a synchronous pool (or ``options={"reset_mask": ...}``,
@@ -94,7 +94,7 @@ class Spec:
 
 
 class EnvPoolAPI:
-    """A pool behind EnvPool's Python API (see the module's docstring); made by :func:`make`."""
+    """A pool behind EnvPool's Python API (see the module's docstring); made by ``make``."""
 
     def __init__(self, task_id: str, pool: Pool, seed: int, max_episode_steps: int | None) -> None:
         self.pool = pool
@@ -141,32 +141,32 @@ class EnvPoolAPI:
 
     @property
     def single_observation_space(self) -> gym.Space[Any]:
-        """One env's observation space (the same as :attr:`observation_space`, as in EnvPool)."""
+        """One env's observation space (the same as ``observation_space``, as in EnvPool)."""
         return self.pool.single_observation_space
 
     @property
     def single_action_space(self) -> gym.Space[Any]:
-        """One env's action space (the same as :attr:`action_space`, as in EnvPool)."""
+        """One env's action space (the same as ``action_space``, as in EnvPool)."""
         return self.pool.single_action_space
 
     @property
     def params(self) -> Any:
-        """The pool's parameter block (:attr:`shmpool.Pool.params`)."""
+        """The pool's parameter block (``shmpool.Pool.params``)."""
         return self.pool.params
 
     @property
     def applied(self) -> np.ndarray:
-        """The parameter values each env uses now (:attr:`shmpool.Pool.applied`)."""
+        """The parameter values each env uses now (``shmpool.Pool.applied``)."""
         return self.pool.applied
 
     @property
     def events(self) -> Any:
-        """The pool's per-step event queues (:attr:`shmpool.Pool.events`)."""
+        """The pool's per-step event queues (``shmpool.Pool.events``)."""
         return self.pool.events
 
     @property
     def episodes(self) -> Any:
-        """The pool's finished-episode records (:attr:`shmpool.Pool.episodes`)."""
+        """The pool's finished-episode records (``shmpool.Pool.episodes``)."""
         return self.pool.episodes
 
     # -- EnvPool's calls -----------------------------------------------------------------------------
@@ -316,7 +316,7 @@ def make(
     """A pool of ``num_envs`` gymnasium ``task_id`` envs behind EnvPool's API.
 
     ``batch_size`` (None: ``num_envs``) envs per ``recv``; ``max_episode_steps`` overrides the
-    registered limit. Further options go to :func:`shmpool.launch` (``num_workers``, ``params``,
+    registered limit. Further options go to ``shmpool.launch`` (``num_workers``, ``params``,
     ``hooks``, ``name``, ``engine``, ...); ``episode_statistics`` is off unless given (EnvPool's
     info has no ``episode`` key), ``recv_order`` is ``"sent"`` unless given, and ``autoreset_mode``
     is ``NEXT_STEP``.
@@ -353,7 +353,7 @@ def _workers_for_batches(num_envs: int, batch_size: int | None) -> int:
 
 
 def make_gymnasium(task_id: str, **kwargs: Any) -> EnvPoolAPI:
-    """:func:`make` with ``env_type="gymnasium"``."""
+    """``make`` with ``env_type="gymnasium"``."""
     return make(task_id, env_type="gymnasium", **kwargs)
 
 

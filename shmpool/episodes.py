@@ -70,14 +70,14 @@ class EpisodeWriter:
         return None if self._applied is not None or self._metric_keys else self._records
 
     def reserve(self, count: int) -> int:
-        """Announces ``count`` records about to be written into :attr:`plain_ring`; returns where
-        the first goes (modulo the capacity). :meth:`publish` them once written."""
+        """Announces ``count`` records about to be written into ``plain_ring``; returns where
+        the first goes (modulo the capacity). ``publish`` them once written."""
         head = int(self._heads[self._worker_id])
         self._reserved[self._worker_id] = head + count
         return head
 
     def publish(self, count: int) -> None:
-        """Publishes the ``count`` records written since :meth:`reserve`."""
+        """Publishes the ``count`` records written since ``reserve``."""
         self._heads[self._worker_id] += count
 
     def append(

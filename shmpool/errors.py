@@ -1,6 +1,6 @@
 """Exceptions raised by shmpool.
 
-Every error derives from :class:`ShmpoolError`; the specific ones also derive from the builtin they
+Every error derives from ``ShmpoolError``; the specific ones also derive from the builtin they
 resemble, so ``except TimeoutError`` or ``except ValueError`` code keeps working. Each defines
 ``__reduce__`` so it survives pickling across processes with its attributes intact.
 """

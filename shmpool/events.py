@@ -3,12 +3,12 @@
 A ring holds ``event_capacity`` fixed-size records (hook index, due step, payload, a bitmask of the
 worker's envs it concerns, and the ticket that publishes it). Senders (the trainer and attached
 processes, any of their threads) build each record's bytes before taking the writers' lock, then
-hand them to :class:`shmpool.protocol.EventRings`, which publishes an event to all the rings it
+hand them to ``shmpool.protocol.EventRings``, which publishes an event to all the rings it
 touches with one store, so a sender killed mid-send delivers to no worker rather than to some. The
 worker alone advances its ring's ``tail`` after copying the records out, so it reads every event
 exactly once, in send order.
 
-Both ends read and write records with :mod:`struct` rather than numpy: a record is a few dozen
+Both ends read and write records with ``struct`` rather than numpy: a record is a few dozen
 bytes, for which one ``pack``/``unpack_from`` costs a fraction of one numpy call. Nothing read from
 the segment is unpickled: a record is numbers and a bitmask.
 """
@@ -35,7 +35,7 @@ LOCK_GRACE = 0.25
 
 NOT_SCHEDULED = -1
 
-#: The fixed start of a record (the first fields of :func:`event_dtype`): ticket, hook, at_step,
+#: The fixed start of a record (the first fields of ``event_dtype``): ticket, hook, at_step,
 #: payload_size. The payload's float64s follow, then the env mask.
 RECORD_HEAD = struct.Struct("<4q")
 
@@ -230,14 +230,14 @@ class EventSender:
         return np.packbits(bits, bitorder="little").tobytes()
 
     def _record(self, hook_index: int, values: Sequence[float], at_step: int | None, mask: bytes) -> bytes:
-        """An event's record for one worker's ring, as :meth:`EventRings.publish` takes it (ticket 0)."""
+        """An event's record for one worker's ring, as ``EventRings.publish`` takes it (ticket 0)."""
         due = NOT_SCHEDULED if at_step is None else at_step
         return self._records[len(values)].pack(0, hook_index, due, len(values), *values, mask)
 
     def _filler(
         self, worker_id: int, hook_index: int, ids: np.ndarray, values: Sequence[float], at_step: int | None
     ) -> bytes:
-        """:meth:`_record` for the envs ``ids`` of one worker (tests build half-done sends from it)."""
+        """``_record`` for the envs ``ids`` of one worker (tests build half-done sends from it)."""
         return self._record(hook_index, values, at_step, self._mask(worker_id, ids))
 
 

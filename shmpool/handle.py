@@ -29,7 +29,7 @@ class PoolHandle(Channels):
     ``applied`` (read-only), ``episodes`` (finished-episode records), ``events`` (when the pool has
     hooks), ``param_specs``, ``stats`` and ``alive``. Closing the handle never affects the pool.
 
-    Made by :func:`attach`; use it as a context manager or call :meth:`close`.
+    Made by ``attach``; use it as a context manager or call ``close``.
     """
 
     def __init__(self, name: str, segment: Segment, layout: Layout, owner_pid: int, owner_start_ticks: int) -> None:

@@ -124,7 +124,7 @@ class InfoWriter:
     def add_column(self, path: Path, values: np.ndarray, rows: np.ndarray | slice, like: Any) -> None:
         """Stores info key ``path`` for the envs where ``rows`` (a bool mask over the slot, or a slice) is set:
         ``values[i]`` for env ``i``, every value of the type of ``like``, which fixes the key's record
-        as :meth:`add` would for ``like`` (a slot's infos computed as arrays, not dicts)."""
+        as ``add`` would for ``like`` (a slot's infos computed as arrays, not dicts)."""
         self.dirty = True
         kind = (path, like.dtype, like.shape) if isinstance(like, np.ndarray) else (path, type(like))
         slot = self._slots.get(kind)

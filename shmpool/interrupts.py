@@ -1,8 +1,8 @@
-"""Ctrl-C held back for work that must not stop halfway: :class:`interrupts_deferred`.
+"""Ctrl-C held back for work that must not stop halfway: ``interrupts_deferred``.
 
 This is about signals, not shared memory. The pool, its async batches, its waits and the trainer's
 slot hold Ctrl-C back around work that could not be run again; the writers' lock
-(:mod:`shmpool.protocol.lock`) holds it back from acquisition to release with :class:`DeferredInterrupt`.
+(``shmpool.protocol.lock``) holds it back from acquisition to release with ``DeferredInterrupt``.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class interrupts_deferred:  # noqa: N801 - used as a function: ``with interrupts
 
 class DeferredInterrupt:
     """Holds back SIGINT's Python handler in the main thread (the only thread a ``KeyboardInterrupt``
-    is raised in) and runs it at :meth:`end`. Blocking the signal would not do: another thread can
+    is raised in) and runs it at ``end``. Blocking the signal would not do: another thread can
     take it, and the main thread still runs the handler at its next bytecode."""
 
     __slots__ = ("_previous", "received")

@@ -59,7 +59,7 @@ The command and its sequence number share one aligned 8-byte word, so a reader n
 command with an old sequence number. Aligned 8-byte stores are atomic and, on x86-64, separate
 statements keep their store order, which is what "published last" relies on; a doorbell ring is a
 full barrier, so a waiter that sleeps is always ordered correctly. Other CPUs are refused at launch
-and attach (:func:`shmpool.protocol.check_memory_model`). A send that Ctrl-C cuts short is repeated
+and attach (``shmpool.protocol.check_memory_model``). A send that Ctrl-C cuts short is repeated
 with the same sequence number before the next command: a worker runs each number once.
 """
 
@@ -124,7 +124,7 @@ CONTROL_WORDS = 16
     CTL_FINISHED_AT,  # CLOCK_MONOTONIC ns when the worker finished its last command: async recv's order
 ) = range(11)
 
-#: CALL: run the request that follows on the worker's private pipe (see :mod:`shmpool.calls`).
+#: CALL: run the request that follows on the worker's private pipe (see ``shmpool.calls``).
 CMD_STEP, CMD_RESET, CMD_CLOSE, CMD_CALL = 1, 2, 3, 4
 WORKER_STARTING, WORKER_READY, WORKER_FAILED, WORKER_CLOSED = 0, 1, 2, 3
 ERROR_BYTES = 8192

@@ -2,7 +2,7 @@
 them commands, and stopping and releasing everything exactly once (by ``close()``, garbage
 collection or exit).
 
-:class:`Lifecycle` holds no reference to the ``Pool``, so a ``weakref.finalize`` can release it when
+``Lifecycle`` holds no reference to the ``Pool``, so a ``weakref.finalize`` can release it when
 the pool is garbage collected.
 """
 
@@ -89,7 +89,7 @@ def probe_env(config: PoolConfig) -> EnvProbe:
 
 
 def plan_layout(config: PoolConfig, observation_leaves: Sequence[Leaf], action_leaves: Sequence[Leaf]) -> Layout:
-    """The fields of the segment of a pool with this config and these spaces (see :mod:`shmpool.layout`)."""
+    """The fields of the segment of a pool with this config and these spaces (see ``shmpool.layout``)."""
     n, w = config.num_envs, config.num_workers
     assert w is not None
     param_specs = config.param_specs
@@ -213,7 +213,7 @@ class Lifecycle:
         return self.views
 
     def start_workers(self, observation_space: Any, action_space: Any) -> None:
-        """Starts one process per slot, each told what it needs in a :class:`WorkerConfig`."""
+        """Starts one process per slot, each told what it needs in a ``WorkerConfig``."""
         config = self.config
         module_name, function_name = WORKER_ENTRY_POINT.split(":")
         entry_point: Callable[[WorkerConfig], None] = getattr(importlib.import_module(module_name), function_name)
@@ -330,7 +330,7 @@ class Lifecycle:
             self.local.run(seq, command)  # after the workers started theirs: the steps overlap
 
     def send_call(self, worker_id: int, message: bytes) -> None:
-        """Sends an encoded call request (:mod:`shmpool.calls`) on worker ``worker_id``'s pipe."""
+        """Sends an encoded call request (``shmpool.calls``) on worker ``worker_id``'s pipe."""
         self.call_pipes[worker_id].send_bytes(message)
 
     def disown(self) -> None:

@@ -15,13 +15,13 @@ keeps the model consistent after a change: masses recompute MuJoCo's derived con
 (``mj_setConst``, on a scratch ``MjData`` so the simulation state is untouched).
 
 MuJoCo writes its warnings (a deprecated attribute in a model file, say) to ``MUJOCO_LOG.TXT`` in the
-working directory on every model compile; :func:`log_to_python` sends them to Python's ``logging``
+working directory on every model compile; ``log_to_python`` sends them to Python's ``logging``
 instead: ``launch(..., worker_init=shmpool.mujoco.log_to_python)`` for the workers, and a call in the
 trainer (which makes one env at launch to read nominal values).
 
 This module imports ``mujoco`` only when a binding is resolved (inside a worker or at launch) or
-:func:`log_to_python` is called; it declares the adapter of gymnasium's MuJoCo envs
-(:mod:`shmpool.env_families`).
+``log_to_python`` is called; it declares the adapter of gymnasium's MuJoCo envs
+(``shmpool.env_families``).
 """
 
 from __future__ import annotations
@@ -154,8 +154,8 @@ class ModelBinding:
         return location, np.array(array[location])
 
     def resolve_in_batch(self, simulation: Simulation) -> tuple[Callable[[], Any], Callable[[Any], None]]:
-        """:meth:`resolve` for an env of ``engine="mujoco"``: the same values, written into its
-        simulation's row of the batch's per-simulation field by :meth:`batch_writer`."""
+        """``resolve`` for an env of ``engine="mujoco"``: the same values, written into its
+        simulation's row of the batch's per-simulation field by ``batch_writer``."""
         location, nominal = self._nominal_value(simulation.nominal)
         write_many, index = self.batch_writer(simulation), simulation.index
 
@@ -292,7 +292,7 @@ def scale_randomization(
 
 
 class Push:
-    """A kick for :class:`shmpool.hooks.Perturb` on MuJoCo envs: an external force on a named body for
+    """A kick for ``shmpool.hooks.Perturb`` on MuJoCo envs: an external force on a named body for
     the next step (``mode="force"``, through ``data.xfrc_applied``) or a change of the body's
     velocity (``mode="velocity"``, added to the ``qvel`` of the joints that move it)."""
 
@@ -340,7 +340,7 @@ class Push:
 class MujocoAdapter(EnvAdapter):
     """gymnasium's MuJoCo envs: parameters live in the ``MjModel`` (bind them with the functions
     above, which keep the model consistent themselves), and the velocities ``hooks.Perturb`` would
-    kick depend on the robot, so it needs a :class:`Push`."""
+    kick depend on the robot, so it needs a ``Push``."""
 
     name = "MuJoCo"
     classes = ("gymnasium.envs.mujoco.mujoco_env:MujocoEnv",)
@@ -354,7 +354,7 @@ class MujocoAdapter(EnvAdapter):
 
 ADAPTERS = [MujocoAdapter()]
 
-#: Where :func:`log_to_python` sends MuJoCo's warnings.
+#: Where ``log_to_python`` sends MuJoCo's warnings.
 logger = logging.getLogger("mujoco")
 
 

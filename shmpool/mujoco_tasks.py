@@ -1,7 +1,7 @@
 """What gymnasium's MuJoCo v5 envs compute around their physics, over a whole slot at once
-(``engine="mujoco"``, :mod:`shmpool.workers.mujoco_batch`).
+(``engine="mujoco"``, ``shmpool.workers.mujoco_batch``).
 
-Each :class:`Task` is one env family's ``step`` after ``do_simulation``: observation, reward,
+Each ``Task`` is one env family's ``step`` after ``do_simulation``: observation, reward,
 termination and info, written as numpy operations over the ``(envs, ...)`` arrays that
 ``mujoco.batch.Batch`` binds, instead of once per env in Python. They give gymnasium's results bit
 for bit (``tests/test_mujoco_engine.py`` compares them with ``SyncVectorEnv``): the same operations
@@ -14,9 +14,9 @@ float32), as in gymnasium.
 
 The constants a task reads (``_ctrl_cost_weight``, ``_healthy_z_range``, ...) are the unwrapped env's
 own attributes, read from the slot's envs, so the v5 constructor arguments given in ``env_kwargs``
-hold; every env of a slot must have the same ones (:meth:`Task.read_constants` says which differ).
+hold; every env of a slot must have the same ones (``Task.read_constants`` says which differ).
 
-This module imports neither ``mujoco`` nor the batch: the trainer uses :data:`TASKS` to check an env
+This module imports neither ``mujoco`` nor the batch: the trainer uses ``TASKS`` to check an env
 id at launch.
 """
 
@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-#: The type of most info values (a numpy float64), as :data:`Infos` gives it: made once, not per step.
+#: The type of most info values (a numpy float64), as ``Infos`` gives it: made once, not per step.
 FLOAT64 = np.float64(0)
 
 #: Step infos: per key, its values for every env of the slot and a value of the type gymnasium's env
@@ -38,8 +38,8 @@ Infos = dict[str, tuple[np.ndarray, Any]]
 class Task:
     """One env family's work around the physics, over the arrays of a slot's simulations.
 
-    ``arrays`` maps MjData field names (those in :attr:`fields`) to live ``(envs, ...)`` arrays, plus
-    ``"cfrc_ext"`` for the tasks that need it after ``mj_rnePostConstraint`` (:attr:`contact_forces`).
+    ``arrays`` maps MjData field names (those in ``fields``) to live ``(envs, ...)`` arrays, plus
+    ``"cfrc_ext"`` for the tasks that need it after ``mj_rnePostConstraint`` (``contact_forces``).
     """
 
     #: The gymnasium ids this task runs.

@@ -1,7 +1,7 @@
 """The ``params`` block as writers see it: numpy views per parameter, and validated atomic writes.
 
-Atomic multi-field writes use a per-env sequence counter (a seqlock, in :mod:`shmpool.protocol`):
-:meth:`ParamBlock.write` validates, makes the counters odd, writes the fields, makes them even, all
+Atomic multi-field writes use a per-env sequence counter (a seqlock, in ``shmpool.protocol``):
+``ParamBlock.write`` validates, makes the counters odd, writes the fields, makes them even, all
 under the writers' lock (which excludes threads, processes and forked children); a worker copies the
 records between two reads of the counters and keeps its last values for a row that is odd or moved.
 A writer killed or interrupted mid-write leaves an undo journal that the next holder of the lock (or
@@ -22,7 +22,7 @@ from .errors import LayoutMismatchError
 from .params import ParamSpec, applied_dtype, bad_rows, block_dtype, problem, show
 from .protocol import Seqlock, WriterLock
 
-#: How long :meth:`ParamBlock.write` waits for another writer before raising ``WriterLockTimeoutError``.
+#: How long ``ParamBlock.write`` waits for another writer before raising ``WriterLockTimeoutError``.
 WRITE_LOCK_TIMEOUT = 5.0
 
 
@@ -32,7 +32,7 @@ _INT64_MIN, _UINT64_MAX = -(1 << 63), (1 << 64) - 1
 
 class ParamBlock:
     """The ``params`` block of a pool: ``block["gravity"]`` is a writable numpy view of every env's
-    value (``block["length"]["low"]`` for a distribution's argument); :meth:`write` validates and
+    value (``block["length"]["low"]`` for a distribution's argument); ``write`` validates and
     lands atomically per env.
 
     Workers pick up plain numpy writes on their next step too; they refuse values that break a
@@ -158,7 +158,7 @@ class ParamBlock:
         """The values as they are when each is, for a scalar float64 parameter, a float (or an int
         or numpy float: one value for every env) or a float64 array of one value per env, and all
         are within bounds: the common writes, checked in Python for a number, and with one min and
-        one max over all the arrays. None sends the write through :meth:`_stage`, which names a bad
+        one max over all the arrays. None sends the write through ``_stage``, which names a bad
         value."""
         plain: list[float | np.ndarray] = []
         arrays, array_specs = [], []
@@ -215,7 +215,7 @@ def named_specs(specs: Mapping[str, ParamSpec], names: Iterable[str]) -> list[Pa
 def env_rows(env_ids: Any, num_envs: int) -> np.ndarray:
     """The env ids that ``write`` takes ``env_ids`` (an id, ids, a slice; negative ids count from the
     end) to mean, in the order given: row ``k`` of a value goes to env ``env_ids[k]``, as with numpy's
-    ``array[env_ids] = values`` (an id given more than once takes its last row: see :func:`last_rows`)."""
+    ``array[env_ids] = values`` (an id given more than once takes its last row: see ``last_rows``)."""
     if isinstance(env_ids, slice):
         return np.arange(num_envs)[env_ids]
     ids = np.atleast_1d(np.asarray(env_ids))
@@ -242,7 +242,7 @@ def validate(
     spec: ParamSpec, ids: np.ndarray, value: Any, current: Callable[[str], np.ndarray], label: str
 ) -> np.ndarray | dict[str, np.ndarray]:
     """``value`` for the envs ``ids`` (one row each) as the block stores it, or a ``ValueError``
-    naming the parameter, the env and the value: the rule of :meth:`ParamBlock.write`, also used by
+    naming the parameter, the env and the value: the rule of ``ParamBlock.write``, also used by
     writers that check before sending (``shmpool.ray``). A distribution's value is a dict of some
     of its arguments; ``current(arg)`` gives the others' values for ``ids``, since a record is
     valid only as a whole. Returns the array, or the given arguments' arrays."""

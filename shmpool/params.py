@@ -2,9 +2,9 @@
 the ``params`` and ``applied`` blocks, and the rules a value must satisfy to be applied.
 
 Writers (the trainer, attached processes) write the ``params`` block through
-:class:`shmpool.param_block.ParamBlock`; workers read it on every step, validate what changed, and
-apply it to their envs per each parameter's ``when`` (:mod:`shmpool.workers.param_applier`, through
-the bindings of :mod:`shmpool.bindings`, drawing ``dist`` values with :mod:`shmpool.draws`); what each
+``shmpool.param_block.ParamBlock``; workers read it on every step, validate what changed, and
+apply it to their envs per each parameter's ``when`` (``shmpool.workers.param_applier``, through
+the bindings of ``shmpool.bindings``, drawing ``dist`` values with ``shmpool.draws``); what each
 env really uses is published in the ``applied`` block, which only workers write.
 """
 
@@ -264,7 +264,7 @@ def show(value: Any) -> str:
 
 
 def bad_rows(spec: ParamSpec, values: Any) -> np.ndarray:
-    """A mask of the rows of ``values`` (one per env) that :func:`problem` would refuse, vectorized.
+    """A mask of the rows of ``values`` (one per env) that ``problem`` would refuse, vectorized.
 
     ``values`` is an array of ``(rows, *shape)`` values, or for a distribution a mapping (or
     structured array) of such arrays per argument.

@@ -1,12 +1,12 @@
 """The trainer's pool: a gymnasium ``VectorEnv`` whose envs run in worker processes.
 
 The pool is the public face: it builds its parts, steps and closes. Each room does one job:
-:mod:`~shmpool.config` (every option), :mod:`~shmpool.lifecycle` (env probe, segment, workers,
-release), :mod:`~shmpool.commands` (issuing commands through Ctrl-C and failures),
-:mod:`~shmpool.waiting` (the wait, crash decoding), :mod:`~shmpool.reset_encoding` (seeds,
-options, masks), :mod:`~shmpool.results` (what ``step`` and ``reset`` return),
-:mod:`~shmpool.batches` (async batches), :mod:`~shmpool.call_routing` (control calls) and
-:mod:`~shmpool.view` (params, events, episodes, stats: the same view an attached handle has).
+``shmpool.config`` (every option), ``shmpool.lifecycle`` (env probe, segment, workers,
+release), ``shmpool.commands`` (issuing commands through Ctrl-C and failures),
+``shmpool.waiting`` (the wait, crash decoding), ``shmpool.reset_encoding`` (seeds,
+options, masks), ``shmpool.results`` (what ``step`` and ``reset`` return),
+``shmpool.batches`` (async batches), ``shmpool.call_routing`` (control calls) and
+``shmpool.view`` (params, events, episodes, stats: the same view an attached handle has).
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import gymnasium
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_differing_spaces, batch_space
@@ -30,6 +31,7 @@ from .errors import ForeignProcessError, PoolClosedError, ShmpoolError, StepSent
 from .interrupts import interrupts_deferred
 from .layout import CMD_RESET, CMD_STEP
 from .lifecycle import Lifecycle, plan_layout, probe_env
+from .params import Param
 from .profiling import PhaseProfile
 from .protocol import check_memory_model
 from .registry import sweep_stale
@@ -37,11 +39,6 @@ from .reset_encoding import ResetEncoder
 from .results import Results
 from .spaces import ActionChecker, leaves
 from .view import Channels, PoolView
-
-if TYPE_CHECKING:
-    import gymnasium
-
-    from .params import Param
 from .waiting import Waiter
 
 #: How long close() waits for a reset or step in flight in another thread to give up.
@@ -104,7 +101,7 @@ def launch(
 
     ``env`` is a registered gymnasium id, a callable returning a ``gymnasium.Env``, or a sequence of
     such callables, one per env (``num_envs`` is then its length). The options are the fields of
-    :class:`shmpool.config.PoolConfig`, in its order and with its defaults (a test checks that they
+    ``shmpool.config.PoolConfig``, in its order and with its defaults (a test checks that they
     agree), where each one's check and meaning are written.
 
     Example:
@@ -121,7 +118,7 @@ def launch(
 class Pool(Channels, VectorEnv):
     """A gymnasium ``VectorEnv`` whose envs run in worker processes over one shared-memory segment.
 
-    Made by :func:`launch`; use it as a context manager or call :meth:`close`. ``params``,
+    Made by ``launch``; use it as a context manager or call ``close``. ``params``,
     ``applied``, ``events``, ``episodes`` and ``stats`` are the same as on an attached handle.
     """
 
@@ -236,7 +233,7 @@ class Pool(Channels, VectorEnv):
         steps since the last reset; needs ``launch(profile=True)``. The trainer's are per ``step()``
         (in async mode per ``send()``, its wait and results those of ``recv()``); the workers' are
         per step of each worker, averaged over the workers. Nested phases (``infos``, ``episode
-        stats``, ``whole step``) overlap the others, see :mod:`shmpool.profiling`."""
+        stats``, ``whole step``) overlap the others, see ``shmpool.profiling``."""
         self._check_open()
         if self._profile is None:
             raise ValueError(f"pool {self._name!r} was launched without profile=True")
@@ -327,7 +324,7 @@ class Pool(Channels, VectorEnv):
     def async_reset(
         self, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None
     ) -> None:
-        """Starts resetting every env (as :meth:`reset`, without waiting); each ``recv()`` then returns
+        """Starts resetting every env (as ``reset``, without waiting); each ``recv()`` then returns
         ``batch_size`` of their first observations.
 
         Example:
@@ -354,7 +351,7 @@ class Pool(Channels, VectorEnv):
         ``actions``, one row per env id in that order; returns at once.
 
         A Ctrl-C is never ambiguous: a plain ``KeyboardInterrupt`` means that nothing was sent, and
-        :class:`~shmpool.errors.StepSentInterrupt` (a ``KeyboardInterrupt``) that the step went out."""
+        ``shmpool.errors.StepSentInterrupt`` (a ``KeyboardInterrupt``) that the step went out."""
         held = interrupts_deferred()
         went_out = False
         try:
@@ -476,7 +473,7 @@ class Pool(Channels, VectorEnv):
         return self._call_router.results(answers, what)
 
     def state_dict(self) -> Any:
-        """As on an attached handle (see :meth:`shmpool.view.Channels.state_dict`), once no env is
+        """As on an attached handle (see ``shmpool.view.Channels.state_dict``), once no env is
         stepping (an interrupted step finished, async batches in flight waited for)."""
         with self._calls:
             self._commands.enter()
@@ -484,7 +481,7 @@ class Pool(Channels, VectorEnv):
             return super().state_dict()
 
     def load_state_dict(self, state: Any, *, same_draws: bool = True) -> None:
-        """As on an attached handle (see :meth:`shmpool.view.Channels.load_state_dict`), once no env is
+        """As on an attached handle (see ``shmpool.view.Channels.load_state_dict``), once no env is
         stepping (an interrupted step finished, async batches in flight waited for), so that no env
         is resetting while the episode indices land."""
         with self._calls:

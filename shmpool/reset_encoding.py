@@ -2,7 +2,7 @@
 workers to read before the reset command goes out.
 
 The fields it writes: ``reset_flags`` (one byte per env: reset this env, with a seed), ``reset_seed``
-(each seed as :data:`~shmpool.layout.SEED_WORDS` 64-bit words), ``reset_options`` and
+(each seed as ``shmpool.layout.SEED_WORDS`` 64-bit words), ``reset_options`` and
 ``reset_options_length`` (the options as JSON: shmpool pickles nothing into shared memory) and
 ``reset_global_step`` (the step count the workers restart from). Everything is checked before the
 first of them is written.
@@ -99,7 +99,7 @@ class ResetEncoder:
 
 def check_seed(seed: Any, where: str) -> int:
     """``seed`` if it is one gymnasium takes and the segment holds (a non-negative int below
-    2**256), else a :class:`SeedError` naming it; nothing has been written yet."""
+    2**256), else a ``SeedError`` naming it; nothing has been written yet."""
     if not isinstance(seed, (int, np.integer)):
         raise SeedError(f"Seed must be a python integer (or None): reset got {where} = {seed!r:.40}")
     if not 0 <= seed < 1 << (SEED_WORDS * 64):

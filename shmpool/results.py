@@ -1,7 +1,7 @@
 """What the trainer hands back after a step or reset, assembled from the segment: observations,
 rewards, flags and the infos (the env's own, ``final_obs``, ``episode``, ``params``), plus the one
-warning per parameter whose raw write a worker refused. An async batch's rows are a :class:`SlotSet`,
-which :mod:`shmpool.batches` makes and :meth:`Results.batch` reads."""
+warning per parameter whose raw write a worker refused. An async batch's rows are a ``SlotSet``,
+which ``shmpool.batches`` makes and ``Results.batch`` reads."""
 
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ class Results:
     def batch(
         self, slot_set: SlotSet, were_reset: list[bool]
     ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        """The results of a set of whole slots (an async batch: see :mod:`shmpool.batches`), with
+        """The results of a set of whole slots (an async batch: see ``shmpool.batches``), with
         ``infos["env_id"]``; a slot whose command was a reset has zero rewards and no flags."""
         views, words, slots = self._views, self._words, self._config.slots
         take = slot_set.take

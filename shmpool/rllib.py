@@ -20,8 +20,8 @@ the envs use them from their next step::
 RLlib calls the creator with its env config plus ``num_envs``; the pool steps in gymnasium's
 ``NEXT_STEP`` autoreset mode, which RLlib's env runners expect, and RLlib seeds it with its
 per-runner seed at the first reset (env ``i`` then gets ``seed + i``). In callbacks,
-:func:`pool_of` finds the pool behind RLlib's wrapper: ``on_train_result`` can call
-:func:`write_params`; ``on_episode_end(env_runner=..., env_index=...)`` can write that one env's
+``pool_of`` finds the pool behind RLlib's wrapper: ``on_train_result`` can call
+``write_params``; ``on_episode_end(env_runner=..., env_index=...)`` can write that one env's
 parameters for its next episode.
 """
 
@@ -52,7 +52,7 @@ def vector_env_creator(
     The rest of RLlib's env config goes to the envs (``env_kwargs``). With ``name``, each env
     runner's pool is named ``f"{name}-{k}"``, ``k`` the first number free on the machine, so that
     another process can attach to it (an ADR curriculum, ``scripts/curriculum.py``); without, a
-    unique name. Further options go to :func:`shmpool.launch` (``num_workers``, ``params``,
+    unique name. Further options go to ``shmpool.launch`` (``num_workers``, ``params``,
     ``hooks``, ``engine``, ...).
     """
     if "num_envs" in launch_options:
@@ -96,7 +96,7 @@ def pool_of(env_or_runner: Any) -> Pool:
 def write_params(algorithm: Any, env_ids: Any = None, **values: Any) -> list[int]:
     """Writes parameter ``values`` for ``env_ids`` (None: all) in the pool of every env runner of
     ``algorithm`` (remote and local, through ``foreach_env_runner``); returns each write's version.
-    The envs use the values from their next step, as with :meth:`shmpool.ParamBlock.write`."""
+    The envs use the values from their next step, as with ``shmpool.ParamBlock.write``."""
 
     def write(env_runner: Any) -> int | None:
         if getattr(env_runner, "env", None) is None:

@@ -1,9 +1,9 @@
-"""Stable-Baselines3 support: :class:`ShmpoolVecEnv`, an SB3 ``VecEnv`` whose envs run in a shmpool pool.
+"""Stable-Baselines3 support: ``ShmpoolVecEnv``, an SB3 ``VecEnv`` whose envs run in a shmpool pool.
 
 Needs ``pip install "shmpool[sb3]"``. The pool runs in ``SAME_STEP`` autoreset mode, which is SB3's
 convention: a finished env is reset within the step, its last observation goes to
 ``info["terminal_observation"]`` and its reset info to ``venv.reset_infos``. ``venv.pool`` is the
-:class:`shmpool.Pool` itself, for its parameters, events and episode records.
+``shmpool.Pool`` itself, for its parameters, events and episode records.
 
 Example:
     >>> from stable_baselines3.common.env_util import make_vec_env
@@ -44,16 +44,16 @@ POOL_EPISODE_KEYS = ("episode",)
 
 
 class ShmpoolVecEnv(VecEnv):
-    """An SB3 ``VecEnv`` over :func:`shmpool.launch`: one env per constructor in ``env_fns``.
+    """An SB3 ``VecEnv`` over ``shmpool.launch``: one env per constructor in ``env_fns``.
 
     Use it as ``make_vec_env(..., vec_env_cls=ShmpoolVecEnv, vec_env_kwargs={...})``, the options
-    going to :func:`shmpool.launch` (``num_workers``, ``params``, ``hooks``, ``name``, ...).
+    going to ``shmpool.launch`` (``num_workers``, ``params``, ``hooks``, ``name``, ...).
 
     Args:
         env_fns: One callable per env, returning a ``gymnasium.Env`` (run in the workers; lambdas
             and closures work, they are shipped with ``dill``).
         start_method: ``"fork"``, ``"spawn"`` or ``"forkserver"``; None: the platform's default.
-        **launch_kwargs: Further options of :func:`shmpool.launch`; ``autoreset_mode`` is always
+        **launch_kwargs: Further options of ``shmpool.launch``; ``autoreset_mode`` is always
             ``SAME_STEP`` and ``copy`` always True (SB3 keeps observations across steps).
 
     Raises:
@@ -142,7 +142,7 @@ class ShmpoolVecEnv(VecEnv):
         return groups
 
     def step_async(self, actions: np.ndarray) -> None:
-        """Keeps the actions for :meth:`step_wait` (the pool steps all envs in one call)."""
+        """Keeps the actions for ``step_wait`` (the pool steps all envs in one call)."""
         self._actions = actions
 
     def step_wait(self) -> VecEnvStepReturn:

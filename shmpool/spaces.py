@@ -79,7 +79,7 @@ def is_leaf(space: spaces.Space[Any]) -> bool:
 
 @singledispatch
 def flatten(space: spaces.Space[Any], value: Any) -> list[Any]:
-    """The leaf values of ``value`` (one env's, or a batch's) in the order of :func:`leaves`."""
+    """The leaf values of ``value`` (one env's, or a batch's) in the order of ``leaves``."""
     return [value]
 
 

@@ -2,7 +2,7 @@
 
 Named POSIX shared memory and semaphores (through ``posix_ipc``), ``mmap``, process liveness
 (``/proc``, pidfds), the parent-death signal and the wait loop live here; the rest of the package sees
-:class:`Segment`, :class:`Doorbell` and :class:`ProcessWatch` only.
+``Segment``, ``Doorbell`` and ``ProcessWatch`` only.
 
 Names: a pool called ``NAME`` owns the segment ``/shmpool-NAME`` and the semaphores
 ``/shmpool-NAME.<suffix>`` (``/dev/shm/sem.shmpool-NAME.<suffix>`` on Linux). The segment is always
@@ -176,7 +176,7 @@ class Doorbell:
     """A named semaphore used only as a wake-up counter, never as a lock.
 
     A ring says "look at the control words again". Rings may outnumber waits and a wait may find a
-    stale ring; :meth:`wait_until` therefore always re-checks the real condition in shared memory.
+    stale ring; ``wait_until`` therefore always re-checks the real condition in shared memory.
     """
 
     def __init__(self, path: str, semaphore: posix_ipc.Semaphore) -> None:

@@ -1,4 +1,4 @@
-"""TorchRL support: :class:`ShmpoolEnv`, a TorchRL env whose envs run in a shmpool pool.
+"""TorchRL support: ``ShmpoolEnv``, a TorchRL env whose envs run in a shmpool pool.
 
 Needs ``pip install "shmpool[torchrl]"``. It is TorchRL's own ``GymWrapper`` around a pool launched
 with gymnasium's ``DISABLED`` autoreset, the mode TorchRL prefers: TorchRL resets the envs that
@@ -35,56 +35,57 @@ from .pool import Pool
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from .config import LaunchOptions
+    from .config import OptionsButBatchSize
+
+
+#: The keyword under which the launch options pass GymWrapper's metaclass (see _LaunchOptionsKept).
+_PACKED = "_shmpool_launch_options"
 
 
 class _LaunchOptionsKept(type(GymWrapper)):  # type: ignore[misc]
     """GymWrapper's metaclass takes some keywords for itself (``num_workers``, for ``GymEnv``'s
-    ``ParallelEnv``); launch options are passed through it as one, so that none is lost."""
+    ``ParallelEnv``): the launch options pass it packed as one, and ``__init__`` unpacks them."""
 
-    def __call__(
-        cls,
-        env: Any,
-        num_envs: int | None = None,
-        *,
-        device: torch.device | str | None = None,
-        categorical_action_encoding: bool = False,
-        **launch_options: Unpack[LaunchOptions],
-    ) -> Any:
-        return super().__call__(
-            env,
-            num_envs,
-            device=device,
-            categorical_action_encoding=categorical_action_encoding,
-            launch_options=launch_options,
-        )
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        wrapper = {key: kwargs.pop(key) for key in ("device", "categorical_action_encoding") if key in kwargs}
+        return super().__call__(*args, **wrapper, **{_PACKED: kwargs})
 
 
 class ShmpoolEnv(GymWrapper, metaclass=_LaunchOptionsKept):
-    """A TorchRL env (``batch_size=[num_envs]``) over :func:`shmpool.launch`:
-    ``ShmpoolEnv(env, num_envs, *, device=None, categorical_action_encoding=False, **launch_options)``.
+    """A TorchRL env (``batch_size=[num_envs]``) over ``shmpool.launch``.
 
     ``env`` is a registered gymnasium id, a callable returning an env, or one callable per env (as
-    :func:`shmpool.launch` takes them; ``num_envs`` is None then). ``device`` is where TorchRL puts
+    ``shmpool.launch`` takes them; ``num_envs`` is None then). ``device`` is where TorchRL puts
     the tensors; ``categorical_action_encoding`` gives discrete actions as integers (True) or
     one-hot (False, TorchRL's default). ``launch_options`` are further options of
-    :func:`shmpool.launch` (``num_workers``, ``params``, ``hooks``, ``name``, ``engine``, ...);
+    ``shmpool.launch`` (``num_workers``, ``params``, ``hooks``, ``name``, ``engine``, ...);
     ``autoreset_mode`` is always ``DISABLED`` and ``copy`` always True (TorchRL keeps the arrays it
     is given).
     """
 
     def __init__(
-        self, env: Any, num_envs: int | None, *, launch_options: dict[str, Any], **wrapper_options: Any
+        self,
+        env: Any,
+        num_envs: int | None = None,
+        *,
+        device: torch.device | str | None = None,
+        categorical_action_encoding: bool = False,
+        **launch_options: Unpack[OptionsButBatchSize],
     ) -> None:
-        if "batch_size" in launch_options:  # TorchRL's word for num_envs here; shmpool's for async batches
+        given: dict[str, Any] = dict(launch_options)
+        wrapper = {key: given.pop(key) for key in list(given) if key.startswith("_torchrl")}  # the metaclass's
+        options = given.pop(_PACKED, given)
+        if "batch_size" in options:  # TorchRL's word for num_envs here; shmpool's for async batches
             raise ValueError(
-                f"ShmpoolEnv: batch_size={launch_options['batch_size']!r}: the env's batch size is num_envs, "
+                f"ShmpoolEnv: batch_size={options['batch_size']!r}: the env's batch size is num_envs, "
                 f"and TorchRL steps every env at once (async batches are not offered)"
             )
-        options = fixed_options("ShmpoolEnv", launch_options, autoreset_mode=AutoresetMode.DISABLED, copy=True)
+        options = fixed_options("ShmpoolEnv", options, autoreset_mode=AutoresetMode.DISABLED, copy=True)
         pool = shmpool.launch(env, num_envs, **options)
         try:
-            super().__init__(env=pool, **wrapper_options)
+            super().__init__(
+                env=pool, device=device, categorical_action_encoding=categorical_action_encoding, **wrapper
+            )
         except BaseException:
             pool.close()
             raise
@@ -96,20 +97,20 @@ class ShmpoolEnv(GymWrapper, metaclass=_LaunchOptionsKept):
 
     @property
     def params(self) -> Any:
-        """The pool's parameter block (:attr:`shmpool.Pool.params`)."""
+        """The pool's parameter block (``shmpool.Pool.params``)."""
         return self._env.params
 
     @property
     def applied(self) -> np.ndarray:
-        """The parameter values each env uses now (:attr:`shmpool.Pool.applied`)."""
+        """The parameter values each env uses now (``shmpool.Pool.applied``)."""
         return self._env.applied
 
     @property
     def episodes(self) -> Any:
-        """The pool's finished-episode records (:attr:`shmpool.Pool.episodes`)."""
+        """The pool's finished-episode records (``shmpool.Pool.episodes``)."""
         return self._env.episodes
 
     @property
     def events(self) -> Any:
-        """The pool's per-step event queues (:attr:`shmpool.Pool.events`)."""
+        """The pool's per-step event queues (``shmpool.Pool.events``)."""
         return self._env.events

@@ -1,8 +1,8 @@
 """One view of a running pool's shared channels, used by the pool itself and by attached handles.
 
-A :class:`PoolView` turns a mapped segment's field views and metadata into the objects users touch:
+A ``PoolView`` turns a mapped segment's field views and metadata into the objects users touch:
 the parameter block and its ``applied`` values, the event sender, the episode reader and the stats.
-:class:`Channels` gives ``Pool`` and ``PoolHandle`` the same properties over it, each checking that
+``Channels`` gives ``Pool`` and ``PoolHandle`` the same properties over it, each checking that
 its owner is still usable first. A new channel is added here, once.
 """
 
@@ -126,7 +126,7 @@ class PoolView:
 
 class Channels:
     """The properties ``Pool`` and ``PoolHandle`` share: each checks that its owner is usable, then
-    hands out the channel from its :class:`PoolView`, which subclasses set as ``_channels``; they
+    hands out the channel from its ``PoolView``, which subclasses set as ``_channels``; they
     define ``_check_open``."""
 
     _channels: PoolView
@@ -176,7 +176,7 @@ class Channels:
     def state_dict(self) -> checkpoints.PoolState:
         """A checkpoint of the pool's shared state, as plain data that ``pickle`` and ``torch.save`` store:
         the parameter block (distribution arguments included), each env's episode index, the draw seed
-        and a schema (see :mod:`shmpool.checkpoints`). Env internals and hook streams are not in it.
+        and a schema (see ``shmpool.checkpoints``). Env internals and hook streams are not in it.
 
         Example:
             >>> import pickle, shmpool
@@ -191,7 +191,7 @@ class Channels:
         return checkpoints.state_dict(self._channels)
 
     def load_state_dict(self, state: Mapping[str, Any], *, same_draws: bool = True) -> None:
-        """Loads a :meth:`state_dict` of a pool launched with the same env, ``num_envs`` and params.
+        """Loads a ``state_dict`` of a pool launched with the same env, ``num_envs`` and params.
 
         Parameters are written through ``params.write()`` (validated, atomic per env; workers apply them
         at their next step or reset), then the episode indices: after it, each env's next reset draws

@@ -2,8 +2,8 @@
 
 Every wait spins briefly, then sleeps on the trainer's doorbell in bounded slices; between slices it
 checks that the workers it still waits for are alive and that the deadline has not passed. A worker
-that reported a failure becomes a :class:`WorkerError` with its traceback; a dead one a
-:class:`WorkerDiedError`; a late one a :class:`PoolTimeoutError`.
+that reported a failure becomes a ``WorkerError`` with its traceback; a dead one a
+``WorkerDiedError``; a late one a ``PoolTimeoutError``.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class Waiter:
 
     def wait_done(self, seq: int, phase: str) -> None:
         """Returns once every worker has finished command ``seq``; raises if one died or the pool's
-        ``timeout`` passed (failures the workers report are raised by :meth:`raise_failures`)."""
+        ``timeout`` passed (failures the workers report are raised by ``raise_failures``)."""
         words, done, limit = self.words, self._done, self._config.timeout
         deadline = None if limit is None else monotonic() + limit
         if len(done) == 2:  # the common case, without a generator per poll
@@ -102,7 +102,7 @@ class Waiter:
     ) -> list[int]:
         """Waits until at least one worker in ``pending`` (worker id: the sequence number of its
         command) has finished; returns those that have, first finished first. Raises like
-        :meth:`wait_done`."""
+        ``wait_done``."""
         words, done, limit = self.words, self._done, self._config.timeout
         items = [(done[k], seq) for k, seq in pending.items()]
         self._sleep_until(
@@ -130,8 +130,8 @@ class Waiter:
 
     def receive_calls(self, seq: int, phase: str) -> list[tuple[list[Any] | None, Failure | None]]:
         """Each worker's answer ``(results, failure)`` to control call ``seq`` (see
-        :mod:`shmpool.calls`), read while it comes; answers to older calls are dropped. Raises like
-        :meth:`wait_done` if a worker dies or the pool's ``timeout`` passes.
+        ``shmpool.calls``), read while it comes; answers to older calls are dropped. Raises like
+        ``wait_done`` if a worker dies or the pool's ``timeout`` passes.
 
         The answers read so far are kept until all are in, so that a call that Ctrl-C interrupted
         and that is finished again neither waits for an answer it already has nor loses one."""
@@ -219,7 +219,7 @@ class Waiter:
             )
 
     def raise_failures(self, phase: str) -> None:
-        """Raises the :class:`WorkerError` of the first worker that reported a failure, if any."""
+        """Raises the ``WorkerError`` of the first worker that reported a failure, if any."""
         words = self.words
         for worker_id in range(len(self._slots)):
             if words[worker_id * CONTROL_WORDS + CTL_STATUS] == WORKER_FAILED:

@@ -32,6 +32,11 @@ TIMEOUT = 90.0  # seconds per block: each takes about one on an idle machine; 2 
 FENCE = re.compile(r"^```python\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 
 
+#: When a block needs an extra's module: it names the module (``engine="mujoco"`` needs mujoco), except
+#: envpool, which only a block importing it needs (``shmpool.envpool`` replaces it, needing nothing).
+NEEDS = {module: rf"\b{module}\b" for module in helpers.EXTRA_OF} | {"envpool": r"^\s*(?:import|from)\s+envpool\b"}
+
+
 def python_blocks() -> list[tuple[str, str]]:
     """The ```python blocks of the README and the docs, each with its page and the line its fence opens on."""
     blocks = []
@@ -75,13 +80,18 @@ def test_python_blocks_are_all_found() -> None:
     assert README.read_text().count("\n") <= 200  # the manual is the site; the README its first page
 
 
-@pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None, reason='needs mkdocs: pip install -e ".[docs]"')
+DOCS_MODULES = ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python")
+
+
+@pytest.mark.skipif(
+    not all(importlib.util.find_spec(module.split(".")[0]) for module in DOCS_MODULES),
+    reason='needs the docs extra: pip install -e ".[docs]"',
+)
 def test_the_site_builds_strictly(tmp_path: Path) -> None:
     """Every page in the nav, every link and anchor resolving, every reference rendering from its
-    docstring without a warning."""
-    mkdocs = Path(sys.executable).with_name("mkdocs")
+    docstring without a warning, and no docstring markup left unrendered."""
     result = subprocess.run(
-        [str(mkdocs), "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -92,12 +102,19 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     built = {path.relative_to(tmp_path / "site").as_posix() for path in (tmp_path / "site").rglob("index.html")}
     pages = {page.relative_to(ROOT / "docs").with_suffix("").as_posix() for page in PAGES[1:]}
     assert {f"{page}/index.html" for page in pages - {"index"}} | {"index.html"} <= built
-    assert "recv_order" in (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
+    reference = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
+    assert "recv_order" in reference
+    assert not re.findall(r":(?:func|class|mod|meth|attr|data|exc):", reference)  # Sphinx roles: not rendered
+
+
+def test_ci_runs_the_readmes_test_command() -> None:
+    command = next(line for line in README.read_text().splitlines() if "pytest" in line and "pip install" in line)
+    assert command in (ROOT / ".ci" / "run").read_text().splitlines()
 
 
 @pytest.mark.parametrize("where, code", BLOCKS, ids=[where for where, _ in BLOCKS])
 def test_python_block_runs(where: str, code: str, tmp_path: Path) -> None:
-    missing = helpers.missing_extras(*(module for module in helpers.EXTRA_OF if re.search(rf"\b{module}\b", code)))
+    missing = helpers.missing_extras(*(module for module in helpers.EXTRA_OF if re.search(NEEDS[module], code, re.M)))
     if missing:
         pytest.skip(f"needs {', '.join(missing)}")
     script = tmp_path / f"block_{re.sub(r'[^A-Za-z0-9]+', '_', where)}.py"

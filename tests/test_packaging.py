@@ -103,7 +103,8 @@ def test_launch_writes_out_every_option_of_pool_config_in_order_with_its_default
 @pytest.mark.parametrize(
     ("options_type", "taken_by_the_forwarder"),
     [
-        ("LaunchOptions", ()),  # shmpool.torchrl.ShmpoolEnv
+        ("LaunchOptions", ()),  # for users' own forwarders
+        ("OptionsButBatchSize", ("batch_size",)),  # shmpool.torchrl.ShmpoolEnv
         ("OptionsButName", ("name",)),  # shmpool.ray.launch, shmpool.rllib.vector_env_creator
         ("OptionsButStartMethod", ("start_method",)),  # shmpool.sb3.ShmpoolVecEnv
         ("OptionsButSeedAndBatch", ("seed", "batch_size")),  # shmpool.envpool.make
@@ -131,12 +132,18 @@ import shmpool
 from shmpool.envpool import make
 from shmpool.rllib import vector_env_creator
 from shmpool.sb3 import ShmpoolVecEnv
+from shmpool.torchrl import ShmpoolEnv
+import shmpool.ray
 
 shmpool.launch("CartPole-v1", 4, num_worker=2)
 make("CartPole-v1", num_envs=4, num_worker=2)
 vector_env_creator("CartPole-v1", num_worker=2)
 ShmpoolVecEnv([], num_worker=2)
 shmpool.launch("CartPole-v1", 4, num_workers="two")
+ShmpoolEnv("CartPole-v1", 4, num_worker=2)
+shmpool.ray.launch("CartPole-v1", 4, num_worker=2)
+ShmpoolEnv("CartPole-v1", 4, num_workers=2, device="cpu")  # correct calls: no error
+make("CartPole-v1", num_envs=4, batch_size=2, seed=1, num_workers=2, params=None)
 """
 
 
@@ -162,5 +169,5 @@ def test_static_tools_see_every_launch_option(tmp_path: Path) -> None:
     )
     lines = [line for line in result.stdout.splitlines() if ": error:" in line]
     flagged = sorted(int(line.split(":")[1]) for line in lines)
-    assert flagged == [7, 8, 9, 10, 11], result.stdout
-    assert sum('Unexpected keyword argument "num_worker"' in line for line in lines) == 4, result.stdout
+    assert flagged == [9, 10, 11, 12, 13, 14, 15], result.stdout
+    assert sum('Unexpected keyword argument "num_worker"' in line for line in lines) == 6, result.stdout

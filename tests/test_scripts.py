@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -115,7 +117,14 @@ def test_bench_writes_prints_write_costs_against_raw_numpy() -> None:
     assert "raw numpy us" in lines[0] and "write() us" in lines[0]
     rows = [line.split(maxsplit=1) for line in lines[2:]]
     whats = [what.rsplit(maxsplit=3)[0] for _, what in rows]
-    assert whats == ["1 param, numbers", "1 param, per-env arrays", "3 params, numbers", "3 params, per-env arrays"]
+    floors = ["floor, no-op (3)"] + (["floor, +compiled (3)"] if importlib.util.find_spec("numba") else [])
+    assert whats == [
+        "1 param, numbers",
+        "1 param, per-env arrays",
+        "3 params, numbers",
+        "3 params, per-env arrays",
+        *floors,
+    ]
     for _, what in rows:
         raw, written, ratio = (float(number) for number in what.split()[-3:])
         assert raw > 0 and written > 0 and ratio > 0
@@ -179,6 +188,24 @@ def test_demo_quick_runs_curriculum_and_plots(tmp_path: Path) -> None:
     assert [line for line in result.stderr.splitlines() if line.startswith("generation 4/4")], result.stderr
     table = [line.split()[0] for line in result.stdout.splitlines() if line[:10].strip().isdigit()]
     assert table == ["1", "2", "3", "4"]  # one row per generation here, the last one only once
+
+
+@helpers.needs(*SCRIPT_NEEDS["demo"])
+def test_demo_widens_the_ranges_once_the_policies_reach_the_threshold() -> None:
+    """A short demo (20 generations of 200 steps): the curriculum, a separate process, widens at
+    least one range away from its nominal value once the candidates' returns pass 30% of the longest."""
+    options = ["--num-envs", "32", "--population", "8", "--elites", "2", "--generations", "20", "--max-steps", "200"]
+    result = subprocess.run(
+        [sys.executable, "scripts/demo.py", *options, "--plot", ""],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    last = [line for line in result.stdout.splitlines() if line[:10].strip() == "20"][-1]
+    widths = [float(high) - float(low) for low, high in re.findall(r"\[([\d.]+), ([\d.]+)\]", last)]
+    assert len(widths) == 3 and max(widths) > 0, last
 
 
 def run_ppo(plot: Path, *options: str) -> subprocess.CompletedProcess[str]:

@@ -25,7 +25,7 @@ from shmpool.workers.param_applier import ParamApplier
 class Slot:
     """What every kind of slot shares: its rows of the segment, the episode bookkeeping around a
     reset, the trainer's reset command and the episode records. The kinds differ in how their envs
-    are made, stepped and reset (:class:`EnvSlice`: gymnasium envs one by one;
+    are made, stepped and reset (``EnvSlice``: gymnasium envs one by one;
     ``shmpool.workers.kernels.KernelSlice``: a compiled kernel over the slot).
 
     ``current_env`` is the env id that a failure happened in (or is being worked on), so that the
@@ -252,11 +252,11 @@ class EnvSlice(Slot):
         self._truncation_row = [False] * count
         self._stepped = [False] * count
         self._step_infos: list[dict[str, Any] | None] = [None] * count
-        #: Per env: what the loop steps (see :func:`inner_step`), and the ``TimeLimit`` whose count
+        #: Per env: what the loop steps (see ``inner_step``), and the ``TimeLimit`` whose count
         #: the loop keeps when it steps under it (None: the stepped callable counts, if anything does).
         self._steppers: list[Any] = [None] * count
         self._limits: list[Any] = [None] * count  # TimeLimit or None
-        #: The envs stepped through all their wrappers (``env.step``) until :func:`inner_step` finds
+        #: The envs stepped through all their wrappers (``env.step``) until ``inner_step`` finds
         #: what lies under them: after they are made, and after a control call.
         self._through_wrappers: set[int] = set()
 
@@ -300,7 +300,7 @@ class EnvSlice(Slot):
         self._through_wrappers.add(local)
 
     def after_call(self) -> None:
-        """Steps every env through all its wrappers again (until :func:`inner_step` looks anew): a
+        """Steps every env through all its wrappers again (until ``inner_step`` looks anew): a
         control call (``env_apply``, ``call``, ``set_attr``) may have wrapped one, replaced a layer or
         patched a ``step``."""
         for local, env in enumerate(self.envs):
@@ -458,7 +458,7 @@ def inner_step(env: gymnasium.Env) -> tuple[Callable[[Any], Any], TimeLimit | No
     and a worker makes 16 to 64 such calls per step. Only these exact classes, with their own
     ``step``, are passed over: the walk stops at any other object (a subclass, another wrapper, a
     layer whose ``step`` was patched on the instance), whose ``step`` is then called. The caller
-    looks again after anything that may change the layers (:meth:`EnvSlice.after_call`), and reads
+    looks again after anything that may change the layers (``EnvSlice.after_call``), and reads
     ``TimeLimit``'s limit at every step, so that a changed ``_max_episode_steps`` holds.
 
     The walk reads the wrappers' own state (``TimeLimit._elapsed_steps``, the checker's ``checked_*``
@@ -496,5 +496,5 @@ def inner_step(env: gymnasium.Env) -> tuple[Callable[[Any], Any], TimeLimit | No
 
 
 def _through_wrappers(env: gymnasium.Env) -> tuple[Callable[[Any], Any], None]:
-    """The plain ``env.step``, for wrappers whose state :func:`inner_step` does not recognize."""
+    """The plain ``env.step``, for wrappers whose state ``inner_step`` does not recognize."""
     return env.step, None

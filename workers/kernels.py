@@ -1,12 +1,12 @@
-"""A worker's slot run by a compiled batch kernel (``engine="numba"``, :mod:`shmpool.kernels`).
+"""A worker's slot run by a compiled batch kernel (``engine="numba"``, ``shmpool.kernels``).
 
-:class:`KernelSlice` is the kernel engine's :class:`shmpool.workers.envs.EnvSlice`: the same
+``KernelSlice`` is the kernel engine's ``shmpool.workers.envs.EnvSlice``: the same
 commands, autoreset, episode accounting, hooks and results, but the slot's envs are rows of a state
 array, stepped by one call of the kernel, with the time limit and the episode accounting done over
 the slot's arrays at once. Resets run the kernel's Python reset per env, from each env's own
 ``np_random``; autoresets of a kernel with ``draw`` and ``start`` run compiled, from resets drawn
-ahead (:meth:`KernelSlice._restart_drawn`). :class:`KernelParams` is
-:class:`shmpool.workers.param_applier.ParamApplier` (the same reads, validation, refusals, draws and
+ahead (``KernelSlice._restart_drawn``). ``KernelParams`` is
+``shmpool.workers.param_applier.ParamApplier`` (the same reads, validation, refusals, draws and
 ``applied``), writing accepted values into the kernel's parameter matrix instead of env attributes,
 and running the kernel's ``refresh`` where the Python engine runs an env's adapter refresher.
 """
@@ -105,7 +105,7 @@ class KernelParams(ParamApplier):
         return fast
 
     def sync(self) -> None:
-        """:meth:`ParamApplier.sync`, compiled for plain float64 parameters (the case of a curriculum
+        """``ParamApplier.sync``, compiled for plain float64 parameters (the case of a curriculum
         rewriting values every step) unless a value is refused (the general path reports it)."""
         fast = self._fast
         if fast is None:
@@ -318,7 +318,7 @@ class KernelSlice(ArraySlot):
         return result
 
     def _end_episodes_compiled(self, count: int) -> None:
-        """:meth:`_account`'s ``count`` episode ends under compiled autoresets: the statistics and the
+        """``_account``'s ``count`` episode ends under compiled autoresets: the statistics and the
         resets to come compiled, and the records too when they hold no parameters or metrics."""
         self._slot.end_episodes(
             self._ended,

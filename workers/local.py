@@ -39,7 +39,7 @@ class LocalSlot:
 
     def run(self, seq: int, command: int) -> None:
         """Runs command ``seq`` (again: nothing, so that a send repeated after Ctrl-C is harmless).
-        A call's requests come through :meth:`call` instead."""
+        A call's requests come through ``call`` instead."""
         if seq == self._last_seq or command == CMD_CALL:
             return
         with interrupts_deferred():  # a step cut short here could not be run again

@@ -87,7 +87,7 @@ EXIT_OWNER_GONE = 70
 
 def run(config: WorkerConfig, call_pipe: Any, fault_pipe: Any) -> None:
     """Runs one worker until the trainer closes the pool or dies; ``call_pipe`` is this worker's end
-    of its private pipe for control calls (:mod:`shmpool.calls`), ``fault_pipe`` the write end of
+    of its private pipe for control calls (``shmpool.calls``), ``fault_pipe`` the write end of
     the pipe where a crash in native code leaves the worker's Python stack for the trainer."""
     # A segmentation fault or abort kills the worker before any except clause runs: faulthandler,
     # from its signal handler, is what can still tell the trainer where each thread was.
@@ -200,9 +200,9 @@ class OwnerWatchdog:
     """A daemon thread that notices the owner's death at once, whatever the main thread is doing.
 
     It blocks on the owner's pidfd (polls every 0.5 s without pidfds). When the owner dies it sends
-    SIGUSR1 to the main thread, whose handler raises :class:`OwnerGone` out of the env code (a
+    SIGUSR1 to the main thread, whose handler raises ``OwnerGone`` out of the env code (a
     sleeping or waiting env returns to Python at once); if the process has not ended after
-    :data:`OWNER_GONE_GRACE` seconds (an env stuck in C code), it removes the pool's files itself and
+    ``OWNER_GONE_GRACE`` seconds (an env stuck in C code), it removes the pool's files itself and
     ends the process with ``os._exit``.
     """
 

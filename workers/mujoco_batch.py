@@ -1,13 +1,13 @@
 """A worker's slot of gymnasium MuJoCo envs stepped by ``mujoco.batch.Batch`` (``engine="mujoco"``).
 
 The slot's physics is one ``Batch`` of its envs, stepped on a C thread pool with the GIL released;
-what gymnasium's env computes around the physics is a :class:`shmpool.mujoco_tasks.Task`, over the
+what gymnasium's env computes around the physics is a ``shmpool.mujoco_tasks.Task``, over the
 slot's arrays at once. The slot still holds one gymnasium env per row, made by ``gymnasium.make``
 exactly as ``engine="python"`` makes it. It is what an "env" is under this engine:
 
 - resets run its own ``reset`` (its ``np_random``, its ``reset_model``, its reset info), and the state
   it reset to is copied into its simulation's row of the batch;
-- the parameter bindings of :mod:`shmpool.mujoco` and its ``Push`` write the row's per-simulation
+- the parameter bindings of ``shmpool.mujoco`` and its ``Push`` write the row's per-simulation
   model fields (``Batch.expand``) and state through the env (``_shmpool_simulation``);
 - control calls (``get_attr``, ``call``, ``set_attr``, ``env_apply``, ``render``) see it
   materialized: before the call its ``model``, ``data`` and time-limit count are copied from the
@@ -51,7 +51,7 @@ def _time_limit(env: gymnasium.Env) -> TimeLimit | None:
 
 class BatchParams(ParamApplier):
     """The slot's parameters under ``engine="mujoco"``: a parameter bound to a model field
-    (:class:`shmpool.mujoco.ModelBinding`) is written for many simulations at once, one numpy
+    (``shmpool.mujoco.ModelBinding``) is written for many simulations at once, one numpy
     assignment into the batch's per-simulation field, instead of env by env; the others as the
     Python engine writes them."""
 
@@ -84,7 +84,7 @@ class BatchParams(ParamApplier):
 
 
 def _writes_many(spec: ParamSpec) -> bool:
-    """Whether ``spec``'s binding is a plain :class:`ModelBinding`, whose ``batch_writer`` writes what its
+    """Whether ``spec``'s binding is a plain ``ModelBinding``, whose ``batch_writer`` writes what its
     per-simulation writer would (a subclass that changes how it resolves is written env by env)."""
     bind = spec.bind
     return isinstance(bind, ModelBinding) and type(bind).resolve_in_batch is ModelBinding.resolve_in_batch
@@ -246,7 +246,7 @@ class MujocoSlice(ArraySlot):
 
     def _reset_one(self, index: int, env: Any, seed: int | None, options: dict[str, Any] | None) -> None:
         """Resets env ``index`` through gymnasium and puts the state it drew into its simulation (its
-        observation follows from :meth:`_observe_reset`)."""
+        observation follows from ``_observe_reset``)."""
         _, env_info = env.reset(seed=seed, options=options)
         unwrapped = env.unwrapped
         self._mujoco.mj_getState(unwrapped.model, unwrapped.data, self.batch.state[index], self._state_spec)

@@ -73,7 +73,7 @@ class ParamApplier:
         #: an empty list; filled on first use, emptied when an env is (re)built.
         self._plain: dict[int, list[Any]] = {}
         #: Sets the scalar ``step`` parameters of every env in one loop, or None when one is not a
-        #: plain attribute of its env (:func:`_attribute_setter`); made on first use, like ``_plain``.
+        #: plain attribute of its env (``_attribute_setter``); made on first use, like ``_plain``.
         self._every_row_setter: tuple[Callable[[list[Any], np.ndarray], None], list[Any]] | None = None
         self._built_with: list[bytes] = [b""] * count
 
@@ -181,7 +181,7 @@ class ParamApplier:
         self._applied[spec.name][rows] = values
 
     def _apply_all(self, spec: ParamSpec, values: np.ndarray) -> None:
-        """:meth:`_apply` for every env of the slot: a parameter rewritten for all of them (the case of
+        """``_apply`` for every env of the slot: a parameter rewritten for all of them (the case of
         a curriculum or a per-step randomization) is set without per-env lookups."""
         targets = self._plain_targets(spec)
         if not targets or values.ndim != 1:
@@ -324,7 +324,7 @@ class ParamApplier:
         columns.publish(values)
 
     def _set_each(self, _owners: list[Any], values: np.ndarray) -> None:
-        """The general case of :meth:`_apply_every_row`: parameter by parameter."""
+        """The general case of ``_apply_every_row``: parameter by parameter."""
         assert self._scalars is not None
         for column, spec in enumerate(self._scalars.step_specs):
             self._apply_all(spec, values[:, column])
@@ -446,7 +446,7 @@ class _ScalarColumns:
         return records.view(np.float64).reshape(len(records), self.width)[:, self.columns]
 
     def snapshot_matrix(self, snapshot: np.ndarray) -> np.ndarray:
-        """:meth:`matrix` of a snapshot of the block (never changed once taken), made once: a sync's
+        """``matrix`` of a snapshot of the block (never changed once taken), made once: a sync's
         new snapshot is the next sync's last one."""
         cached, matrix = self._snapshot
         if cached is not snapshot:

@@ -1,6 +1,6 @@
 """Hooks: code that runs inside the workers at fixed points of every step, over a worker's whole slot.
 
-A hook is any picklable object with any of these methods, each taking a :class:`HookContext`:
+A hook is any picklable object with any of these methods, each taking a ``HookContext``:
 
 - ``before_step(ctx)``: before the slot's envs step; ``ctx.actions`` is writable.
 - ``after_step(ctx)``: after they stepped; ``ctx.observations``, ``ctx.rewards``,
@@ -23,14 +23,14 @@ A hook's name (its ``name`` attribute, else its class name) addresses events to 
 
 The package, a module per job (every public name is importable from ``shmpool.hooks`` itself):
 
-- :mod:`~shmpool.hooks.context`: :class:`HookContext` (what a hook sees), ``PHASES``, :func:`hook_name`.
-- :mod:`~shmpool.hooks.param_hook`: the base of the built-in hooks that read a parameter per env.
-- :mod:`~shmpool.hooks.streams`: :class:`EnvStreams`, their per-env random numbers.
-- :mod:`~shmpool.hooks.compiled`: ``compiled=``: when a built-in hook runs its numba-compiled version.
-- the built-in hooks: :mod:`~shmpool.hooks.noise` (:class:`ObservationNoise`, :class:`ActionNoise`),
-  :mod:`~shmpool.hooks.delay` (:class:`ActionDelay`), :mod:`~shmpool.hooks.rewards`
-  (:class:`RewardScale`), :mod:`~shmpool.hooks.perturb` (:class:`Perturb`, :func:`default_kick`) and
-  :mod:`~shmpool.hooks.resets` (:class:`Resample`, :class:`Reset`).
+- ``shmpool.hooks.context``: ``HookContext`` (what a hook sees), ``PHASES``, ``hook_name``.
+- ``shmpool.hooks.param_hook``: the base of the built-in hooks that read a parameter per env.
+- ``shmpool.hooks.streams``: ``EnvStreams``, their per-env random numbers.
+- ``shmpool.hooks.compiled``: ``compiled=``: when a built-in hook runs its numba-compiled version.
+- the built-in hooks: ``shmpool.hooks.noise`` (``ObservationNoise``, ``ActionNoise``),
+  ``shmpool.hooks.delay`` (``ActionDelay``), ``shmpool.hooks.rewards``
+  (``RewardScale``), ``shmpool.hooks.perturb`` (``Perturb``, ``default_kick``) and
+  ``shmpool.hooks.resets`` (``Resample``, ``Reset``).
 """
 
 from __future__ import annotations

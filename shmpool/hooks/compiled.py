@@ -1,7 +1,7 @@
 """``compiled=``: when a built-in hook runs its numba-compiled version instead of numpy's.
 
 The built-in hooks make their arrays once, in ``on_launch``, and do a step's work over the whole slot:
-in numpy, or in one call of a numba-compiled function (:mod:`shmpool.kernels.compiled_hooks`).
+in numpy, or in one call of a numba-compiled function (``shmpool.kernels.compiled_hooks``).
 ``compiled=None`` (the default) runs the compiled version with ``engine="numba"`` and numpy's with
 ``engine="python"``; ``compiled=True`` runs it on either engine (``Perturb``: on the numba engine
 only) and needs ``pip install "shmpool[numba]"`` (the hook says so when made); ``compiled=False`` runs
@@ -41,7 +41,7 @@ def _checked_compiled(hook: str, compiled: bool | None) -> bool | None:
 
 
 def _compiled_functions(hook: Any, ctx: HookContext, misfit: str | None) -> ModuleType | None:
-    """:mod:`shmpool.kernels.compiled_hooks` if ``hook`` runs compiled in this worker, else None (numpy).
+    """``shmpool.kernels.compiled_hooks`` if ``hook`` runs compiled in this worker, else None (numpy).
 
     ``misfit`` says why the compiled version cannot take this pool (None: it can); then
     ``compiled=None`` runs numpy's version and ``compiled=True`` fails the launch."""

@@ -1,6 +1,6 @@
-"""What a hook sees and how it is addressed: :class:`HookContext`, the phases, :func:`hook_name`.
+"""What a hook sees and how it is addressed: ``HookContext``, the phases, ``hook_name``.
 
-The hook contract itself (which methods a hook may have and when each runs) is in :mod:`shmpool.hooks`.
+The hook contract itself (which methods a hook may have and when each runs) is in ``shmpool.hooks``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Action delay: each env acts on the action of a given number of steps ago (:class:`ActionDelay`)."""
+"""Action delay: each env acts on the action of a given number of steps ago (``ActionDelay``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ class ActionDelay(ParamHook):
     Until an episode has had that many actions, the env repeats the episode's first action: with a
     delay of 2 an env receives a0, a0, a0, a1, a2, ... Array action spaces (Box, Discrete,
     MultiDiscrete, MultiBinary). ``compiled``: None (compiled with ``engine="numba"``), True or
-    False; see :mod:`shmpool.hooks.compiled`.
+    False; see ``shmpool.hooks.compiled``.
     """
 
     def __init__(

@@ -1,4 +1,4 @@
-"""Gaussian noise on observations (:class:`ObservationNoise`) and actions (:class:`ActionNoise`), std
+"""Gaussian noise on observations (``ObservationNoise``) and actions (``ActionNoise``), std
 per env from a parameter."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ class ObservationNoise(ParamHook):
     """Adds Gaussian noise to observations; std per env from the parameter ``param``.
 
     Float Box observation spaces; noise is added to observations after each step and after resets.
-    ``compiled``: None (compiled with ``engine="numba"``), True or False; see :mod:`shmpool.hooks.compiled`.
+    ``compiled``: None (compiled with ``engine="numba"``), True or False; see ``shmpool.hooks.compiled``.
     """
 
     def __init__(
@@ -90,7 +90,7 @@ class ActionNoise(ParamHook):
     """Adds Gaussian noise to actions before the envs step; std per env from ``param``.
 
     Float Box action spaces; envs clip to their bounds as usual. ``compiled``: None (compiled with
-    ``engine="numba"``), True or False; see :mod:`shmpool.hooks.compiled`.
+    ``engine="numba"``), True or False; see ``shmpool.hooks.compiled``.
     """
 
     def __init__(

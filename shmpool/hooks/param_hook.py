@@ -16,7 +16,7 @@ class ParamHook:
 
     It owns the set-up they share: the parameter's name ``param`` and its declaration (``params()``),
     the hook's ``name`` (events address it; default: ``builtin``, the built-in's own name), its
-    ``compiled`` choice (checked when the hook is made: see :mod:`shmpool.hooks.compiled`), and the
+    ``compiled`` choice (checked when the hook is made: see ``shmpool.hooks.compiled``), and the
     per-env random streams and compiled function that ``on_launch`` makes. A subclass says in
     ``_declaration`` how its parameter is declared.
     """

@@ -1,5 +1,5 @@
-"""Pushes: kicks to the envs' velocities, every few steps and on events (:class:`Perturb`), and the
-kick each env family's adapter knows (:func:`default_kick`)."""
+"""Pushes: kicks to the envs' velocities, every few steps and on events (``Perturb``), and the
+kick each env family's adapter knows (``default_kick``)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from .param_hook import ParamHook
 
 
 def default_kick(env: Any) -> Callable[[np.ndarray], None]:
-    """``env``'s own kick, from its family's adapter (:mod:`shmpool.env_families`): a function adding
+    """``env``'s own kick, from its family's adapter (``shmpool.env_families``): a function adding
     ``amounts`` to its velocities; ``TypeError`` if its adapter knows none."""
     adapter = adapter_for(env)
     kick = adapter.kicker(env)

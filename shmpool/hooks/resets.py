@@ -1,5 +1,5 @@
-"""Hooks that ask the worker to start something afresh: :class:`Resample` redraws ``dist`` parameters
-every few steps of an episode, :class:`Reset` resets the envs that events address."""
+"""Hooks that ask the worker to start something afresh: ``Resample`` redraws ``dist`` parameters
+every few steps of an episode, ``Reset`` resets the envs that events address."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reward scaling: each env's reward times a parameter (:class:`RewardScale`)."""
+"""Reward scaling: each env's reward times a parameter (``RewardScale``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from .param_hook import ParamHook
 class RewardScale(ParamHook):
     """Multiplies each env's reward by the parameter ``param`` (per env).
 
-    ``compiled``: None (compiled with ``engine="numba"``), True or False; see :mod:`shmpool.hooks.compiled`.
+    ``compiled``: None (compiled with ``engine="numba"``), True or False; see ``shmpool.hooks.compiled``.
     """
 
     def __init__(

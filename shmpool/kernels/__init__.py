@@ -1,11 +1,11 @@
 """Compiled batch envs: ``launch(env_id, num_envs, engine="numba")`` steps each worker's whole slot in
 one numba-jitted call instead of env by env in Python.
 
-A :class:`BatchKernel` describes one such env: its spaces, the float64 state it keeps per env, the
+A ``BatchKernel`` describes one such env: its spaces, the float64 state it keeps per env, the
 parameters it reads (by their gymnasium attribute names, with nominal values), a jitted ``step`` over
 the slot and a Python ``reset`` for one env. A worker keeps the slot's state as an ``(envs, state_size)``
 array and the parameters as an ``(envs, len(params))`` matrix; parameters are read, validated, drawn
-and published exactly as with the Python engine (:mod:`shmpool.workers.param_applier`), but an
+and published exactly as with the Python engine (``shmpool.workers.param_applier``), but an
 accepted value lands in its matrix column instead of an env attribute, and the kernel reads the
 matrix each step.
 Values an env caches from its parameters (CartPole's ``total_mass`` and ``polemass_length``) are
@@ -15,12 +15,12 @@ Resets run the kernel's Python ``reset``, from each env's own ``np_random`` seed
 gymnasium seeds it, so the same seeds give the same initial states. A kernel whose episodes are short
 (CartPole's last about 20 random steps: a reset per step in every worker) may also give ``draw`` and
 ``start``: the workers then draw each env's next option-less resets ahead, several at a time, and
-autoreset in one compiled call (see :class:`BatchKernel`); the env's ``np_random`` is rewound to where
+autoreset in one compiled call (see ``BatchKernel``); the env's ``np_random`` is rewound to where
 gymnasium's would be whenever Python code asks for it.
 
-Built-in kernels (:mod:`shmpool.kernels.builtin`) reproduce gymnasium's ``CartPole-v1``,
+Built-in kernels (``shmpool.kernels.builtin``) reproduce gymnasium's ``CartPole-v1``,
 ``Pendulum-v1``, ``MountainCar-v0``, ``MountainCarContinuous-v0`` and ``Acrobot-v1`` bit for bit
-(``gymnasium.make`` of them, ``TimeLimit`` included). Register one of your own with :func:`register`::
+(``gymnasium.make`` of them, ``TimeLimit`` included). Register one of your own with ``register``::
 
     import math
 
@@ -61,23 +61,23 @@ Built-in kernels (:mod:`shmpool.kernels.builtin`) reproduce gymnasium's ``CartPo
     pool = shmpool.launch("Drift-v0", 64, engine="numba", params={"speed": shmpool.Param(low=0, high=1)})
 
 Control calls (``get_attr``, ``set_attr``, ``call``, ``env_apply``) see each env as a
-:class:`KernelEnv`, which does with an attribute what gymnasium's env does, or refuses it: its
+``KernelEnv``, which does with an attribute what gymnasium's env does, or refuses it: its
 parameters are read and written in the parameter matrix, ``state`` is the env's state in gymnasium's
 shape, ``_max_episode_steps`` and ``_elapsed_steps`` are ``TimeLimit``'s (a new limit holds from the
 next step), and writing an attribute of the gymnasium env that the kernel does not model
 (``BatchKernel.unsupported``: CartPole's ``kinematics_integrator``, rendering attributes, ...) raises
-:class:`KernelAttributeError` naming the alternatives, instead of being ignored. Other names are
+``KernelAttributeError`` naming the alternatives, instead of being ignored. Other names are
 plain attributes, as on a gymnasium env.
 
-Where each part lives: :class:`BatchKernel` in :mod:`shmpool.kernels.batch_kernel`, :class:`KernelEnv`
-in :mod:`shmpool.kernels.env`, the built-in kernels in :mod:`shmpool.kernels.builtin` (one module
-each), the workers' compiled bookkeeping around a kernel's ``step`` in :mod:`shmpool.kernels.slot`.
-This module holds the registry (:func:`register`, :func:`find`, :func:`load`, :func:`check_options`)
+Where each part lives: ``BatchKernel`` in ``shmpool.kernels.batch_kernel``, ``KernelEnv``
+in ``shmpool.kernels.env``, the built-in kernels in ``shmpool.kernels.builtin`` (one module
+each), the workers' compiled bookkeeping around a kernel's ``step`` in ``shmpool.kernels.slot``.
+This module holds the registry (``register``, ``find``, ``load``, ``check_options``)
 and gives the others their ``shmpool.kernels`` names (``shmpool.kernels.BatchKernel``, ``KernelEnv``,
 ``NO_LIMIT``).
 
 This package imports neither numba nor any kernel: the registry holds import strings (or your
-objects) and :func:`load` imports a kernel only when a pool uses it.
+objects) and ``load`` imports a kernel only when a pool uses it.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ _registered: dict[str, BatchKernel | str] = {}
 def register(env_id: str, kernel: BatchKernel | str) -> None:
     """Makes ``launch(env_id, ..., engine="numba")`` run ``kernel``.
 
-    ``kernel`` is a :class:`BatchKernel`, or the import string ``"module:NAME"`` of one, which the
+    ``kernel`` is a ``BatchKernel``, or the import string ``"module:NAME"`` of one, which the
     workers import themselves (the form that works with every start method; an object is inherited by
     forked workers and pickled for the others). Registration is per process: register in the process
     that launches the pool. A built-in id registered again runs your kernel instead.
@@ -194,7 +194,7 @@ def check_options(kernel: BatchKernel, env_id: str, specs: Sequence[Any], env_kw
 
 
 class KernelFactory:
-    """Makes the standalone :class:`KernelEnv` of a registered kernel (the trainer's probe at launch);
+    """Makes the standalone ``KernelEnv`` of a registered kernel (the trainer's probe at launch);
     picklable, as env factories are."""
 
     def __init__(self, kernel: BatchKernel | str) -> None:

@@ -1,5 +1,5 @@
-"""What a compiled batch env is: :class:`BatchKernel`, the description a kernel author writes (see
-:mod:`shmpool.kernels` for an example), and the checks that refuse an inconsistent one."""
+"""What a compiled batch env is: ``BatchKernel``, the description a kernel author writes (see
+``shmpool.kernels`` for an example), and the checks that refuse an inconsistent one."""
 
 from __future__ import annotations
 
@@ -97,8 +97,8 @@ class BatchKernel:
             compute as gymnasium's env does (a float32 state that gymnasium then steps in float32).
             None: stored as float64.
         unsupported: attributes of the gymnasium env that the kernel does not model (a constant it
-            hard-codes, an option it lacks, rendering): setting one on a :class:`KernelEnv` raises
-            :class:`KernelAttributeError` instead of being ignored.
+            hard-codes, an option it lacks, rendering): setting one on a ``KernelEnv`` raises
+            ``KernelAttributeError`` instead of being ignored.
     """
 
     observation_space: spaces.Box

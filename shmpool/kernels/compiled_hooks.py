@@ -1,4 +1,4 @@
-"""The built-in hooks' per-step work (:mod:`shmpool.hooks`), compiled: each function does one hook's
+"""The built-in hooks' per-step work (``shmpool.hooks``), compiled: each function does one hook's
 work over a worker's whole slot in one call, with the numpy version's arithmetic in the same number
 types and order, so that both give the same bits.
 

@@ -1,4 +1,4 @@
-"""One env of a compiled kernel's slot as a gymnasium env (:class:`KernelEnv`), and its adapter (the
+"""One env of a compiled kernel's slot as a gymnasium env (``KernelEnv``), and its adapter (the
 default kick of ``hooks.Perturb``)."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class KernelEnv(gymnasium.Env[np.ndarray, Any]):
     with them: each parameter the kernel reads is read and written in the parameter matrix, ``state``
     is the env's state in gymnasium's shape, ``_max_episode_steps`` and ``_elapsed_steps`` are the
     time limit's; the gymnasium env's attributes the kernel does not model (``BatchKernel.unsupported``)
-    raise :class:`KernelAttributeError`. Made without ``arrays`` it is a standalone env with arrays of
+    raise ``KernelAttributeError``. Made without ``arrays`` it is a standalone env with arrays of
     its own (the trainer's probe at launch).
     """
 
@@ -69,7 +69,7 @@ class KernelEnv(gymnasium.Env[np.ndarray, Any]):
         self.action_space = kernel.action_space
         self.metadata = dict(kernel.metadata)
         #: The generator's state before the resets drawn ahead into this row of ``arrays["draws"]``
-        #: (a slot's autoresets, :meth:`refill_draws`); None while none are.
+        #: (a slot's autoresets, ``refill_draws``); None while none are.
         self._drawn_from: dict[str, Any] | None = None
 
     def __getattr__(self, name: str) -> Any:
@@ -275,7 +275,7 @@ class _Owner:
         self._np_random = np.random.default_rng(0)
 
 
-#: What :func:`_references` counts for a generator that one attribute alone refers to; None where
+#: What ``_references`` counts for a generator that one attribute alone refers to; None where
 #: Python keeps no reference counts (PyPy): nothing is drawn ahead there.
 _SOLE_OWNER = _references(_Owner()) if hasattr(sys, "getrefcount") else None
 
@@ -290,7 +290,7 @@ def _held_by_owner_only(owner: Any) -> bool:
 
 
 class KernelAdapter(EnvAdapter):
-    """What shmpool's generic code needs to know about :class:`KernelEnv` (``hooks.Perturb``'s kick)."""
+    """What shmpool's generic code needs to know about ``KernelEnv`` (``hooks.Perturb``'s kick)."""
 
     name = "compiled kernel"
     classes = ("shmpool.kernels.env:KernelEnv",)
@@ -305,5 +305,5 @@ class KernelAdapter(EnvAdapter):
         return unwrapped.kick  # type: ignore[no-any-return]
 
 
-#: Found by :func:`shmpool.env_families.adapter_for` (this module is one of its families).
+#: Found by ``shmpool.env_families.adapter_for`` (this module is one of its families).
 ADAPTERS = [KernelAdapter()]

@@ -1,11 +1,11 @@
-"""The writers' lock of a pool's shared records: :class:`WriterLock`.
+"""The writers' lock of a pool's shared records: ``WriterLock``.
 
 It excludes writers across processes *and* threads *and* forked children: a thread lock inside each
 process, then a ``flock`` on a file description that each process (re)opens for itself (a forked
 child gets its own, instead of sharing its parent's). The kernel drops a ``flock`` when its holder
 dies; a stopped holder (Ctrl-Z) makes waiters time out with an error naming it, never hang. The
-channels it guards (:mod:`.seqlock`, :mod:`.rings`) register their rollback with
-:meth:`WriterLock.on_acquire`, so that the next holder undoes a half write before anything else.
+channels it guards (``.seqlock``, ``.rings``) register their rollback with
+``WriterLock.on_acquire``, so that the next holder undoes a half write before anything else.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from .words import W_HOLDER
 class WriterLock:
     """Excludes the writers of one pool's shared records: threads, processes and forked children.
 
-    Acquire with :meth:`hold`. Channels register a ``recover`` callable with :meth:`on_acquire`; it
+    Acquire with ``hold``. Channels register a ``recover`` callable with ``on_acquire``; it
     runs inside every acquisition and must be a no-op (one word compare) unless an earlier holder
     left a journal behind.
     """
@@ -81,7 +81,7 @@ class WriterLock:
 
     def hold(self, timeout: float | None, check_open: Callable[[], None]) -> _Held:
         """A context manager holding the lock; waits up to ``timeout`` seconds (None: as long as the
-        pool is open), then raises :class:`WriterLockTimeoutError` naming the holder."""
+        pool is open), then raises ``WriterLockTimeoutError`` naming the holder."""
         return _Held(self, timeout, check_open)
 
     def _acquire(self, timeout: float | None, check_open: Callable[[], None]) -> None:
@@ -181,7 +181,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _Held:
-    """The context manager of :meth:`WriterLock.hold`.
+    """The context manager of ``WriterLock.hold``.
 
     Ctrl-C is held back from acquisition to release: a ``KeyboardInterrupt`` raised between a lock
     call returning and the bookkeeping after it would leave the thread lock or the ``flock`` held

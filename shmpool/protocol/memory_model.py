@@ -3,7 +3,7 @@
 Every channel publishes by "write the data, then the flag" in separate Python statements. On x86-64
 the CPU keeps the order of stores, and of loads, so that is enough (each numpy call is an opaque C
 call the compiler cannot reorder across). Weaker CPUs (aarch64: Graviton, Grace, Jetson) would need
-real acquire/release instructions, which Python has no cheap way to issue: :func:`check_memory_model`
+real acquire/release instructions, which Python has no cheap way to issue: ``check_memory_model``
 refuses them with a clear error rather than let pools be silently wrong there.
 """
 

@@ -1,5 +1,5 @@
 """Event rings: one ring of fixed-size records per worker, many senders, one consumer per ring, and
-an event for several rings delivered to all of them or to none (:class:`EventRings`).
+an event for several rings delivered to all of them or to none (``EventRings``).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class EventRings:
     def publish(self, parts: Sequence[tuple[int, bytes | Callable[[np.ndarray], None]]]) -> None:
         """Writes one record per ``(ring, record)`` and publishes them together. ``record``: the
         record's bytes (its ticket is stamped here), or ``fill(record)``, which writes the record's
-        fields in place. Hold the lock and check :meth:`full` first."""
+        fields in place. Hold the lock and check ``full`` first."""
         words, heads, capacity, size = self._words, self.heads, self.capacity, self._size
         ticket = self._writer_words[W_EVENTS_PUBLISHED] + 1
         self._undo_heads[:] = heads
@@ -91,7 +91,7 @@ class EventRings:
 
     def take(self, ring: int) -> bytearray:
         """Copies out the published records of ``ring`` not taken yet, oldest first, as raw bytes
-        (whole records of :attr:`records`' dtype), and frees them."""
+        (whole records of ``records``' dtype), and frees them."""
         published = self._writer_words[W_EVENTS_PUBLISHED]  # first: records up to it are whole
         tail, head = self.tail_words[ring], self.head_words[ring]
         if head - tail > self.capacity:  # only a corrupt head: never read a slot twice
@@ -113,7 +113,7 @@ class EventRings:
         return taken
 
     def consume(self, ring: int) -> np.ndarray:
-        """:meth:`take` as an array of records."""
+        """``take`` as an array of records."""
         return np.frombuffer(self.take(ring), dtype=self.records.dtype)
 
 

@@ -1,5 +1,5 @@
-"""Atomic multi-field writes of a block of records that readers copy without waiting: :class:`Seqlock`
-(the writer's side) and :func:`seqlock_read` (the readers').
+"""Atomic multi-field writes of a block of records that readers copy without waiting: ``Seqlock``
+(the writer's side) and ``seqlock_read`` (the readers').
 """
 
 from __future__ import annotations
@@ -19,16 +19,16 @@ class Seqlock:
     """Per-row sequence counters over a block of records, a generation counter over all of them, and
     the writer's undo journal.
 
-    Writer side (under the :class:`WriterLock`): :meth:`write` saves the rows to the journal, makes
+    Writer side (under the ``WriterLock``): ``write`` saves the rows to the journal, makes
     the generation and the rows' counters odd, writes, makes them even. Reader side:
-    :func:`seqlock_read`, which needs the per-row counters only while a write is in flight (the
+    ``seqlock_read``, which needs the per-row counters only while a write is in flight (the
     generation is odd or moved): otherwise one copy between two reads of one word. After a writer
-    dies or is interrupted, :meth:`recover` (run by the next acquisition) restores the odd rows from
+    dies or is interrupted, ``recover`` (run by the next acquisition) restores the odd rows from
     the journal, so the half write is never published, not even by a later write of other fields.
 
     The generation also counts the writes: half of it, rounded down, is how many were published
-    (:attr:`version`). Every writer of the block advances it under the lock, so each write's count
-    is unique and one more than the write before it; a write rolled back by :meth:`recover` uses
+    (``version``). Every writer of the block advances it under the lock, so each write's count
+    is unique and one more than the write before it; a write rolled back by ``recover`` uses
     up its number too.
     """
 
@@ -45,7 +45,7 @@ class Seqlock:
 
     def write(self, rows: slice | np.ndarray, staged: Sequence[tuple[np.ndarray, np.ndarray | float]]) -> int:
         """Writes each ``(target column view, values)`` at ``rows`` (values: one per row, or one for
-        all), atomically per row; returns the :attr:`version` once it is published. Hold the lock."""
+        all), atomically per row; returns the ``version`` once it is published. Hold the lock."""
         seq, words = self.seq, self._words
         generation = int(words[W_PARAMS_GENERATION])
         self._undo_bytes[rows] = self._block_bytes[rows]

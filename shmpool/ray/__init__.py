@@ -1,10 +1,10 @@
 """Beyond one machine: one shmpool pool per node of a Ray cluster, one vector env and one curriculum
-over all of them, with the API of :mod:`shmpool.interfaces`. Needs ``pip install "shmpool[ray]"``;
+over all of them, with the API of ``shmpool.interfaces``. Needs ``pip install "shmpool[ray]"``;
 ``import shmpool.ray`` does not import Ray (its first use does).
 
 Shared memory stops at the node, so shmpool stays the fast path inside each node and Ray is the
 transport between nodes. Each chosen node gets a *host actor* (hard node affinity) that owns a local
-pool; the trainer's :class:`ClusterPool` sends each host its rows of the actions and concatenates
+pool; the trainer's ``ClusterPool`` sends each host its rows of the actions and concatenates
 what comes back. The live parameter block never leaves its node: a write travels to the hosts as a
 snapshot of the rows it changes, and episode records travel back as copies::
 
@@ -21,15 +21,15 @@ snapshot of the rows it changes, and episode records travel back as copies::
     any process of the cluster: shmpool.ray.attach("cl") ──▶ the registry, then every host
 
 Global env ids run in node order: node k holds ``nodes[k].env_ids``. Given the same seeds and
-actions, :meth:`ClusterPool.step` returns exactly what a local pool of the same total size returns
+actions, ``ClusterPool.step`` returns exactly what a local pool of the same total size returns
 (``reset(seed=s)`` seeds global env ``i`` with ``s + i``, and ``launch(seed=s)`` does the same for
 the first reset). Draws of ``dist`` parameters and hooks' random streams are each node's own
 (node ``k``'s pool is seeded with ``seed + nodes[k].env_ids.start``), so they differ from a single
 pool's.
 
-The modules, by where their code runs: :mod:`.node` (the actors on the nodes), :mod:`.launcher`,
-:mod:`.cluster_pool`, :mod:`.batching` and :mod:`.teardown` (the trainer), :mod:`.handle` (attached
-processes), and :mod:`.fleet`, :mod:`.params` and :mod:`.channels` (what the last two share).
+The modules, by where their code runs: ``.node`` (the actors on the nodes), ``.launcher``,
+``.cluster_pool``, ``.batching`` and ``.teardown`` (the trainer), ``.handle`` (attached
+processes), and ``.fleet``, ``.params`` and ``.channels`` (what the last two share).
 
 Example (``ray.init()`` starts a one-node Ray on this machine; on a cluster, ``address="auto"``):
 

@@ -156,7 +156,7 @@ class _ClusterChannels:
 
     @property
     def params(self) -> ClusterParams:
-        """The parameter block of every node, by global env id (see :class:`ClusterParams`)."""
+        """The parameter block of every node, by global env id (see ``ClusterParams``)."""
         self._check_open()
         if self._params is None:
             raise AttributeError(f"cluster pool {self._fleet.name!r} was launched without params")
@@ -187,7 +187,7 @@ class _ClusterChannels:
 
     @property
     def events(self) -> ClusterEvents:
-        """Sends one-shot events to the nodes' hooks, by global env id (see :class:`ClusterEvents`)."""
+        """Sends one-shot events to the nodes' hooks, by global env id (see ``ClusterEvents``)."""
         self._check_open()
         if self._events is None:
             raise AttributeError(f"cluster pool {self._fleet.name!r} was launched without hooks, so it takes no events")
@@ -195,7 +195,7 @@ class _ClusterChannels:
 
     @property
     def stats(self) -> ClusterStats:
-        """Every node's :class:`PoolStats`, with totals."""
+        """Every node's ``PoolStats``, with totals."""
         self._check_open()
         nodes = self._fleet.call_all("stats", "stats")
         refusals: dict[str, int] = {}
@@ -211,7 +211,7 @@ class _ClusterChannels:
 
     def state_dict(self) -> dict[str, Any]:
         """A checkpoint of every node's pool, as plain data: ``{"version", "num_envs", "nodes"}``
-        with one local pool state per node (see :mod:`shmpool.checkpoints`: parameters, episode
+        with one local pool state per node (see ``shmpool.checkpoints``: parameters, episode
         indices, the node's draw seed), in node order.
 
         Example:
@@ -223,7 +223,7 @@ class _ClusterChannels:
         return {"version": CLUSTER_STATE_VERSION, "num_envs": self._fleet.num_envs, "nodes": states}
 
     def load_state_dict(self, state: Mapping[str, Any], *, same_draws: bool = True) -> None:
-        """Loads a :meth:`state_dict` of a cluster pool launched with the same env, ``num_envs``,
+        """Loads a ``state_dict`` of a cluster pool launched with the same env, ``num_envs``,
         number of nodes, params and seed: each node loads its own part (see
         ``shmpool.Pool.load_state_dict``). It loads whole or not at all: if a node refuses its part,
         the nodes that had loaded theirs get their previous state back before the error is raised.

@@ -1,4 +1,4 @@
-"""The trainer's side of a cluster pool: :class:`ClusterPool`, one gymnasium ``VectorEnv`` over the
+"""The trainer's side of a cluster pool: ``ClusterPool``, one gymnasium ``VectorEnv`` over the
 envs of every node's pool (global env ids in node order), which sends each host actor its rows of
 the actions and joins what comes back. Made by ``shmpool.ray.launch``."""
 
@@ -23,11 +23,11 @@ from .teardown import stop, sweep, wait_dead
 class ClusterPool(_ClusterChannels, VectorEnv):
     """A gymnasium ``VectorEnv`` over the envs of every node's pool (global env ids in node order).
 
-    Made by :func:`shmpool.ray.launch`; use it as a context manager or call :meth:`close`. ``reset``
+    Made by ``shmpool.ray.launch``; use it as a context manager or call ``close``. ``reset``
     and ``step`` drive every node at once; ``async_reset``/``send``/``recv`` let a trainer overlap
     nodes (one node per ``recv``: ``batch_size`` is a node's envs). ``params``, ``applied``,
     ``applied_version()``, ``episodes``, ``events``, ``stats`` and ``state_dict()`` are the same as
-    on an attached :class:`shmpool.ray.ClusterHandle`.
+    on an attached ``shmpool.ray.ClusterHandle``.
     """
 
     def __init__(self, fleet: _Fleet, description: dict[str, Any], actors: list[Any]) -> None:
@@ -52,7 +52,7 @@ class ClusterPool(_ClusterChannels, VectorEnv):
 
     @property
     def name(self) -> str:  # type: ignore[override]
-        """The cluster pool's name, by which :func:`shmpool.ray.attach` finds it."""
+        """The cluster pool's name, by which ``shmpool.ray.attach`` finds it."""
         return self._fleet.name
 
     @property
@@ -69,7 +69,7 @@ class ClusterPool(_ClusterChannels, VectorEnv):
     @property
     def worker_pids(self) -> list[int]:
         """The worker process ids of every node's pool, in node order (each on its own node: see
-        :attr:`worker_pids_by_node`)."""
+        ``worker_pids_by_node``)."""
         return [pid for pids in self._description["worker_pids"] for pid in pids]
 
     @property
@@ -149,7 +149,7 @@ class ClusterPool(_ClusterChannels, VectorEnv):
     def async_reset(
         self, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None
     ) -> None:
-        """Starts resetting every env (as :meth:`reset`, without waiting); each ``recv()`` then returns
+        """Starts resetting every env (as ``reset``, without waiting); each ``recv()`` then returns
         the first observations of one node."""
         self._check_open()
         if options is not None and "reset_mask" in options:

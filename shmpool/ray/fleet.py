@@ -1,7 +1,7 @@
-"""The nodes of one cluster pool as the trainer and attached processes both see them: :class:`_Fleet`
-calls the host actors (every Ray failure becomes a :class:`ClusterNodeError` naming the node, every
-wait has a deadline) and maps global env ids to nodes; :class:`NodeInfo` and :class:`ClusterStats`
-describe the nodes. Ray itself is imported here, lazily (:func:`import_ray`), never at import time.
+"""The nodes of one cluster pool as the trainer and attached processes both see them: ``_Fleet``
+calls the host actors (every Ray failure becomes a ``ClusterNodeError`` naming the node, every
+wait has a deadline) and maps global env ids to nodes; ``NodeInfo`` and ``ClusterStats``
+describe the nodes. Ray itself is imported here, lazily (``import_ray``), never at import time.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class NodeInfo:
 
 @dataclass(frozen=True)
 class ClusterStats:
-    """A snapshot of every node's pool (``nodes``, one :class:`shmpool.handle.PoolStats` each), with totals."""
+    """A snapshot of every node's pool (``nodes``, one ``shmpool.handle.PoolStats`` each), with totals."""
 
     nodes: list[PoolStats]
     steps_per_second: int  # env steps per second over the last second or so, all nodes together
@@ -141,7 +141,7 @@ class _Fleet:
 
     def result(self, index: int, ref: Any, what: str, deadline: float | None = None) -> Any:
         """The result of one host call; raises its error with a note naming the node, or a
-        :class:`ClusterNodeError` if the host is gone or did not answer in time (by ``deadline``,
+        ``ClusterNodeError`` if the host is gone or did not answer in time (by ``deadline``,
         or within the pool's wait)."""
         ray = import_ray()
         node = self.nodes[index]

@@ -1,6 +1,6 @@
 """What an attached process (a curriculum, a dashboard, on any machine of the Ray cluster) uses:
-:func:`attach` finds a running cluster pool by name through its registry actor and returns a
-:class:`ClusterHandle` on every node; closing the handle never affects the cluster pool."""
+``attach`` finds a running cluster pool by name through its registry actor and returns a
+``ClusterHandle`` on every node; closing the handle never affects the cluster pool."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ class ClusterHandle(_ClusterChannels):
     the pool has hooks), ``stats``, ``global_step``, ``state_dict()``, ``alive`` and ``nodes``.
     Closing the handle never affects the cluster pool.
 
-    Made by :func:`attach`; use it as a context manager or call :meth:`close`.
+    Made by ``attach``; use it as a context manager or call ``close``.
     """
 
     def __init__(self, fleet: _Fleet, description: dict[str, Any]) -> None:
@@ -92,7 +92,7 @@ def attach(
     ``address`` (None: ``"auto"``, the cluster this machine belongs to or ``RAY_ADDRESS``).
 
     Args:
-        name: The name given to :func:`shmpool.ray.launch`.
+        name: The name given to ``shmpool.ray.launch``.
         address: The Ray cluster's address, used only if this process has not called ``ray.init``.
         wait: Seconds to wait for the cluster pool to appear (None: do not wait).
         timeout: Deprecated old name of ``wait`` (``timeout`` now always means the step deadline).

@@ -1,6 +1,6 @@
-"""The trainer's entry point: :func:`launch` places a registry actor and one host actor per chosen
+"""The trainer's entry point: ``launch`` places a registry actor and one host actor per chosen
 node of the Ray cluster, has each host launch its node's pool, checks that they all built the same
-env, publishes where they are, and returns the :class:`ClusterPool`; a launch that fails ends
+env, publishes where they are, and returns the ``ClusterPool``; a launch that fails ends
 every actor it started and sweeps the nodes."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def launch(
     returns the cluster pool.
 
     Args:
-        env: What :func:`shmpool.launch` takes: a registered id or a callable (shipped to the nodes by
+        env: What ``shmpool.launch`` takes: a registered id or a callable (shipped to the nodes by
             Ray), or a sequence of callables, one per env of the whole cluster (node order).
         num_envs: Envs over all the nodes, which must split evenly over them (None: the length of
             ``env``'s sequence).
@@ -53,7 +53,7 @@ def launch(
         host_options: Ray options of the host actors (``num_cpus`` to reserve cores for the pool's
             workers, say); they take no resource by default. Placement is always the node's, hard.
         num_envs_per_node: Deprecated: envs per node; give ``num_envs`` (the total) instead.
-        **options: The options of :func:`shmpool.launch` (``num_workers``, ``seed``, ``params``,
+        **options: The options of ``shmpool.launch`` (``num_workers``, ``seed``, ``params``,
             ``hooks``, ``timeout``, ...), the same for every node. A ``seed`` makes global env ``i``
             start from ``seed + i`` at the first reset, as in one local pool.
 

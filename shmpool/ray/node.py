@@ -1,7 +1,7 @@
 """What runs on the nodes of a Ray cluster pool: the host actor that owns one node's pool
-(:class:`_Host`), the registry actor that tells attaching processes where the hosts are and numbers
-the parameter writes (:class:`_Registry`), the first thing each of a host's workers runs
-(:func:`_leave_host_group`), and the task that removes what dead pools left on a node.
+(``_Host``), the registry actor that tells attaching processes where the hosts are and numbers
+the parameter writes (``_Registry``), the first thing each of a host's workers runs
+(``_leave_host_group``), and the task that removes what dead pools left on a node.
 
 ``ray.remote`` is applied to these classes when a cluster pool launches (``shmpool.ray.launcher``), so
 that importing this module never imports Ray.

@@ -1,5 +1,5 @@
 """The parameter block of a whole cluster pool, as the trainer and attached processes see it:
-:class:`ClusterParams` validates a write once, in the writer, then routes each node's rows to the
+``ClusterParams`` validates a write once, in the writer, then routes each node's rows to the
 host that holds them; reads are copies fetched from every node."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from .fleet import _Fleet
 
 
 class ClusterParams:
-    """The parameter block of a whole cluster pool, with the local :class:`shmpool.ParamBlock`'s API
+    """The parameter block of a whole cluster pool, with the local ``shmpool.ParamBlock``'s API
     over global env ids: ``write()`` (validated once, here, then routed to the nodes that hold the
     envs), ``applied``, ``specs``, ``names``, ``snapshot()`` and reads by name.
 

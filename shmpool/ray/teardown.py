@@ -1,6 +1,6 @@
 """The trainer's end of a cluster pool: closing the hosts' pools and ending the actors
-(:func:`stop`), waiting for a killed host to be gone (:func:`wait_dead`), and removing what dead
-hosts' pools left on nodes still in the cluster (:func:`sweep`). Used by ``launch`` when a launch
+(``stop``), waiting for a killed host to be gone (``wait_dead``), and removing what dead
+hosts' pools left on nodes still in the cluster (``sweep``). Used by ``launch`` when a launch
 fails and by ``ClusterPool.close``."""
 
 from __future__ import annotations

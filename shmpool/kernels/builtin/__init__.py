@@ -6,7 +6,7 @@ Each ``step`` is gymnasium's arithmetic, operation for operation and in the same
 same number types: numpy float32 scalars stay float32 where gymnasium's do (Pendulum's torque term,
 MountainCarContinuous' state after its first step, compared in float32 as numpy compares a float32
 with a Python float), and ``x ** 2`` calls libm's ``pow`` as numpy and Python do (see
-:mod:`shmpool.kernels.builtin.common`). ``sin`` and ``cos`` are libm's on both sides. Resets are
+``shmpool.kernels.builtin.common``). ``sin`` and ``cos`` are libm's on both sides. Resets are
 gymnasium's own code paths, in numpy.
 
 Parameters are gymnasium's attribute names; nominal values are read from a fresh env of each class,
@@ -16,7 +16,7 @@ recomputes where the Python engine's adapter does). Every other attribute of eac
 state, CartPole's ``kinematics_integrator``, Acrobot's ``torque_noise_max``, ...) is ``unsupported``:
 setting one on a compiled env is refused rather than ignored.
 
-The registry (:data:`shmpool.kernels.BUILTIN`) names each kernel by its import string; importing this
+The registry (``shmpool.kernels.BUILTIN``) names each kernel by its import string; importing this
 package imports numba and all five.
 """
 

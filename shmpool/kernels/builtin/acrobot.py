@@ -1,4 +1,4 @@
-"""Acrobot-v1 as a numba batch kernel (see :mod:`shmpool.kernels.builtin`)."""
+"""Acrobot-v1 as a numba batch kernel (see ``shmpool.kernels.builtin``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""CartPole-v1 as a numba batch kernel (see :mod:`shmpool.kernels.builtin`)."""
+"""CartPole-v1 as a numba batch kernel (see ``shmpool.kernels.builtin``)."""
 
 from __future__ import annotations
 
@@ -73,13 +73,13 @@ def cartpole_reset(
 
 
 def cartpole_draw(rng: np.random.Generator, count: int) -> np.ndarray:
-    """The draws of ``count`` option-less resets of :func:`cartpole_reset`."""
+    """The draws of ``count`` option-less resets of ``cartpole_reset``."""
     return rng.uniform(low=-0.05, high=0.05, size=(count, 4))
 
 
 @numba.njit(cache=True)
 def cartpole_start(resetting, draws, params, state, observations):  # type: ignore[no-untyped-def]
-    """:func:`cartpole_reset` without options, from its draws, over the rows that reset."""
+    """``cartpole_reset`` without options, from its draws, over the rows that reset."""
     for i in range(state.shape[0]):
         if resetting[i]:
             for j in range(4):

@@ -1,4 +1,4 @@
-"""What the built-in kernels share: libm's ``pow`` as numba calls it, and the :class:`BatchKernel`
+"""What the built-in kernels share: libm's ``pow`` as numba calls it, and the ``BatchKernel``
 of a gymnasium env read off a fresh instance of it.
 
 ``x ** 2`` in gymnasium calls libm's ``pow``, as numpy and Python do; LLVM would otherwise turn

@@ -1,5 +1,5 @@
 """MountainCar-v0 and MountainCarContinuous-v0 as numba batch kernels, which share their reset (see
-:mod:`shmpool.kernels.builtin`)."""
+``shmpool.kernels.builtin``)."""
 
 from __future__ import annotations
 
@@ -58,13 +58,13 @@ def mountain_car_reset(
 
 
 def mountain_car_draw(rng: np.random.Generator, count: int) -> np.ndarray:
-    """The draws of ``count`` option-less resets of :func:`mountain_car_reset`."""
+    """The draws of ``count`` option-less resets of ``mountain_car_reset``."""
     return rng.uniform(low=-0.6, high=-0.4, size=(count, 1))
 
 
 @numba.njit(cache=True)
 def mountain_car_start(resetting, draws, params, state, observations):  # type: ignore[no-untyped-def]
-    """:func:`mountain_car_reset` without options, from its draws, over the rows that reset."""
+    """``mountain_car_reset`` without options, from its draws, over the rows that reset."""
     for i in range(state.shape[0]):
         if resetting[i]:
             state[i, :] = 0.0
@@ -102,13 +102,13 @@ def _less(a, a32, b):  # type: ignore[no-untyped-def]
 
 @numba.njit(cache=True)
 def _greater(a, a32, b):  # type: ignore[no-untyped-def]
-    """``a > b``, as :func:`_less`."""
+    """``a > b``, as ``_less``."""
     return F32(a) > F32(b) if a32 else a > b
 
 
 @numba.njit(cache=True)
 def _at_least(a, a32, b):  # type: ignore[no-untyped-def]
-    """``a >= b``, as :func:`_less`."""
+    """``a >= b``, as ``_less``."""
     return F32(a) >= F32(b) if a32 else a >= b
 
 
