@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-from helpers import needs, run_script
+from helpers import ROOT, needs, run_script
 from ray_support import no_leftovers_but_rays, ray_environment
 
 import shmpool
@@ -95,6 +97,33 @@ def test_ppo_trains_on_a_pool_and_writes_reach_its_envs(ray_local: None, pool_na
     finally:
         algorithm.stop()
     assert pool.closed
+
+
+def test_an_attached_adr_process_widens_a_runners_ranges_while_ppo_trains(ray_local: None, pool_name: str) -> None:
+    """``scripts/curriculum.py --algo adr``, a separate process, attaches to the env runner's pool by
+    its name and widens the pole length's range from the episodes PPO samples (every episode tests
+    a boundary, and every boundary tested widens: the thresholds are 0 and 1)."""
+    spec = {"length": shmpool.Param(dist="uniform", default={"low": 0.5, "high": 0.5}, low=0.2, high=2.0)}
+    algorithm = ppo(register(pool_name, params=spec), "vector_entry_point")
+    curriculum = None
+    try:
+        pool = pool_of(algorithm.env_runner)
+        adr = ["--algo", "adr", "--buffer", "2", "--p-boundary", "1", "--low-threshold", "0", "--high-threshold", "1"]
+        curriculum = subprocess.Popen(
+            [sys.executable, str(ROOT / "scripts" / "curriculum.py"), "--pool", pool.name, *adr],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(3):
+            algorithm.train()
+        low, high = float(pool.params["length"]["low"].min()), float(pool.params["length"]["high"].max())
+        assert low < high and low <= 0.5 <= high, (low, high)  # widened from the episodes RLlib sampled
+    finally:
+        algorithm.stop()
+        if curriculum is not None:
+            output = curriculum.communicate(timeout=30)[0]  # it stops by itself once the pool is gone
+            assert curriculum.returncode == 0, output
 
 
 def test_sampled_episodes_equal_rllibs_sync_vectorization(ray_local: None, pool_name: str) -> None:
