@@ -59,6 +59,7 @@ from gymnasium.vector import AutoresetMode
 from .config import fixed_options
 from .pool import Pool, launch
 from .system import usable_cores
+from .view import ChannelsOfPool
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -93,7 +94,7 @@ class Spec:
     reward_threshold: float | None
 
 
-class EnvPoolAPI:
+class EnvPoolAPI(ChannelsOfPool):
     """A pool behind EnvPool's Python API (see the module's docstring); made by ``make``."""
 
     def __init__(self, task_id: str, pool: Pool, seed: int, max_episode_steps: int | None) -> None:
@@ -148,26 +149,6 @@ class EnvPoolAPI:
     def single_action_space(self) -> gym.Space[Any]:
         """One env's action space (the same as ``action_space``, as in EnvPool)."""
         return self.pool.single_action_space
-
-    @property
-    def params(self) -> Any:
-        """The pool's parameter block (``shmpool.Pool.params``)."""
-        return self.pool.params
-
-    @property
-    def applied(self) -> np.ndarray:
-        """The parameter values each env uses now (``shmpool.Pool.applied``)."""
-        return self.pool.applied
-
-    @property
-    def events(self) -> Any:
-        """The pool's per-step event queues (``shmpool.Pool.events``)."""
-        return self.pool.events
-
-    @property
-    def episodes(self) -> Any:
-        """The pool's finished-episode records (``shmpool.Pool.episodes``)."""
-        return self.pool.episodes
 
     # -- EnvPool's calls -----------------------------------------------------------------------------
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 from torchrl.envs.libs.gym import GymWrapper
@@ -31,6 +30,7 @@ import shmpool
 
 from .config import fixed_options
 from .pool import Pool
+from .view import ChannelsOfPool
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -51,7 +51,7 @@ class _LaunchOptionsKept(type(GymWrapper)):  # type: ignore[misc]
         return super().__call__(*args, **wrapper, **{_PACKED: kwargs})
 
 
-class ShmpoolEnv(GymWrapper, metaclass=_LaunchOptionsKept):
+class ShmpoolEnv(ChannelsOfPool, GymWrapper, metaclass=_LaunchOptionsKept):
     """A TorchRL env (``batch_size=[num_envs]``) over ``shmpool.launch``.
 
     ``env`` is a registered gymnasium id, a callable returning an env, or one callable per env (as
@@ -94,23 +94,3 @@ class ShmpoolEnv(GymWrapper, metaclass=_LaunchOptionsKept):
     def pool(self) -> Pool:
         """The pool whose envs this env steps."""
         return self._env
-
-    @property
-    def params(self) -> Any:
-        """The pool's parameter block (``shmpool.Pool.params``)."""
-        return self._env.params
-
-    @property
-    def applied(self) -> np.ndarray:
-        """The parameter values each env uses now (``shmpool.Pool.applied``)."""
-        return self._env.applied
-
-    @property
-    def episodes(self) -> Any:
-        """The pool's finished-episode records (``shmpool.Pool.episodes``)."""
-        return self._env.episodes
-
-    @property
-    def events(self) -> Any:
-        """The pool's per-step event queues (``shmpool.Pool.events``)."""
-        return self._env.events

@@ -209,3 +209,30 @@ class Channels:
         """
         self._check_open()
         checkpoints.load_state_dict(self._channels, state, same_draws=same_draws)
+
+
+class ChannelsOfPool:
+    """``params``, ``applied``, ``events`` and ``episodes`` of ``self.pool``, for the wrappers that put
+    another library's API around a pool (:mod:`shmpool.envpool`, :mod:`shmpool.torchrl`)."""
+
+    pool: Any
+
+    @property
+    def params(self) -> ParamBlock:
+        """The pool's parameter block (``Pool.params``)."""
+        return self.pool.params
+
+    @property
+    def applied(self) -> np.ndarray:
+        """The parameter values each env uses now (``Pool.applied``)."""
+        return self.pool.applied
+
+    @property
+    def events(self) -> EventSender:
+        """The pool's per-step event queues (``Pool.events``)."""
+        return self.pool.events
+
+    @property
+    def episodes(self) -> EpisodeReader:
+        """The pool's finished-episode records (``Pool.episodes``)."""
+        return self.pool.episodes
