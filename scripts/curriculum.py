@@ -145,9 +145,13 @@ def main(argv: list[str] | None = None) -> int:
             while handle.alive:
                 records = handle.episodes.read()
                 seen += len(records)
-                lines = curriculum.update(records, handle.params) if len(records) else []
-                for line in lines:
-                    print(line, flush=True)
+                lines: list[str] = []
+                try:
+                    if len(records):
+                        curriculum.update(records, handle.params, lines)
+                finally:  # the moves made before the pool closed midway are reported too
+                    for line in lines:
+                        print(line, flush=True)
                 if lines or (len(records) and seen == len(records)):  # every change, and once at the start
                     save(settings, curriculum)
                 if time.monotonic() - last_log >= settings.log_every:

@@ -50,8 +50,10 @@ class Threshold:
         self.changes = 0
         self._reapply = False
 
-    def update(self, records: np.ndarray, params: ParamBlock) -> list[str]:
-        """Feeds finished episodes; moves the parameter when the window's mean reaches the target."""
+    def update(self, records: np.ndarray, params: ParamBlock, log: list[str] | None = None) -> list[str]:
+        """Feeds finished episodes; moves the parameter when the window's mean reaches the target.
+        Returns a line per move, appended to ``log`` if given (the caller keeps the lines of the
+        moves made before an error, such as the pool closing midway)."""
         spec = params.specs.get(self.param)
         if spec is None or spec.dist or spec.shape:
             raise KeyError(f"Threshold needs a plain scalar parameter; the pool has {params.names}")
@@ -60,7 +62,7 @@ class Threshold:
         elif self._reapply:  # resumed from a state: the pool (maybe a new one) takes its value first
             params.write(None, **{self.param: self.value})
         self._reapply = False
-        log = []
+        log = [] if log is None else log
         for score in scores(records, self.metric):
             self._recent.append(float(score))
             if len(self._recent) == self.window and np.mean(self._recent) >= self.target:
@@ -185,11 +187,13 @@ class ADR:
 
     # -- the loop ----------------------------------------------------------------------------------
 
-    def update(self, records: np.ndarray, params: ParamBlock) -> list[str]:
-        """Feeds finished episodes: scores boundary episodes, moves boundaries, assigns next episodes."""
+    def update(self, records: np.ndarray, params: ParamBlock, log: list[str] | None = None) -> list[str]:
+        """Feeds finished episodes: scores boundary episodes, moves boundaries, assigns next episodes.
+        Returns a line per move, appended to ``log`` if given (the caller keeps the lines of the
+        moves made before an error, such as the pool closing midway)."""
         if not self._started:
             self._start(params)
-        log: list[str] = []
+        log = [] if log is None else log
         changed = False
         for record, score in zip(records, scores(records, self.metric)):
             env_id = int(record["env_id"])

@@ -190,3 +190,48 @@ def test_threshold_changes_only_with_the_write_and_reapplies_its_value_when_resu
         resumed.load(saved)
         assert resumed.update(records[:0], pool.params) == []
         assert pool.params["length"].tolist() == pytest.approx([0.6] * 2)  # the new pool runs what it believes
+
+
+class ClosingAfterWrites:
+    """A pool's params that close the pool after ``writes`` writes: the pool goes away in the middle
+    of a curriculum's update, as when the trainer exits while a curriculum process runs."""
+
+    def __init__(self, pool: shmpool.Pool, writes: int) -> None:
+        self._pool, self._block, self._left = pool, pool.params, writes
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._block, name)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._block[name]
+
+    def __len__(self) -> int:
+        return len(self._block)
+
+    def write(self, env_ids: object, **values: object) -> int:
+        version = self._block.write(env_ids, **values)
+        self._left -= 1
+        if self._left == 0:
+            self._pool.close()
+        return version
+
+
+@pytest.mark.parametrize("algo", ["adr", "threshold"])
+def test_moves_made_before_the_pool_closes_midway_are_kept_in_the_log(pool_name: str, algo: str) -> None:
+    params = PARAMS | {"x": Param(0.0, bind=False)}
+    with shmpool.launch("CartPole-v1", 4, num_workers=1, name=pool_name, params=params) as pool:
+        lines: list[str] = []
+        if algo == "adr":
+            curriculum: ADR | Threshold = ADR(
+                ["length"], delta=0.1, p_boundary=1.0, buffer=1, low_threshold=-1, high_threshold=0, seed=0
+            )
+            curriculum.update(records_for(pool, [0, 1, 2, 3], {"length": [0.5] * 4}, 0.0), pool.params)  # pins all
+            records = records_for(pool, [0, 1, 2, 3], {"length": [0.5] * 4}, 500.0)  # each scores its boundary
+            writes = 2  # records move boundaries and re-pin their envs; the pool closes after two writes
+        else:
+            curriculum = Threshold("x", step=1.0, target=10.0, window=1)
+            records = records_for(pool, [0, 1], {}, 500.0)  # each moves x: the second write fails
+            writes = 1
+        with pytest.raises(PoolClosedError):
+            curriculum.update(records, ClosingAfterWrites(pool, writes), lines)  # type: ignore[arg-type]
+        assert lines and lines[0].startswith("length: [0.5, 0.5] -> [" if algo == "adr" else "x: 0 -> 1"), lines
