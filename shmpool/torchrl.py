@@ -47,8 +47,9 @@ class _LaunchOptionsKept(type(GymWrapper)):  # type: ignore[misc]
     ``ParallelEnv``): the launch options pass it packed as one, and ``__init__`` unpacks them."""
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        wrapper = {key: kwargs.pop(key) for key in ("device", "categorical_action_encoding") if key in kwargs}
-        return super().__call__(*args, **wrapper, **{_PACKED: kwargs})
+        own = ("env", "num_envs", "device", "categorical_action_encoding")  # __init__'s named parameters
+        named = {key: kwargs.pop(key) for key in own if key in kwargs}
+        return super().__call__(*args, **named, **{_PACKED: kwargs})
 
 
 class ShmpoolEnv(ChannelsOfPool, GymWrapper, metaclass=_LaunchOptionsKept):

@@ -131,5 +131,6 @@ def test_options_that_torchrl_cannot_use_are_refused(option: dict, message: str)
 def test_disabled_autoreset_may_be_spelt_as_launch_takes_it(pool_name: str) -> None:
     from shmpool.torchrl import ShmpoolEnv
 
-    env = ShmpoolEnv("CartPole-v1", 2, autoreset_mode="disabled", num_workers=2, name=pool_name)
+    env = ShmpoolEnv(env="CartPole-v1", num_envs=2, autoreset_mode="disabled", num_workers=2, name=pool_name)
+    assert env.pool.num_envs == 2 and env.pool.num_workers == 2  # by keyword too, nothing lost
     env.close()
