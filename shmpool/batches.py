@@ -87,6 +87,7 @@ class Batches:
         self._next_check = 0.0
         self._was_reset = [False] * num_workers  # whether that command is a reset
         self._ready: collections.deque[int] = collections.deque()
+        self._in_sent_order = config.recv_order == "sent"
         self._checkers: dict[int, ActionChecker] = {}
         self._cores = usable_cores()
         self._worker_of = config.worker_of
@@ -161,7 +162,7 @@ class Batches:
         if now >= self._next_check:
             self._next_check = now + TRAINER_POLL_INTERVAL
             self._check_in_flight(now)
-        in_sent_order = self._config.recv_order == "sent"
+        in_sent_order = self._in_sent_order
         if len(ready) < needed or in_sent_order:
             busy = self._busy()
             if len(ready) + len(busy) < needed:

@@ -56,8 +56,9 @@ import numpy as np
 import numpy.typing as npt
 from gymnasium.vector import AutoresetMode
 
-from .config import fixed_options
+from .config import check_env_ids, fixed_options
 from .pool import Pool, launch
+from .reset_encoding import check_reset_mask
 from .system import usable_cores
 from .view import ChannelsOfPool
 
@@ -169,13 +170,7 @@ class EnvPoolAPI(ChannelsOfPool):
         if options is not None and "reset_mask" in options:
             if env_id is not None:
                 raise ValueError(f"{self.task_id}: pass either env_id or options['reset_mask'], not both")
-            mask = np.asarray(options["reset_mask"])
-            if mask.shape != (self.num_envs,) or mask.dtype != np.bool_ or not mask.any():
-                raise ValueError(
-                    f"{self.task_id}: options['reset_mask'] must be a bool array of shape ({self.num_envs},) with "
-                    f"a True value, got {options['reset_mask']!r:.100}"
-                )
-            ids = np.flatnonzero(mask)
+            ids = np.flatnonzero(check_reset_mask(options["reset_mask"], self.num_envs))
         else:
             ids = self._ids(env_id)
         if len(ids) < self.num_envs:
@@ -251,13 +246,9 @@ class EnvPoolAPI(ChannelsOfPool):
     def _ids(self, env_id: npt.ArrayLike | None) -> np.ndarray:
         if env_id is None:
             return self.all_env_ids
-        ids = np.atleast_1d(np.asarray(env_id))
-        if ids.ndim != 1 or ids.dtype.kind not in "iu" or ids.size == 0:
-            raise ValueError(f"{self.task_id}: env_id must be a non-empty sequence of ints, got {env_id!r:.100}")
-        if ids.min() < 0 or ids.max() >= self.num_envs:
-            raise ValueError(f"{self.task_id}: env_id {ids.tolist()} out of range for num_envs={self.num_envs}")
-        if len(np.unique(ids)) < len(ids):
-            raise ValueError(f"{self.task_id}: env_id {ids.tolist()} names an env more than once")
+        ids = check_env_ids(np.atleast_1d(env_id), self.num_envs, f"{self.task_id}: reset", unique=True)
+        if not len(ids):
+            raise ValueError(f"{self.task_id}: reset: no env ids")
         return ids
 
     def _count_steps(self, ids: np.ndarray, done: np.ndarray, reset: np.ndarray | None = None) -> None:

@@ -86,15 +86,21 @@ class ResetEncoder:
 
     def check_mask(self, mask: Any) -> np.ndarray:
         """``options["reset_mask"]`` if it is one gymnasium takes, else the error gymnasium raises."""
-        if not isinstance(mask, np.ndarray):
-            raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(mask)}")
-        if mask.shape != (self._num_envs,):
-            raise ValueError(f"`options['reset_mask']` must have shape `({self._num_envs},)`, got {mask.shape}")
-        if mask.dtype != np.bool_:
-            raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {mask.dtype}")
-        if not mask.any():
-            raise ValueError(f"`options['reset_mask']` must contain at least one True value, got {mask}")
-        return mask
+        return check_reset_mask(mask, self._num_envs)
+
+
+def check_reset_mask(mask: Any, num_envs: int) -> np.ndarray:
+    """``mask`` if it is a ``reset_mask`` gymnasium takes for ``num_envs`` envs, else the error
+    gymnasium raises."""
+    if not isinstance(mask, np.ndarray):
+        raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(mask)}")
+    if mask.shape != (num_envs,):
+        raise ValueError(f"`options['reset_mask']` must have shape `({num_envs},)`, got {mask.shape}")
+    if mask.dtype != np.bool_:
+        raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {mask.dtype}")
+    if not mask.any():
+        raise ValueError(f"`options['reset_mask']` must contain at least one True value, got {mask}")
+    return mask
 
 
 def check_seed(seed: Any, where: str) -> int:

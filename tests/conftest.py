@@ -6,7 +6,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from helpers import shm_entries
@@ -50,6 +50,14 @@ def pool_name(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(autouse=True)
 def no_leftovers(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fails the test if it leaves a shared-memory object or a child process of its own behind."""
+    yield from leak_check(request)
+
+
+def leak_check(
+    request: pytest.FixtureRequest, ignored: Callable[[int], bool] = lambda pid: False, seconds: float = 5.0
+) -> Iterator[None]:
+    """The body of ``no_leftovers``: gives the test its marker, and after it fails the test if a
+    segment of its own or a new child process (not ``ignored``) is still there after ``seconds``."""
     short = re.sub(r"[^A-Za-z0-9]+", "_", request.node.name)[-40:]
     marker = f"t{uuid.uuid4().hex[:6]}-{short}"
     request.node.leak_marker = marker
@@ -57,9 +65,9 @@ def no_leftovers(request: pytest.FixtureRequest) -> Iterator[None]:
     before_processes = descendants(os.getpid())
     before_default = set(shm_entries(default_marker))
     yield
-    deadline = time.monotonic() + 5.0
+    deadline = time.monotonic() + seconds
     while True:
-        new_processes = descendants(os.getpid()) - before_processes
+        new_processes = {pid for pid in descendants(os.getpid()) - before_processes if not ignored(pid)}
         leaked = shm_entries(marker) + sorted(set(shm_entries(default_marker)) - before_default)
         if not new_processes and not leaked:
             return

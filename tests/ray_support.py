@@ -4,15 +4,13 @@ in a folder of its own, and conftest's leak check less the processes Ray keeps f
 from __future__ import annotations
 
 import os
-import re
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import descendants, shm_entries
+from conftest import leak_check
 
 from shmpool.system import stat_fields
 
@@ -66,19 +64,6 @@ def wait_for(check: Any, seconds: float) -> Any:
 def no_leftovers_but_rays(request: pytest.FixtureRequest) -> Iterator[None]:
     """conftest's check (no segment and no child process left behind), less the worker processes
     that Ray starts and keeps for itself (children of a raylet): the body of an autouse fixture that
-    replaces conftest's in a module that starts Ray."""
-    short = re.sub(r"[^A-Za-z0-9]+", "_", request.node.name)[-40:]
-    marker = f"t{uuid.uuid4().hex[:6]}-{short}"
-    request.node.leak_marker = marker
-    before = descendants(os.getpid())
-    yield
-    deadline = time.monotonic() + 10.0  # a host actor's pool closes within its close(); Ray's exit lags
-    while True:
-        processes = sorted(pid for pid in descendants(os.getpid()) - before if not rays_own(pid))
-        segments = shm_entries(marker)
-        if not processes and not segments:
-            return
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    pytest.fail(f"test left behind processes {[(p, cmdline(p)[:80]) for p in processes]} and shared memory {segments}")
+    replaces conftest's in a module that starts Ray. A host actor's pool closes within its close(),
+    but Ray's own exit lags: 10 seconds."""
+    yield from leak_check(request, ignored=rays_own, seconds=10.0)

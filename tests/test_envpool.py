@@ -201,7 +201,7 @@ def test_partial_resets_and_steps_are_checked_as_envpool_checks_them(pool_name: 
         np.testing.assert_array_equal(info["elapsed_step"], [1, 4, 4, 4])  # only env 0 was reset
         with pytest.raises(ValueError, match="either env_id or options\\['reset_mask'\\], not both"):
             env.reset(np.array([1]), options={"reset_mask": mask})
-        with pytest.raises(ValueError, match="names an env more than once"):
+        with pytest.raises(ValueError, match="env ids repeat"):
             env.reset(np.array([2, 2]))
         with pytest.raises(ValueError, match="env_id=\\[1, 2\\]: a synchronous pool .* steps every env at once"):
             env.step(np.zeros(2, dtype=np.int64), np.array([1, 2]))
