@@ -12,7 +12,8 @@ to count its own calls) with two hooks:
 While each pool runs:
 
 - two attached **writer** processes write ``params.write(env_ids, a=x, b=-x)`` (a pair that must
-  land atomically) and move the arguments of two ``dist="uniform"`` parameters one argument at a
+  land atomically; to every env or one, which after a few writes take the compiled write, or to
+  any envs, which take the general one) and move the arguments of two ``dist="uniform"`` parameters one argument at a
   time (``u={"low": ...}``), which is valid only if ``write()`` merges with what the block holds
   under the writers' lock; writer 0 is SIGKILLed and restarted every ``--kill-every`` seconds;
 - two attached **sender** processes, each with several threads, send events to random envs of both
@@ -390,9 +391,17 @@ def run_writer(settings: Settings, role: Role) -> int:
             params.write([int(own[0])], a=0.0, b=-0.0)
             publish()  # tells the trainer that this writer is up (it kills only running writers)
             while not stop.is_set():
-                ids = np.sort(rng.choice(n, size=int(rng.integers(1, n + 1)), replace=False))
-                x = rng.uniform(-1e6, 1e6, size=len(ids))
-                params.write(ids, a=x, b=-x)
+                form = rng.random()
+                if form < 0.25:  # every env, an array each: the compiled write (after the first few)
+                    x = rng.uniform(-1e6, 1e6, size=n)
+                    params.write(None, a=x, b=-x)
+                elif form < 0.5:  # one env, numbers: compiled too
+                    number = float(rng.uniform(-1e6, 1e6))
+                    params.write(int(rng.integers(n)), a=number, b=-number)
+                else:  # any envs, in any order: the general path
+                    ids = np.sort(rng.choice(n, size=int(rng.integers(1, n + 1)), replace=False))
+                    x = rng.uniform(-1e6, 1e6, size=len(ids))
+                    params.write(ids, a=x, b=-x)
                 counts["pairs"] += 1
                 if rng.random() < 0.3:
                     _move_u(params, rng, own, counts, role.folder)

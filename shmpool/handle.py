@@ -46,7 +46,7 @@ class PoolHandle(Channels):
         try:
             if "writers" not in views:
                 raise LayoutMismatchError(f"pool {name!r} has no 'writers' field")
-            self._channels = PoolView(name, segment, views, self._header, meta, self._check_open)
+            self._channels = PoolView(name, views, self._header, meta, self._check_open)
         except BaseException:
             self._owner.close()  # attach raises: nothing else will release the pidfd
             raise

@@ -17,8 +17,9 @@ A segment is one named POSIX shared-memory object (mode 0600)::
                 │ fields, each 64-byte aligned (one cache line), in table order:      │
                 │   control        int64 (num_workers, 16)  one row per worker        │
                 │   errors         uint8 (num_workers, 8192) traceback text           │
-                │   writers        int64 (8,)  writer-lock holder, undo journals,     │
-                │                  published event ticket (see shmpool.protocol)      │
+                │   writers        int64 (16,)  writer-lock holder, undo journals,    │
+                │                  published event ticket, the writers' mutex         │
+                │                  (see shmpool.protocol)                             │
                 │   actions[/leaf] (num_envs, *leaf shape)  one field per space leaf  │
                 │   observations[/leaf], final_observations[/leaf] (same_step only)   │
                 │   rewards f8, terminations b1, truncations b1        (num_envs,)    │
@@ -84,7 +85,8 @@ MAGIC = b"SHMPOOL\x00"
 #: journals, event tickets. 4: 256-bit reset seeds (gymnasium takes any non-negative int). 5: the params
 #: generation word (readers copy the block without the per-row counters unless a write is in flight).
 #: 6: the episode rings' reserved words, and the reset's global step. 7: the info key records' ``batch``.
-LAYOUT_VERSION = 7
+#: 8: the writers' lock is a robust mutex in the ``writers`` words (16 of them), not a ``flock``.
+LAYOUT_VERSION = 8
 HEADER_WORDS = 16
 HEADER_BYTES = HEADER_WORDS * 8
 ALIGNMENT = 64

@@ -41,7 +41,7 @@ from .layout import (
 )
 from .params import REFUSAL_TEXT_DTYPE, applied_dtype, block_dtype, constructor_defaults
 from .profiling import WORKER_PHASES
-from .protocol import WRITERS_WORDS
+from .protocol import WRITERS_WORDS, init_writer_mutex
 from .spaces import Leaf
 from .system import Doorbell, Segment, doorbell_path, monotonic, process_start_ticks, usable_cores
 
@@ -203,6 +203,7 @@ class Lifecycle:
         process that attaches meanwhile waits, rather than writing params that these would overwrite."""
         segment = self.segment = Segment.create(self.name, layout.size)
         self.views = layout.views(segment.buffer)
+        init_writer_mutex(self.views["writers"])
         if initial_params is not None:
             self.views["params"][:], self.views["applied"][:] = initial_params
         layout.write_header(segment.buffer, owner_pid=self.owner_pid, owner_start_ticks=self.owner_start_ticks)

@@ -12,6 +12,7 @@ two fields written that way may be seen half-done.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -21,12 +22,18 @@ import numpy as np
 from .errors import LayoutMismatchError
 from .params import ParamSpec, applied_dtype, bad_rows, block_dtype, problem, show
 from .protocol import Seqlock, WriterLock
+from .system import this_pid
 
 #: How long ``ParamBlock.write`` waits for another writer before raising ``WriterLockTimeoutError``.
 WRITE_LOCK_TIMEOUT = 5.0
+#: Writes a block makes through the general path before it loads the compiled one (numba's import
+#: and the functions' load from its cache cost a fraction of a second, which a process that writes
+#: a handful of times should not pay; one that writes every step pays it once).
+COMPILED_AFTER = 16
 
 
 _FLOAT64 = np.dtype(np.float64)
+_NUMPY_FLOAT, _NDARRAY = np.float64, np.ndarray  # module globals: one lookup each on the write path
 _INT64_MIN, _UINT64_MAX = -(1 << 63), (1 << 64) - 1
 
 
@@ -62,6 +69,8 @@ class ParamBlock:
         self._check_open = check_open
         self._applied = views["applied"].view()
         self._applied.flags.writeable = False
+        self._compiled: CompiledWrites | None = None
+        self._until_compiled = COMPILED_AFTER if CompiledWrites.possible(specs, self._block) else 0
 
     @property
     def applied(self) -> np.ndarray:
@@ -131,6 +140,15 @@ class ParamBlock:
             True
         """
         self._check_open()
+        compiled = self._compiled
+        if compiled is not None:
+            version = compiled.write(env_ids, values)
+            if version >= 0:
+                return version
+        elif self._until_compiled:
+            self._until_compiled -= 1
+            if not self._until_compiled:
+                self._compiled = CompiledWrites.load(self.specs, self._seqlock, self._lock)
         ids = self._env_ids(env_ids)
         specs = named_specs(self.specs, values)
         if not len(ids):  # no env (an empty list or slice): nothing to check or write
@@ -199,6 +217,113 @@ class ParamBlock:
         if isinstance(checked, dict):
             return [(column[arg], array) for arg, array in checked.items()]
         return [(column, checked)]
+
+
+class CompiledWrites:
+    """The common writes as one compiled call each (``shmpool.protocol.compiled``): numbers, or
+    float64 arrays of one value per env, for plain float64 parameters, to every env or to one.
+    ``write`` returns the version, or a negative code when the general path must do the write (any
+    other value or env ids, a value it must refuse, a busy lock, a journal to roll back)."""
+
+    def __init__(self, specs: Mapping[str, ParamSpec], seqlock: Seqlock, lock: WriterLock, functions: Any) -> None:
+        records = seqlock.block
+        count = len(records)
+        self._count = count
+        self._functions = functions
+        self._invalid = functions.INVALID
+        #: The compiled writes by number of parameters, of numbers and of arrays (made on first use).
+        self._numbers: dict[int, Callable[..., int]] = {}
+        self._arrays: dict[int, Callable[..., int]] = {}
+        # The arrays whose addresses ``plan`` holds: kept, so that their memory stays mapped.
+        self._mapped = (seqlock.words, records, seqlock.undo, seqlock.seq)
+        plan = np.zeros(functions.PLAN_WORDS, dtype=np.int64)
+        plan[functions.P_MUTEX] = lock.address
+        for word, array in zip((functions.P_WORDS, functions.P_BLOCK, functions.P_UNDO, functions.P_SEQ), self._mapped):
+            plan[word] = array.ctypes.data
+        plan[functions.P_ENVS], plan[functions.P_RECORD_WORDS] = count, records.dtype.itemsize // 8
+        plain = [spec for spec in specs.values() if _is_plain(spec)]
+        self._index = {spec.name: k for k, spec in enumerate(plain)}
+        bounds = np.array(
+            [
+                [records.dtype.fields[spec.name][1] // 8 for spec in plain],  # type: ignore[index]
+                [spec.bounds[0] for spec in plain],
+                [spec.bounds[1] for spec in plain],
+            ],
+            dtype=np.float64,
+        )
+        self._plan_words, self._bounds = plan, bounds
+        self._plans: dict[tuple[str, ...], tuple[int, ...] | None] = {}
+
+    @staticmethod
+    def possible(specs: Sequence[ParamSpec], records: np.ndarray) -> bool:
+        """Whether ``records`` suit the compiled writes: all 8-byte words, a plain float64 parameter."""
+        fields: Mapping[str, Any] = records.dtype.fields or {}
+        return (
+            records.dtype.itemsize % 8 == 0
+            and records.flags.c_contiguous
+            and all(offset % 8 == 0 and leaf.itemsize % 8 == 0 for leaf, offset, *_ in fields.values())
+            and any(_is_plain(spec) for spec in specs)
+            and importlib.util.find_spec("numba") is not None
+        )
+
+    @classmethod
+    def load(cls, specs: Mapping[str, ParamSpec], seqlock: Seqlock, lock: WriterLock) -> CompiledWrites | None:
+        """The compiled writes (importing numba, loading or compiling the functions), or None."""
+        try:
+            from .protocol import compiled
+        except ImportError:
+            return None
+        return cls(specs, seqlock, lock, compiled)
+
+    def write(self, env_ids: Any, values: dict[str, Any]) -> int:
+        """The write's version, or a negative code: see the class."""
+        if env_ids is None:
+            start, stop = 0, self._count
+        elif type(env_ids) is int and 0 <= env_ids < self._count:
+            start, stop = env_ids, env_ids + 1
+        else:
+            return self._invalid
+        names = tuple(values)
+        indices = self._plans.get(names, _UNPLANNED)
+        if indices is _UNPLANNED:
+            indices = self._plans[names] = self._plan(names)
+        if indices is None:
+            return self._invalid
+        given = tuple(values.values())
+        kind = type(given[0])
+        if kind is float or kind is _NUMPY_FLOAT:
+            for value in given:
+                kind = type(value)
+                if kind is not float and kind is not _NUMPY_FLOAT:
+                    return self._invalid
+            entry = self._numbers.get(len(given)) or self._load("numbers", len(given))
+        else:
+            for value in given:
+                # ``is``: numpy's float64 dtype is one object (another equal one only takes the general path)
+                if type(value) is not _NDARRAY or value.dtype is not _FLOAT64 or value.ndim != 1:
+                    return self._invalid
+            entry = self._arrays.get(len(given)) or self._load("arrays", len(given))
+        return entry(self._plan_words, self._bounds, indices, given, start, stop, this_pid())  # type: ignore[no-any-return]
+
+    def _load(self, kind: str, count: int) -> Callable[..., int]:
+        """The compiled write of ``count`` parameters' numbers or arrays (``kind``), loaded once."""
+        entries = self._numbers if kind == "numbers" else self._arrays
+        entry: Callable[..., int] = self._functions.entry_point(kind, count)
+        entries[count] = entry
+        return entry
+
+    def _plan(self, names: tuple[str, ...]) -> tuple[int, ...] | None:
+        """The ``bounds`` columns of parameters ``names``; None when one is not plain (or names none)."""
+        if not names or any(name not in self._index for name in names):
+            return None
+        return tuple(self._index[name] for name in names)
+
+
+_UNPLANNED = object()
+
+
+def _is_plain(spec: ParamSpec) -> bool:
+    return not spec.dist and not spec.shape and spec.dtype == _FLOAT64
 
 
 def named_specs(specs: Mapping[str, ParamSpec], names: Iterable[str]) -> list[ParamSpec]:

@@ -38,6 +38,7 @@ from .registry import sweep_stale
 from .reset_encoding import ResetEncoder
 from .results import Results
 from .spaces import ActionChecker, leaves
+from .system import this_pid
 from .view import Channels, PoolView
 from .waiting import Waiter
 
@@ -155,7 +156,7 @@ class Pool(Channels, VectorEnv):
             fields = self._fields = lifecycle.create(layout, probe.initial_params)
             assert lifecycle.segment is not None
             check_open, closing = _weakly(self)
-            self._channels = PoolView(self._name, lifecycle.segment, fields, lifecycle.header, layout.meta, check_open)
+            self._channels = PoolView(self._name, fields, lifecycle.header, layout.meta, check_open)
             actions = self._action_fields = [fields[leaf.field_name("actions")] for leaf in action_leaves]
             waiter = self._waiter = Waiter(config, lifecycle, closing)
             results = Results(config, fields, waiter.words, self.single_observation_space, observation_leaves)
@@ -221,7 +222,7 @@ class Pool(Channels, VectorEnv):
     def _check_open(self) -> None:
         if self.closed or self._closing:
             raise PoolClosedError(f"pool {self._name!r} is closed")
-        if os.getpid() != self._owner_pid:
+        if this_pid() != self._owner_pid:  # every write asks: no system call
             raise ForeignProcessError(
                 f"pool {self._name!r} belongs to process {self._owner_pid}, which created it; this process "
                 f"({os.getpid()}) was forked from it and must not drive its workers: call "

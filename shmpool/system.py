@@ -37,6 +37,17 @@ POOL_NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 FileIdentity = tuple[int, int]
 
 
+#: This process's pid, kept up to date across forks: ``os.getpid`` is a system call, and the write
+#: path asks on every call (which process is writing, whether a pool is used from its own process).
+_THIS_PROCESS = [os.getpid()]
+os.register_at_fork(after_in_child=lambda: _THIS_PROCESS.__setitem__(0, os.getpid()))
+
+
+def this_pid() -> int:
+    """This process's pid (``os.getpid()``, without its system call)."""
+    return _THIS_PROCESS[0]
+
+
 def segment_path(name: str) -> str:
     """The POSIX name (``/shmpool-NAME``) of the segment of the pool called ``name``."""
     return f"/{SEGMENT_PREFIX}{name}"

@@ -32,7 +32,7 @@ from .layout import (
 from .param_block import ParamBlock
 from .params import ParamSpec
 from .protocol import W_EVENTS_JOURNAL, W_PARAMS_JOURNAL, event_rings, params_seqlock, writer_lock
-from .system import Segment, segment_file
+from .system import segment_file
 
 _WORKER_STATES = {WORKER_STARTING: "starting", WORKER_READY: "ready", WORKER_FAILED: "failed", WORKER_CLOSED: "closed"}
 
@@ -56,7 +56,6 @@ class PoolView:
     def __init__(
         self,
         name: str,
-        segment: Segment,
         views: dict[str, np.ndarray],
         header: Any,
         meta: Mapping[str, Any],
@@ -74,7 +73,7 @@ class PoolView:
         self._created = float(meta.get("created", time.time()))
         self._owner_pid = int(header[H_OWNER_PID])
         self.specs = [ParamSpec.from_json(index, data) for index, data in enumerate(meta.get("params") or [])]
-        self.lock = writer_lock(segment_file(name), views, segment.identity)
+        self.lock = writer_lock(views, segment_file(name))
         self.episodes = EpisodeReader(views, check_open)
         self.events: EventSender | None = None
         hook_names = [str(h) for h in meta.get("hooks") or []]

@@ -13,12 +13,10 @@ pool closes.
 from __future__ import annotations
 
 import math
-import os
 import signal
 import sys
-import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +27,14 @@ import pytest
 import shmpool
 from shmpool.errors import EventQueueFullError
 from shmpool.events import Event, EventReader, EventSender, event_dtype, mask_bytes
-from shmpool.protocol import W_EVENTS_JOURNAL, W_EVENTS_PUBLISHED, WRITERS_WORDS, EventRings, writer_lock
+from shmpool.protocol import (
+    W_EVENTS_JOURNAL,
+    W_EVENTS_PUBLISHED,
+    WRITERS_WORDS,
+    EventRings,
+    init_writer_mutex,
+    writer_lock,
+)
 
 #: A slot of 3 envs and one of 100 (two 64-bit mask words).
 SLOTS = [(0, 3), (3, 103)]
@@ -40,7 +45,7 @@ PAYLOAD = 3
 class Channel:
     """The event rings of a two-worker pool over plain arrays, its sender and both workers' readers."""
 
-    def __init__(self, lock_path: str, capacity: int = 8) -> None:
+    def __init__(self, capacity: int = 8) -> None:
         self.views = {
             "writers": np.zeros(WRITERS_WORDS, np.int64),
             "events": np.zeros((len(SLOTS), capacity), event_dtype(PAYLOAD, mask_bytes(SLOTS))),
@@ -48,7 +53,8 @@ class Channel:
             "event_tails": np.zeros(len(SLOTS), np.int64),
             "event_undo_heads": np.zeros(len(SLOTS), np.int64),
         }
-        self.lock = writer_lock(lock_path, self.views)
+        init_writer_mutex(self.views["writers"])
+        self.lock = writer_lock(self.views, "test rings")
         views = self.views
         self.rings = EventRings(
             views["events"], views["event_heads"], views["event_tails"], views["event_undo_heads"], views["writers"]
@@ -62,13 +68,8 @@ class Channel:
 
 
 @pytest.fixture
-def channel() -> Iterator[Channel]:
-    fd, path = tempfile.mkstemp(prefix="shmpool-events-test-")
-    os.close(fd)
-    try:
-        yield Channel(path)
-    finally:
-        os.unlink(path)
+def channel() -> Channel:
+    return Channel()
 
 
 def delivered(due: list[dict[int, list[Event]]]) -> list[tuple[int, int, list[int], list[float], int]]:

@@ -16,7 +16,7 @@ import pytest
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 import shmpool
-from shmpool import Param, classic_control, env_families
+from shmpool import Param, classic_control, env_families, param_block
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -529,3 +529,122 @@ def test_adapters_import_mujoco_only_for_mujoco_envs() -> None:
     result = subprocess.run([sys.executable, "-c", IMPORTS], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["CartPole", "False"]
+
+
+def hot(block: shmpool.ParamBlock) -> None:
+    """Writes ``block`` often enough that its later common writes take the compiled path, which must
+    then be loaded (numba is installed where the tests run)."""
+    name = block.names[0]
+    for _ in range(param_block.COMPILED_AFTER):
+        block.write(None, **{name: float(block[name][0])})
+    assert block._compiled is not None, "the compiled writes should be loaded by now"
+
+
+def test_compiled_writes_keep_every_guarantee_of_write(pool_name: str) -> None:
+    """Once a process writes often, its writes of numbers or per-env float64 arrays, to every env or
+    to one, run compiled: the same values, versions, refusals (naming the value, writing nothing)
+    and waits for a lock held elsewhere as the general path, interleaved with it in any order."""
+    params = {
+        "a": Param(0.0, low=-10, high=10),
+        "b": Param(0.0, low=-10, high=10),
+        "spread": Param(dist="uniform", default={"low": 0.0, "high": 1.0}, low=0.0, high=2.0, bind=False),
+    }
+    with shmpool.launch(helpers.PairEnv, 4, num_workers=2, name=pool_name, params=params) as pool:
+        pool.reset(seed=0)
+        block = pool.params
+        hot(block)
+        version = block.write(None, a=1.5, b=-1.5)
+        assert block.write(None, a=np.array([1.0, 2.0, 3.0, 4.0]), b=-np.arange(1.0, 5.0)) == version + 1
+        assert block.write(2, a=np.float64(7.0), b=-7.0) == version + 2  # one env, numpy and Python floats
+        assert block.write(3, a=np.array([8.0]), b=np.array([-8.0])) == version + 3
+        assert block.write([0, 1], a=5.0) == version + 4  # ids as a list: the general path, same count
+        assert block.write(None, spread={"low": 0.5}) == version + 5  # a distribution: the general path
+        expected = {"a": [5.0, 5.0, 7.0, 8.0], "b": [-1.0, -2.0, -7.0, -8.0]}
+        assert {name: block[name].tolist() for name in ("a", "b")} == expected
+        observations = pool.step(np.zeros(4, int))[0]
+        assert observations.tolist() == [list(pair) for pair in zip(*expected.values())]
+        assert pool.applied["a"].tolist() == expected["a"]
+
+        before = block.snapshot()
+        for bad, match in (
+            ({"a": 11.0}, r"params\['a'\]\[0\] = 11.0 rejected"),
+            ({"a": float("nan")}, r"params\['a'\]\[0\] = nan rejected"),
+            ({"b": np.array([0.0, 0.0, float("inf"), 0.0])}, r"params\['b'\]\[2\] = inf rejected"),
+            ({"a": 1.0, "b": -10.5}, r"params\['b'\]\[0\] = -10.5 rejected"),
+            ({"a": np.zeros(3)}, "does not fit 4 env"),
+        ):
+            with pytest.raises(ValueError, match=match):
+                block.write(None, **bad)
+        with pytest.raises(KeyError, match="no parameter 'c'"):
+            block.write(None, c=1.0)
+        assert (block.snapshot() == before).all() and block.write([], a=np.array([])) == version + 5
+
+        held = threading.Event()
+        release = threading.Event()
+
+        def hold_the_lock() -> None:
+            with block._lock.hold(1.0, lambda: None):
+                held.set()
+                release.wait(5.0)
+
+        holder = threading.Thread(target=hold_the_lock)
+        holder.start()
+        try:
+            assert held.wait(5.0)
+            threading.Timer(0.2, release.set).start()
+            assert block.write(None, a=2.0, b=-2.0) == version + 6  # waits for the other thread
+        finally:
+            release.set()
+            holder.join(5.0)
+        assert block["a"].tolist() == [2.0] * 4
+
+
+KILLED_WRITER = """
+import sys, numpy as np, shmpool
+from shmpool import param_block
+with shmpool.attach(sys.argv[1], wait=10) as handle:
+    rng = np.random.default_rng(int(sys.argv[2]))
+    for i in range(param_block.COMPILED_AFTER):
+        handle.params.write(None, a=0.0, b=-0.0)
+    assert handle.params._compiled is not None
+    print("compiled", flush=True)
+    while True:
+        x = rng.uniform(-5, 5, handle.num_envs)
+        handle.params.write(None, a=x, b=-x)
+        number = float(x[0])
+        handle.params.write(int(rng.integers(handle.num_envs)), a=number, b=-number)
+"""
+
+
+def test_a_writer_killed_in_compiled_writes_never_publishes_half_a_write(pool_name: str) -> None:
+    """Writers SIGKILLed while writing in a tight compiled loop (most often inside the writers'
+    mutex) never leave a pair half written where the envs or ``applied`` see it, and never leave the
+    lock unusable: the next writer, or the pool's owner as it steps, rolls their write back."""
+    params = {"a": Param(0.0, low=-10, high=10), "b": Param(0.0, low=-10, high=10)}
+    with shmpool.launch(helpers.PairEnv, 8, num_workers=2, name=pool_name, params=params) as pool:
+        pool.reset(seed=0)
+        for seed in range(6):
+            writer = subprocess.Popen(
+                [sys.executable, "-c", KILLED_WRITER, pool.name, str(seed)],
+                stdout=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+            )
+            try:
+                assert writer.stdout is not None and writer.stdout.readline().strip() == "compiled"
+                for _ in range(50 + 40 * seed):
+                    observations = pool.step(np.zeros(8, int))[0]
+                    np.testing.assert_array_equal(observations[:, 0] + observations[:, 1], 0.0)
+            finally:
+                writer.kill()
+                writer.wait(10)
+                writer.stdout.close()
+            for _ in range(70):  # the owner rolls back a dead writer's half write within 64 steps
+                observations = pool.step(np.zeros(8, int))[0]
+                np.testing.assert_array_equal(observations[:, 0] + observations[:, 1], 0.0)
+                applied = pool.applied.copy()
+                np.testing.assert_array_equal(applied["a"] + applied["b"], 0.0)
+            block = pool.params.snapshot()
+            np.testing.assert_array_equal(block["a"] + block["b"], 0.0)
+        assert pool.params.write(None, a=1.0, b=-1.0) > 0  # the lock is free and usable
+        assert pool.step(np.zeros(8, int))[0][:, 0].tolist() == [1.0] * 8

@@ -49,10 +49,10 @@ from shmpool.protocol import (
     EventRings,
     Seqlock,
     WriterLock,
+    init_writer_mutex,
     seqlock_read,
     writer_lock,
 )
-from shmpool.protocol import lock as lock_module
 
 Hook = Callable[[], None]
 PAIR_DTYPE = np.dtype([("a", "<f8"), ("b", "<f8")])
@@ -542,12 +542,14 @@ def test_seqlock_dead_write_is_never_published_by_a_later_write() -> None:
 
 @pytest.fixture
 def lock_file() -> Iterator[tuple[str, np.ndarray]]:
-    """A temporary lock file whose first words are the ``writers`` words (shared, as in a segment)."""
+    """A temporary file mapped shared as a segment's ``writers`` words, with the writers' mutex made
+    in it as a pool's owner makes it: forked children and other processes share it."""
     fd, path = tempfile.mkstemp(prefix="shmpool-lock-test-")
     try:
         os.ftruncate(fd, WRITERS_WORDS * 8)
         os.close(fd)
         words = np.memmap(path, dtype=np.int64, mode="r+", shape=(WRITERS_WORDS,))
+        init_writer_mutex(words)
         yield path, words
         del words
     finally:
@@ -561,7 +563,7 @@ def no_check() -> None:
 def test_lock_threads_never_lose_an_increment(lock_file: tuple[str, np.ndarray]) -> None:
     """Two threads incrementing a counter non-atomically inside the lock lose no increment."""
     path, words = lock_file
-    lock = WriterLock(path, words)
+    lock = WriterLock(words, path)
     state = {"count": 0, "inside": 0, "overlaps": 0}
     rounds = 300
 
@@ -589,7 +591,7 @@ def test_lock_runs_recover_on_acquire_and_after_a_failed_section(lock_file: tupl
     """Recover callbacks run at every acquisition, again when the section raised, and the error
     propagates; the holder word names this process only inside."""
     path, words = lock_file
-    lock = WriterLock(path, words)
+    lock = WriterLock(words, path)
     calls: list[tuple[str, int]] = []
     lock.on_acquire(lambda: calls.append(("first", int(words[W_HOLDER]))))
     lock.on_acquire(lambda: calls.append(("second", int(words[W_HOLDER]))))
@@ -622,7 +624,7 @@ def test_writer_lock_rolls_back_every_channel(lock_file: tuple[str, np.ndarray])
         "event_tails": np.zeros(2, np.int64),
         "event_undo_heads": np.zeros(2, np.int64),
     }
-    lock = writer_lock(path, views)
+    lock = writer_lock(views, path)
     seqlock = Seqlock(views["params"], views["params_seq"], views["params_undo"], words)
     rings = EventRings(views["events"], views["event_heads"], views["event_tails"], views["event_undo_heads"], words)
     before = block.copy()
@@ -648,10 +650,11 @@ def test_writer_lock_rolls_back_every_channel(lock_file: tuple[str, np.ndarray])
 
 
 HOLDER_SCRIPT = """
-import fcntl, os, struct, sys
-fd = os.open(sys.argv[1], os.O_RDWR)
-fcntl.flock(fd, fcntl.LOCK_EX)
-os.pwrite(fd, struct.pack("<q", os.getpid()), 8 * int(sys.argv[2]))
+import sys
+import numpy as np
+from shmpool.protocol import WRITERS_WORDS, WriterLock
+words = np.memmap(sys.argv[1], dtype=np.int64, mode="r+", shape=(WRITERS_WORDS,))
+WriterLock(words, sys.argv[1]).hold(None, lambda: None).__enter__()
 print("held", flush=True)
 sys.stdin.read()
 """
@@ -665,13 +668,14 @@ def process_state(pid: int) -> str:
 
 def test_lock_held_by_another_process_times_out(lock_file: tuple[str, np.ndarray]) -> None:
     """A holder in another process makes ``hold`` time out on time, naming it (and that it is
-    stopped, when it is); once the holder is killed the kernel frees the lock."""
+    stopped, when it is); once the holder is killed the next taker gets the lock (the kernel marks
+    the robust mutex of a dead owner)."""
     path, words = lock_file
-    lock = WriterLock(path, words)
+    lock = WriterLock(words, path)
     with lock.hold(1.0, no_check):  # this process's own description is open before the other takes it
         pass
     process = subprocess.Popen(
-        [sys.executable, "-c", HOLDER_SCRIPT, path, str(W_HOLDER)],
+        [sys.executable, "-c", HOLDER_SCRIPT, path],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -719,10 +723,10 @@ def in_child(body: Callable[[], int]) -> int:
 
 
 def test_lock_excludes_forked_children(lock_file: tuple[str, np.ndarray]) -> None:
-    """A child forked from a process using the lock object gets its own lock: it can't take it while
-    the parent holds it, takes it once free, and excludes the parent while it holds it."""
+    """A child forked from a process using the lock object can't take it while the parent holds it,
+    takes it once free, and excludes the parent while it holds it."""
     path, words = lock_file
-    lock = WriterLock(path, words)
+    lock = WriterLock(words, path)
 
     def times_out() -> int:
         start = time.monotonic()
@@ -771,62 +775,6 @@ def test_lock_excludes_forked_children(lock_file: tuple[str, np.ndarray]) -> Non
         pass
 
 
-class OpenTogether:
-    """``os`` for :mod:`shmpool.protocol.lock`, but for ``open``: two callers wait for each other (up to
-    0.5 s) before opening, so a second thread reaches it only if it could also open."""
-
-    def __init__(self) -> None:
-        self.barrier = threading.Barrier(2)
-        self.opens = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(os, name)
-
-    def open(self, *args: Any) -> int:
-        self.opens += 1
-        try:
-            self.barrier.wait(timeout=0.5)
-        except threading.BrokenBarrierError:
-            pass
-        return os.open(*args)
-
-
-def test_lock_first_use_from_two_threads_at_once(
-    lock_file: tuple[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Two threads taking a fresh lock at the same moment open one file description between them (a
-    second would be locked and never unlocked), each holds the lock in turn, and it is left free for
-    every other writer."""
-    path, words = lock_file
-    lock = WriterLock(path, words)
-    opener = OpenTogether()
-    monkeypatch.setattr(lock_module, "os", opener)
-    errors: list[BaseException] = []
-    holders: list[int] = []
-
-    def work() -> None:
-        try:
-            with lock.hold(1.0, no_check):
-                holders.append(int(words[W_HOLDER]))
-                time.sleep(0.05)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=work) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    monkeypatch.undo()
-    if errors:
-        raise errors[0]
-    assert opener.opens == 1
-    assert holders == [os.getpid(), os.getpid()] and words[W_HOLDER] == 0
-    with WriterLock(path, words).hold(0.3, no_check):  # another writer (its own description)
-        assert words[W_HOLDER] == os.getpid()
-    assert words[W_HOLDER] == 0
-
-
 def test_lock_freed_when_its_holder_dies_despite_forked_children(lock_file: tuple[str, np.ndarray]) -> None:
     """A holder killed inside its critical section frees the lock even if it forked a child earlier."""
     path, words = lock_file
@@ -835,7 +783,7 @@ def test_lock_freed_when_its_holder_dies_despite_forked_children(lock_file: tupl
     holder = os.fork()
     if holder == 0:  # pragma: no cover - the holder
         try:
-            lock = WriterLock(path, words)
+            lock = WriterLock(words, path)
             with lock.hold(1.0, no_check):
                 pass
             child = os.fork()  # a child that never touches the lock
@@ -856,7 +804,7 @@ def test_lock_freed_when_its_holder_dies_despite_forked_children(lock_file: tupl
         os.waitpid(holder, 0)
         assert words[W_HOLDER] == holder  # it died holding the lock
         assert process_state(grandchild) not in ("Z", "X")  # its child, forked after it opened the lock, lives
-        with WriterLock(path, words).hold(0.3, no_check):
+        with WriterLock(words, path).hold(0.3, no_check):
             assert words[W_HOLDER] == os.getpid()
         assert words[W_HOLDER] == 0
     finally:
@@ -1023,15 +971,20 @@ def test_ctrl_c_inside_the_writer_lock_never_leaves_it_held(pool_name: str, tmp_
 
 
 def test_a_handle_of_a_closed_pool_never_locks_a_new_pool_of_the_same_name(pool_name: str) -> None:
+    """The lock lives in the segment a handle mapped: a new pool of the same name has its own."""
     params = {"a": Param(0.0, bind=False)}
     with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, params=params) as pool:
         handle = shmpool.attach(pool.name)
     with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, params=params) as new_pool:
-        # The handle's lock was never used: its first use opens the file by name, now the new pool's.
-        with pytest.raises(shmpool.PoolClosedError, match="replaced"):
-            handle._channels.lock.hold(1.0, lambda: None).__enter__()
-        new_pool.params.write(None, a=1.0)  # and the new pool's writers are not blocked
+        held = handle._channels.lock.hold(1.0, lambda: None)
+        held.__enter__()  # the old pool's lock, held
+        try:
+            new_pool.params.write(None, a=1.0)  # the new pool's writers are not blocked
+        finally:
+            held.__exit__(None, None, None)
         assert new_pool.params["a"].tolist() == [1.0, 1.0]
+        with pytest.raises(shmpool.PoolClosedError):
+            handle.params.write(None, a=2.0)  # and the handle knows its pool is gone
         handle.close()
 
 

@@ -41,9 +41,12 @@ class KernelParams(ParamApplier):
     _seen: np.ndarray
     _seen_bytes: bytes
     _kernel_refresh: Any = None
-    #: With only plain float64 parameters: what the compiled sync needs (``slot.accept_scalars`` and
-    #: its fixed arguments), else None (the general path).
+    #: With only plain float64 parameters: ``slot.sync_scalars`` and its arguments after ``seen``,
+    #: else None (the general path).
     _fast: tuple[Any, ...] | None = None
+    #: The float64 matrix view of ``_seen`` that ``_fast`` last used, and the array it views.
+    _seen_matrix: np.ndarray | None = None
+    _seen_viewed: np.ndarray | None = None
 
     def use_matrix(self, matrix: np.ndarray, kernel: BatchKernel) -> None:
         """Where values go: ``matrix[:, column]`` of the kernel parameter each parameter binds; which
@@ -66,8 +69,8 @@ class KernelParams(ParamApplier):
         self._fast = self._compiled_sync()
 
     def _compiled_sync(self) -> tuple[Any, ...] | None:
-        """The arguments of ``slot.accept_scalars`` for this block (after the two matrices), or None
-        when its records are not made of 8-byte fields or hold no plain float64 parameter."""
+        """``slot.sync_scalars`` and its arguments but ``seen``, or None when the block's records are
+        not made of 8-byte fields or hold no plain float64 parameter."""
         record, applied = self._block.dtype, self._applied.dtype
         if record.itemsize % 8 or applied.itemsize % 8:
             return None
@@ -80,14 +83,18 @@ class KernelParams(ParamApplier):
         plain = [s for s in self._specs if not s.dist and not s.shape and s.dtype == np.float64]
         if not plain or any(applied.fields[s.name][1] % 8 for s in plain):  # type: ignore[index]
             return None
-        from shmpool.kernels.slot import accept_scalars
+        from shmpool.kernels.slot import sync_scalars
 
         words = np.full(record.itemsize // 8, -1, dtype=np.int64)
         for p, spec in enumerate(plain):
             words[record.fields[spec.name][1] // 8] = p  # type: ignore[index]
         count = len(self._block)
+        block = self._block.view(np.float64).reshape(count, -1)  # the slot's rows of the shared block
         fast = (
-            accept_scalars,
+            sync_scalars,
+            block,
+            np.empty_like(block),  # the fresh copy
+            self._writers,
             self._good.view(np.float64).reshape(count, -1),
             words,
             np.array([s.low.item() for s in plain]),
@@ -100,30 +107,33 @@ class KernelParams(ParamApplier):
             np.array([s.index in self._refreshed_by for s in plain], dtype=np.bool_),
             np.zeros(count, dtype=np.bool_),  # the rows it touched, for the refresh
         )
-        seen = self._seen.view(np.float64).reshape(count, -1)
-        accept_scalars(seen, seen, *fast[1:])  # compiles (or loads) it now: nothing changed
         return fast
 
     def sync(self) -> None:
         """``ParamApplier.sync``, compiled for plain float64 parameters (the case of a curriculum
-        rewriting values every step) unless a value is refused (the general path reports it)."""
+        rewriting values every step): one call reads the slot's records and applies what changed,
+        unless a value is refused, another parameter changed or a write is in flight (the general
+        path handles those)."""
         fast = self._fast
         if fast is None:
             super().sync()
             return
-        changed = self.changed_block()
-        if changed is None:
+        if self._block.tobytes() == self._seen_bytes:  # nothing written: cheaper than the call's arguments
             return
-        snapshot, snapshot_bytes = changed
-        count = len(snapshot)
-        new, seen = snapshot.view(np.float64).reshape(count, -1), self._seen.view(np.float64).reshape(count, -1)
-        if fast[0](new, seen, *fast[1:]):
-            self._seen, self._seen_bytes = snapshot, snapshot_bytes
-            touched = fast[-1]
-            if touched.any():  # as the general path refreshes the rows that changed an input
-                self._refresh(None if touched.all() else np.flatnonzero(touched))
-        else:
+        seen = self._seen
+        if seen is not self._seen_viewed:  # the general path made a new one
+            self._seen_matrix, self._seen_viewed = seen.view(np.float64).reshape(len(seen), -1), seen
+        function, block, fresh, *accepting = fast
+        result = function(block, fresh, self._seen_matrix, *accepting)
+        if result == 0:
+            return
+        if result < 0:
             super().sync()
+            return
+        self._seen_bytes = seen.tobytes()  # ``seen`` now holds the fresh copy: the general path compares with it
+        touched = result - 1
+        if touched:  # as the general path refreshes the rows that changed an input
+            self._refresh(None if touched == len(seen) else np.flatnonzero(fast[-1]))
 
     def apply_constructor(self, local: int) -> None:
         """Puts the ``rebuild`` values of env ``local`` in the matrix, as its constructor would take

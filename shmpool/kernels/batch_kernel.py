@@ -187,10 +187,9 @@ class BatchKernel:
         flags, numbers, counts = np.zeros(1, np.bool_), np.zeros(1), np.zeros(1, np.int64)
         slot.time_limit(counts, flags, counts, flags, flags)
         slot.add_step(flags, numbers, flags, flags, numbers, counts, flags)
-        values = np.zeros((1, 1))
-        slot.accept_scalars(
-            values, values, values, counts, numbers, numbers, flags, counts, counts, values, values, flags, flags
-        )
+        values, writers = np.zeros((1, 1)), np.zeros(8, np.int64)
+        accepting = (values, counts, numbers, numbers, flags, counts, counts, values, values, flags, flags)
+        slot.sync_scalars(values, values, values, writers, *accepting)
         if self.start is not None:  # compiled autoresets and episode ends
             slot.end_episodes(flags, numbers, counts, numbers, 0.0, numbers, counts, numbers, flags)
             ring = np.zeros(1, episode_dtype(None, ()))

@@ -8,6 +8,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from ..protocol.compiled import compiler_fence
+from ..protocol.words import W_PARAMS_GENERATION
+
 
 @numba.njit(cache=True)
 def time_limit(elapsed, stepping, limits, truncations, stepped):  # type: ignore[no-untyped-def]
@@ -78,6 +81,70 @@ def accept_scalars(  # type: ignore[no-untyped-def]
                     if refreshes[p]:
                         touched[i] = True
     return True
+
+
+#: ``sync_scalars``' results besides 0 (nothing changed) and 1 + the rows touched: a value the general
+#: path must handle (refused, or of another parameter); a write in flight (the general path's
+#: seqlock read keeps what it had for the rows being written).
+REFUSED, TORN = -1, -2
+
+
+@numba.njit(cache=True)
+def sync_scalars(  # type: ignore[no-untyped-def]
+    block,
+    fresh,
+    seen,
+    writers,
+    good,
+    words,
+    low,
+    high,
+    step,
+    targets,
+    applied_words,
+    matrix,
+    applied,
+    refreshes,
+    touched,
+):
+    """``shmpool.workers.param_applier.ParamApplier.sync`` for a slot of plain float64 parameters in
+    one call: copies the slot's shared ``block`` into ``fresh`` between two reads of the writers'
+    generation word (the seqlock's fast path), then, if some value changed since ``seen``, accepts
+    them as ``accept_scalars`` does and makes ``seen`` the fresh copy. Returns 0 when nothing
+    changed, 1 + the number of rows ``touched``, or REFUSED or TORN having changed nothing."""
+    generation = writers[W_PARAMS_GENERATION]
+    if generation & 1:
+        return TORN
+    compiler_fence()
+    rows, width = block.shape
+    for i in range(rows):
+        for w in range(width):
+            fresh[i, w] = block[i, w]
+    compiler_fence()
+    if writers[W_PARAMS_GENERATION] != generation:
+        return TORN
+    fresh_bits, seen_bits = fresh.view(np.int64), seen.view(np.int64)
+    changed = False
+    for i in range(rows):
+        for w in range(width):
+            if fresh_bits[i, w] != seen_bits[i, w]:
+                changed = True
+                break
+        if changed:
+            break
+    if not changed:
+        return 0
+    if not accept_scalars(
+        fresh, seen, good, words, low, high, step, targets, applied_words, matrix, applied, refreshes, touched
+    ):
+        return REFUSED
+    count = 0
+    for i in range(rows):
+        for w in range(width):
+            seen[i, w] = fresh[i, w]
+        if touched[i]:
+            count += 1
+    return 1 + count
 
 
 @numba.njit(cache=True)

@@ -10,10 +10,10 @@ share one segment. Four rules make that safe, each implemented in one module her
   instructions, which Python has no cheap way to issue: ``check_memory_model`` refuses them at
   launch and attach with a clear error rather than let pools be silently wrong there.
 * **Exclusion** (``.lock``). ``WriterLock`` excludes writers across processes *and* threads
-  *and* forked children: a thread lock inside each process, then a ``flock`` on a file description
-  that each process (re)opens for itself (a forked child gets its own, instead of sharing its
-  parent's). The kernel drops a ``flock`` when its holder dies; a stopped holder (Ctrl-Z) makes
-  waiters time out with an error naming it, never hang.
+  *and* forked children: a process-shared robust POSIX mutex in the segment, taken without a system
+  call when free (compiled code takes it too: ``.compiled``). The kernel marks it when its holder
+  dies, and the next taker rolls back what it left; a stopped holder (Ctrl-Z) makes waiters time
+  out with an error naming it, never hang.
 * **No half write is ever published** (``.seqlock``). Every critical section that writes shared
   records keeps an undo journal in the segment. A writer that dies or is interrupted mid-write
   leaves its journal set; the next holder of the lock (or the interrupted writer itself, on the way
@@ -32,7 +32,7 @@ is about signals, not shared memory: it is ``shmpool.interrupts``.
 from __future__ import annotations
 
 from .channels import event_rings, params_seqlock, writer_lock
-from .lock import WriterLock
+from .lock import WriterLock, init_writer_mutex
 from .memory_model import TSO_MACHINES, check_memory_model
 from .rings import EventRings
 from .seqlock import SEQLOCK_RETRIES, Seqlock, seqlock_read
@@ -59,6 +59,7 @@ __all__ = [
     "WriterLock",
     "check_memory_model",
     "event_rings",
+    "init_writer_mutex",
     "params_seqlock",
     "seqlock_read",
     "writer_lock",

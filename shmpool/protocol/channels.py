@@ -25,10 +25,9 @@ def params_seqlock(views: dict[str, np.ndarray]) -> Seqlock | None:
     return Seqlock(views["params"], views["params_seq"], views["params_undo"], views["writers"])
 
 
-def writer_lock(path: str, views: dict[str, np.ndarray], identity: tuple[int, int] | None = None) -> WriterLock:
-    """The writers' lock of a mapped segment (``path``: the segment's file; ``identity``: its st_dev and
-    st_ino), recovering every channel."""
-    lock = WriterLock(path, views["writers"], identity)
+def writer_lock(views: dict[str, np.ndarray], label: str) -> WriterLock:
+    """The writers' lock of a mapped segment (``label``: its name in errors), recovering every channel."""
+    lock = WriterLock(views["writers"], label)
     for channel in (params_seqlock(views), event_rings(views)):
         if channel is not None:
             lock.on_acquire(channel.recover)

@@ -1,29 +1,87 @@
-"""The writers' lock of a pool's shared records: ``WriterLock``.
+"""The writers' lock of a pool's shared records: ``WriterLock``, and ``init_writer_mutex``.
 
-It excludes writers across processes *and* threads *and* forked children: a thread lock inside each
-process, then a ``flock`` on a file description that each process (re)opens for itself (a forked
-child gets its own, instead of sharing its parent's). The kernel drops a ``flock`` when its holder
-dies; a stopped holder (Ctrl-Z) makes waiters time out with an error naming it, never hang. The
-channels it guards (``.seqlock``, ``.rings``) register their rollback with
-``WriterLock.on_acquire``, so that the next holder undoes a half write before anything else.
+The lock is a process-shared *robust* POSIX mutex kept in the segment's ``writers`` words (from
+``W_MUTEX`` on), made once by the pool's owner (``init_writer_mutex``). That one object gives what
+the writers need:
+
+* **Exclusion of processes, threads and forked children alike.** A mutex is owned by a thread, so
+  two threads of one process exclude each other as two processes do, and a forked child is just
+  another owner.
+* **No system call in the common case.** Taking a free mutex and dropping one nobody waits on are
+  atomic instructions in user space (no waiter ever sleeps in the kernel: takers poll with
+  ``pthread_mutex_trylock``). So compiled code takes it too: ``shmpool.protocol.compiled`` holds it
+  for a whole params write inside one compiled call.
+* **A dead holder never blocks.** The kernel marks a robust mutex whose owner dies (its robust
+  futex list); the next taker gets ``EOWNERDEAD``, rolls back the dead holder's journals (the
+  ``on_acquire`` recoveries, which run at every acquisition anyway), and marks it consistent. Unlike
+  a pid in a lock word, a reused pid cannot pass for the dead holder.
+* **A stopped holder (Ctrl-Z) never hangs a waiter:** waits time out with an error naming it.
+
+Before this, the lock was a thread lock plus a ``flock`` on the segment's file: correct too, but two
+system calls per write (1.3 us), and Python had to hold Ctrl-C back around them (1.2 us), which made
+them most of a params write's cost. ``W_HOLDER`` still names the holder's pid, for those errors.
+Linux only (glibc's or musl's pthreads, through ``ctypes``), as the rest of shmpool.
 """
 
 from __future__ import annotations
 
-import fcntl
+import ctypes
+import errno
 import os
-import threading
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..errors import PoolClosedError, WriterLockTimeoutError
+from ..errors import PoolClosedError, ShmpoolError, WriterLockTimeoutError
 from ..interrupts import DeferredInterrupt
 from ..system import process_state
-from .words import W_HOLDER
+from .words import MUTEX_BYTES, W_HOLDER, W_MUTEX
+
+_LIBC = ctypes.CDLL(None, use_errno=True)  # the process's own C library: its pthreads
+#: The mutex calls, taking its address as an integer (a pointer and a uint64 travel alike on 64-bit
+#: Linux): numba calls these very objects from compiled code (``shmpool.protocol.compiled``).
+_BY_ADDRESS = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64)
+
+
+def _by_address(name: str) -> Any:
+    address = ctypes.cast(getattr(_LIBC, name), ctypes.c_void_p).value
+    if address is None:
+        raise ShmpoolError(f"this C library has no {name}, which the writers' lock needs")
+    return _BY_ADDRESS(address)
+
+
+MUTEX_TRYLOCK, MUTEX_UNLOCK, MUTEX_CONSISTENT = (
+    _by_address(name) for name in ("pthread_mutex_trylock", "pthread_mutex_unlock", "pthread_mutex_consistent")
+)
+#: ``MUTEX_TRYLOCK``'s results besides 0 (taken): held by another thread; taken, but its owner died.
+EBUSY, EOWNERDEAD = errno.EBUSY, errno.EOWNERDEAD
+_PTHREAD_PROCESS_SHARED, _PTHREAD_MUTEX_ROBUST = 1, 1
+
+
+def mutex_address(words: np.ndarray) -> int:
+    """The address of the writers' mutex inside ``words`` (a segment's ``writers`` field)."""
+    if words.dtype != np.int64 or words.shape[0] * 8 < W_MUTEX * 8 + MUTEX_BYTES or not words.flags.c_contiguous:
+        raise ShmpoolError(f"the writers' words {words.dtype}{words.shape} have no room for the writers' mutex")
+    return int(words.ctypes.data) + W_MUTEX * 8
+
+
+def init_writer_mutex(words: np.ndarray) -> None:
+    """Makes the writers' mutex in ``words``: once, by the segment's creator, before anyone attaches."""
+    address = mutex_address(words)
+    attributes = ctypes.create_string_buffer(64)  # pthread_mutexattr_t: 4 bytes on Linux; room to spare
+    calls = (
+        ("pthread_mutexattr_init", (attributes,)),
+        ("pthread_mutexattr_setpshared", (attributes, _PTHREAD_PROCESS_SHARED)),
+        ("pthread_mutexattr_setrobust", (attributes, _PTHREAD_MUTEX_ROBUST)),
+        ("pthread_mutex_init", (ctypes.c_void_p(address), attributes)),
+        ("pthread_mutexattr_destroy", (attributes,)),
+    )
+    for name, arguments in calls:
+        code = getattr(_LIBC, name)(*arguments)
+        if code:
+            raise OSError(code, f"{name}: {os.strerror(code)}")
 
 
 class WriterLock:
@@ -31,53 +89,20 @@ class WriterLock:
 
     Acquire with ``hold``. Channels register a ``recover`` callable with ``on_acquire``; it
     runs inside every acquisition and must be a no-op (one word compare) unless an earlier holder
-    left a journal behind.
+    left a journal behind. ``label`` names the lock in errors (the segment's file).
     """
 
-    def __init__(self, path: str, words: np.ndarray, identity: tuple[int, int] | None = None) -> None:
-        self._path = path
-        self._identity = identity  # (st_dev, st_ino) of the segment this lock guards, when known
+    def __init__(self, words: np.ndarray, label: str) -> None:
+        self._label = label
         self._words = words
+        self.address = mutex_address(words)
         self._recoveries: list[Callable[[], None]] = []
-        self._pid = -1
-        self._thread_lock = threading.Lock()
-        self._fd = _Descriptor()
         self._closed = False
-        _LOCKS.add(self)
 
     def on_acquire(self, recover: Callable[[], None]) -> None:
         """Runs ``recover`` (roll back what a dead or interrupted holder left half done) on every
         acquisition and after a critical section that raised."""
         self._recoveries.append(recover)
-
-    def _own_fd(self, pid: int) -> int:
-        """This process's (``pid``'s) file description of the lock file, opened on first use in each
-        process."""
-        if self._pid != pid:
-            with _OPENING:  # two threads' first uses must not both open (one would never unlock)
-                if self._pid != pid:
-                    try:
-                        fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
-                    except FileNotFoundError as exc:
-                        raise PoolClosedError(f"the pool's segment {self._path} is gone: the pool was closed") from exc
-                    info = os.fstat(fd)
-                    if self._identity is not None and (info.st_dev, info.st_ino) != self._identity:
-                        os.close(fd)  # a new pool took the name: locking its file would not exclude ours
-                        raise PoolClosedError(
-                            f"the pool's segment {self._path} was replaced by another pool of the same name: "
-                            f"this one was closed"
-                        )
-                    self._fd.value = fd
-                    self._pid = pid
-        return self._fd.value
-
-    def _forget_after_fork(self) -> None:
-        """In a forked child: drops the inherited description. Sharing it with the parent would share
-        the parent's lock instead of being excluded by it, and would keep the lock held after the
-        parent dies holding it (the kernel releases a ``flock`` when its last descriptor closes)."""
-        self._fd.close()
-        self._pid = -1
-        self._thread_lock = threading.Lock()  # the fork copied it, maybe held by a thread not copied
 
     def hold(self, timeout: float | None, check_open: Callable[[], None]) -> _Held:
         """A context manager holding the lock; waits up to ``timeout`` seconds (None: as long as the
@@ -86,33 +111,26 @@ class WriterLock:
 
     def _acquire(self, timeout: float | None, check_open: Callable[[], None]) -> None:
         if self._closed:
-            raise PoolClosedError(f"the writer lock of {self._path} is closed")
-        pid = os.getpid()
-        fd = self._own_fd(pid)
+            raise PoolClosedError(f"the writer lock of {self._label} is closed")
+        address = self.address
         deadline = None if timeout is None else time.monotonic() + timeout
-        thread_lock = self._thread_lock
-        if not thread_lock.acquire(False):  # a free lock (the common case) without the timed wait's cost
-            while not thread_lock.acquire(timeout=0.05):
-                self._check_deadline(deadline, check_open)
+        delay = 0.0001
+        while True:
+            code = MUTEX_TRYLOCK(address)
+            if code == 0 or code == EOWNERDEAD:
+                break
+            if code != EBUSY:
+                raise ShmpoolError(f"the writer lock of {self._label} is unusable: {os.strerror(code)}")
+            self._check_deadline(deadline, check_open)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.005)
         try:
-            delay = 0.0001
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    self._check_deadline(deadline, check_open)
-                    time.sleep(delay)
-                    delay = min(delay * 2, 0.005)
-            try:
-                for recover in self._recoveries:
-                    recover()
-                self._words[W_HOLDER] = pid
-            except BaseException:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                raise
+            if code == EOWNERDEAD:  # first: the mutex stays usable even if a recovery raises
+                MUTEX_CONSISTENT(address)
+            self._recover()
+            self._words[W_HOLDER] = os.getpid()
         except BaseException:
-            thread_lock.release()
+            MUTEX_UNLOCK(address)
             raise
 
     def _release(self, failed: bool) -> None:
@@ -121,8 +139,7 @@ class WriterLock:
                 self._recover()
             self._words[W_HOLDER] = 0
         finally:
-            fcntl.flock(self._fd.value, fcntl.LOCK_UN)
-            self._thread_lock.release()
+            MUTEX_UNLOCK(self.address)
 
     def _recover(self) -> None:
         for recover in self._recoveries:
@@ -136,56 +153,26 @@ class WriterLock:
             what = f"pid {holder}" + (" (stopped: Ctrl-Z or SIGSTOP)" if state in ("T", "t") else "")
             raise WriterLockTimeoutError(
                 f"another writer ({what if holder else 'unknown'}) has held the writer lock of "
-                f"{self._path} for too long; resume or stop that process, or retry",
+                f"{self._label} for too long; resume or stop that process, or retry",
                 holder_pid=holder or None,
             )
 
     def close(self) -> None:
-        """Refuses later acquisitions; the file description closes when the lock is collected (a
-        thread still inside a critical section keeps it until then)."""
+        """Refuses later acquisitions."""
         self._closed = True
 
-
-class _Descriptor:
-    """A file descriptor closed exactly once: at collection, or when a forked child drops it."""
-
-    __slots__ = ("value",)
-
-    def __init__(self) -> None:
-        self.value = -1
-
-    # ``os.close`` bound now: a pool collected while the interpreter exits runs this after the
-    # module's globals are gone.
-    def close(self, _close: Callable[[int], None] = os.close) -> None:
-        if self.value >= 0:
-            fd, self.value = self.value, -1
-            _close(fd)
-
-    def __del__(self) -> None:
-        self.close()
-
-
-#: Every writer lock of this process, so that a forked child can drop their inherited descriptors.
-_LOCKS: weakref.WeakSet[WriterLock] = weakref.WeakSet()
-_OPENING = threading.Lock()
-
-
-def _after_fork_in_child() -> None:
-    global _OPENING
-    _OPENING = threading.Lock()
-    for lock in list(_LOCKS):
-        lock._forget_after_fork()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` was called: the compiled write path checks it as ``hold`` does."""
+        return self._closed
 
 
 class _Held:
     """The context manager of ``WriterLock.hold``.
 
-    Ctrl-C is held back from acquisition to release: a ``KeyboardInterrupt`` raised between a lock
-    call returning and the bookkeeping after it would leave the thread lock or the ``flock`` held
-    for good. It is raised once the lock is free again (the write itself completes or rolls back),
+    Ctrl-C is held back from acquisition to release: a ``KeyboardInterrupt`` raised between the
+    mutex call returning and the bookkeeping after it would leave the mutex held for good by a live
+    process. It is raised once the lock is free again (the write itself completes or rolls back),
     or, while still waiting for the lock, at the next check of the wait (nothing is held then).
     """
 

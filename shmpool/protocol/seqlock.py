@@ -33,7 +33,7 @@ class Seqlock:
     """
 
     def __init__(self, block: np.ndarray, seq: np.ndarray, undo: np.ndarray, words: np.ndarray) -> None:
-        self.block, self.seq, self._undo, self._words = block, seq, undo, words
+        self.block, self.seq, self.undo, self.words = block, seq, undo, words
         # The journal copy as raw bytes: a third of the cost of copying records field by field.
         plain = all(a.ndim == 1 and a.strides == (a.itemsize,) for a in (block, undo))
         self._block_bytes, self._undo_bytes = (_as_bytes(block), _as_bytes(undo)) if plain else (block, undo)
@@ -41,12 +41,12 @@ class Seqlock:
     @property
     def version(self) -> int:
         """How many writes of the block have been published (one in flight is not yet counted)."""
-        return int(self._words[W_PARAMS_GENERATION]) // 2
+        return int(self.words[W_PARAMS_GENERATION]) // 2
 
     def write(self, rows: slice | np.ndarray, staged: Sequence[tuple[np.ndarray, np.ndarray | float]]) -> int:
         """Writes each ``(target column view, values)`` at ``rows`` (values: one per row, or one for
         all), atomically per row; returns the ``version`` once it is published. Hold the lock."""
-        seq, words = self.seq, self._words
+        seq, words = self.seq, self.words
         generation = int(words[W_PARAMS_GENERATION])
         self._undo_bytes[rows] = self._block_bytes[rows]
         words[W_PARAMS_JOURNAL] = 1  # after the journal is whole: a rollback restores from it
@@ -61,11 +61,11 @@ class Seqlock:
 
     def recover(self) -> None:
         """Rolls back the rows a dead or interrupted writer left odd (one word compare otherwise)."""
-        words = self._words
+        words = self.words
         if not words[W_PARAMS_JOURNAL]:
             return
         odd = np.flatnonzero(self.seq & 1)
-        self.block[odd] = self._undo[odd]
+        self.block[odd] = self.undo[odd]
         self.seq[odd] += 1
         if words[W_PARAMS_GENERATION] & 1:
             words[W_PARAMS_GENERATION] += 1

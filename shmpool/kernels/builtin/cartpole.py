@@ -54,11 +54,13 @@ def cartpole_step(state, params, actions, stepping, observations, rewards, termi
         terminations[i] = terminated
 
 
+@numba.njit(cache=True)
 def cartpole_refresh(params: np.ndarray) -> None:
     """CartPoleEnv.__init__'s ``total_mass`` and ``polemass_length``, from ``masscart``, ``masspole``
-    and ``length``, in every row of ``params``."""
-    params[:, 8] = params[:, 2] + params[:, 1]
-    params[:, 9] = params[:, 2] * params[:, 3]
+    and ``length``, in every row of ``params`` (compiled: a curriculum may run it every step)."""
+    for i in range(params.shape[0]):
+        params[i, 8] = params[i, 2] + params[i, 1]
+        params[i, 9] = params[i, 2] * params[i, 3]
 
 
 def cartpole_reset(
