@@ -14,6 +14,7 @@ SIGSTOP, Ctrl-C while waiting for it and inside it, and a handle whose pool was 
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -994,3 +995,65 @@ def test_cpus_without_total_store_order_are_refused_with_a_clear_error() -> None
     with pytest.raises(shmpool.ShmpoolError, match="aarch64.*unsafe"):
         check_memory_model("aarch64")
     check_memory_model("x86_64")
+
+
+# -- the compiled write --------------------------------------------------------------------------
+
+KILL_ROWS = 200_000  # a write of this many rows spends nearly all its time inside the mutex
+
+
+def test_a_compiled_write_killed_anywhere_is_rolled_back_by_the_next_holder(tmp_path: Path) -> None:
+    """Forked children loop compiled writes of ``a = x, b = -x`` over many rows (so that a SIGKILL
+    lands inside the critical section, between the two columns, nearly every time) and are killed at
+    random moments: the next holder of the lock finds the rows whole, each one as some write left it,
+    and the generation even; a reader in between never copies a half-written row."""
+    pytest.importorskip("numba", reason='needs numba: pip install -e ".[numba]"')
+    from shmpool.param_block import CompiledWrites
+    from shmpool.params import compile_specs
+    from shmpool.protocol import compiled
+
+    specs = compile_specs({"a": Param(0.0, low=-10, high=10), "b": Param(0.0, low=-10, high=10)})
+    path = tmp_path / "segment"
+    record = np.dtype([("a", "<f8"), ("b", "<f8")])
+    size = WRITERS_WORDS * 8 + 2 * KILL_ROWS * record.itemsize + KILL_ROWS * 8
+    path.write_bytes(bytes(size))
+    memory = np.memmap(path, dtype=np.uint8, mode="r+", shape=(size,))
+    words = memory[: WRITERS_WORDS * 8].view(np.int64)
+    block = memory[WRITERS_WORDS * 8 :][: KILL_ROWS * record.itemsize].view(record)
+    undo = memory[WRITERS_WORDS * 8 + KILL_ROWS * record.itemsize :][: KILL_ROWS * record.itemsize].view(record)
+    seq = memory[size - KILL_ROWS * 8 :].view(np.int64)
+    init_writer_mutex(words)
+    lock = WriterLock(words, str(path))
+    seqlock = Seqlock(block, seq, undo, words)
+    lock.on_acquire(seqlock.recover)
+    writes = CompiledWrites({spec.name: spec for spec in specs}, seqlock, lock, compiled)
+    assert writes.write(None, {"a": np.zeros(KILL_ROWS), "b": np.zeros(KILL_ROWS)}) == 1  # loaded before the forks
+    rng = np.random.default_rng(0)
+    mid_write = 0
+    for attempt in range(16):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child: writes until killed
+            try:
+                x = np.random.default_rng(attempt).uniform(-5, 5, KILL_ROWS)
+                values = [{"a": x, "b": -x}, {"a": -x, "b": x}]
+                for turn in itertools.count():
+                    if writes.write(None, values[turn % 2]) < 0:
+                        os._exit(3)  # the compiled write gave up: it must not here
+            finally:
+                os._exit(2)
+        time.sleep(0.05 + rng.uniform(0.0, 0.05))
+        os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == -signal.SIGKILL, "the writer stopped by itself"
+        if words[W_PARAMS_GENERATION] % 2:  # killed between the rows made odd and made even
+            mid_write += 1
+            copy = seqlock_read(block, seq, np.zeros_like(block), words)
+            whole = copy["a"] != 0
+            np.testing.assert_array_equal(copy["a"][whole], -copy["b"][whole])  # a reader keeps old values
+            if attempt % 2:  # a compiled write next: it leaves the rollback to the general path
+                assert writes.write(None, {"a": np.ones(KILL_ROWS), "b": -np.ones(KILL_ROWS)}) < 0
+        with lock.hold(1.0, no_check):
+            np.testing.assert_array_equal(block["a"], -block["b"])
+            assert words[W_PARAMS_JOURNAL] == 0 and words[W_PARAMS_GENERATION] % 2 == 0 and (seq % 2 == 0).all()
+    assert mid_write >= 3, f"only {mid_write} of 16 kills landed inside a write"
+    del writes, memory, words, block, undo, seq
