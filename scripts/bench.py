@@ -778,15 +778,19 @@ def whole_loop(settings: Settings) -> None:
         print(best_cases(env_id, num_envs, settings.workers, settings.hidden))
 
 
-def _microseconds_per_call(function: Callable[[], Any], seconds: float = 0.3) -> float:
-    """The mean time of a call of ``function`` over ``seconds``, after a warm-up."""
+def _microseconds_per_call(function: Callable[[], Any], seconds: float = 0.3, windows: int = 5) -> float:
+    """The time of a call of ``function``: the median over ``windows`` windows of ``seconds`` in all
+    of each window's mean, after a warm-up (a window the machine's noise slowed does not count)."""
     for _ in range(50):
         function()
-    calls, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        function()
-        calls += 1
-    return (time.perf_counter() - start) / calls * 1e6
+    means = []
+    for _ in range(windows):
+        calls, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds / windows:
+            function()
+            calls += 1
+        means.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(means)
 
 
 def best_cases(env_id: str, num_envs: int, workers: int, hidden: int) -> str:
@@ -894,22 +898,44 @@ def _write_floors(block: Any, values: dict[str, float]) -> list[tuple[str, float
             return store(rows, columns, numbers)
 
         floors.append(("floor, +compiled", compiled))
-    raw = _write_and_raw_costs(block, values)[0]
-    return [
-        (f"{what} ({len(values)})", _microseconds_per_call(lambda w=write: w(None, **values)), raw)
-        for what, write in floors
-    ]
+    writes = [lambda w=write: w(None, **values) for _, write in floors]
+    raw, *costs = _interleaved_costs([_raw_stores(block, values), *writes])
+    return [(f"{what} ({len(values)})", cost, raw) for (what, _), cost in zip(floors, costs)]
 
 
-def _write_and_raw_costs(block: Any, values: dict[str, Any]) -> tuple[float, float]:
-    """Microseconds per plain numpy store of ``values`` into every env's row, and per ``write``."""
+def _raw_stores(block: Any, values: dict[str, Any]) -> Callable[[], None]:
+    """Plain numpy stores of ``values`` into every env's row of ``block``."""
     columns = [(block[name], value) for name, value in values.items()]
 
     def raw() -> None:
         for column, value in columns:
             column[:] = value
 
-    return _microseconds_per_call(raw), _microseconds_per_call(lambda: block.write(None, **values))
+    return raw
+
+
+def _write_and_raw_costs(block: Any, values: dict[str, Any]) -> tuple[float, float]:
+    """Microseconds per plain numpy store of ``values`` into every env's row, and per ``write``."""
+    raw, written = _interleaved_costs([_raw_stores(block, values), lambda: block.write(None, **values)])
+    return raw, written
+
+
+def _interleaved_costs(functions: list[Callable[[], Any]], rounds: int = 15, seconds: float = 0.02) -> list[float]:
+    """Microseconds per call of each of ``functions``: the median over ``rounds`` rounds, each of which
+    times every function for ``seconds`` in turn, so that the machine's drifts (several tens of
+    percent within a second on a shared VM) slow all of them alike rather than one."""
+    for function in functions:
+        for _ in range(50):  # warm-up: caches, and the first writes (which load the compiled ones)
+            function()
+    means: list[list[float]] = [[] for _ in functions]
+    for _ in range(rounds):
+        for function, mean in zip(functions, means):
+            calls, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                function()
+                calls += 1
+            mean.append((time.perf_counter() - start) / calls * 1e6)
+    return [statistics.median(mean) for mean in means]
 
 
 @contextmanager
