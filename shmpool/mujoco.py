@@ -27,7 +27,7 @@ This module imports ``mujoco`` only when a binding is resolved (inside a worker 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -43,12 +43,18 @@ class Simulation:
     per-simulation model fields and ``Push`` its state there, not in the env's own ``MjModel`` and
     ``MjData``, which hold a copy only while a control call runs."""
 
-    def __init__(self, batch: Any, index: int, nominal: Any, expanded: set[str]) -> None:
+    def __init__(self, batch: Any, index: int, nominal: Any, expanded: set[str], models_changed: np.ndarray) -> None:
         self.batch, self.index, self.nominal = batch, index, nominal
         #: The batch's per-simulation model fields, shared by its simulations.
         self.expanded = expanded
-        #: Whether a binding changed this simulation's model since its env's ``MjModel`` was copied.
-        self.model_changed = False
+        #: Per simulation of the batch (shared by them): whether a binding changed its model since
+        #: its env's ``MjModel`` was copied. One array, so that a write to many sets it in one store.
+        self.models_changed = models_changed
+
+    @property
+    def model_changed(self) -> bool:
+        """Whether a binding changed this simulation's model since its env's ``MjModel`` was copied."""
+        return bool(self.models_changed[self.index])
 
 
 def simulation_of(env: Any) -> Simulation | None:
@@ -158,6 +164,7 @@ class ModelBinding:
         simulation's row of the batch's per-simulation field by ``batch_writer``."""
         location, nominal = self._nominal_value(simulation.nominal)
         write_many, index = self.batch_writer(simulation), simulation.index
+        indices = np.array([index])
 
         # The batch is looked up through the simulation at each call: closing the slot releases it.
         def read() -> Any:
@@ -167,27 +174,25 @@ class ModelBinding:
             return nominal.copy() if current is None else np.array(current[index][location])
 
         def write(value: Any) -> None:
-            write_many([simulation], np.asarray(value)[np.newaxis])
+            write_many(indices, np.asarray(value)[np.newaxis])
 
         return read, write
 
-    def batch_writer(self, simulation: Simulation) -> Callable[[Sequence[Simulation], np.ndarray], None]:
-        """A function writing ``values`` into ``simulations`` of ``simulation``'s batch, value ``k``
-        to simulation ``k``: one numpy assignment into the batch's per-simulation field (made per
-        simulation at the first write, so a field no parameter changes stays shared), and one
-        ``set_const`` for those simulations when the field needs it."""
+    def batch_writer(self, simulation: Simulation) -> Callable[[np.ndarray, np.ndarray], None]:
+        """A function writing ``values`` into the simulations ``indices`` (ints) of ``simulation``'s
+        batch, value ``k`` to simulation ``indices[k]``: one numpy assignment into the batch's
+        per-simulation field (made per simulation at the first write, so a field no parameter
+        changes stays shared), and one ``set_const`` for those simulations when the field needs it."""
         location, nominal = self._nominal_value(simulation.nominal)
 
-        def write(simulations: Sequence[Simulation], values: np.ndarray) -> None:
+        def write(indices: np.ndarray, values: np.ndarray) -> None:
             batch = simulation.batch  # looked up at each call: closing the slot releases it
             # float64, as the product of a Python number and the nominal, whatever ``values``' dtype
             targets = nominal * np.asarray(values, dtype=np.float64) if self.relative else np.asarray(values)
             expanded = batch.expand(self.field)
             simulation.expanded.add(self.field)
-            indices = np.fromiter((one.index for one in simulations), np.intp, len(simulations))
             expanded[(indices,) + location] = targets
-            for one in simulations:
-                one.model_changed = True
+            simulation.models_changed[indices] = True
             if self.set_const:
                 batch.set_const(np.unique(indices).tolist())  # Batch.set_const takes sorted, unique ids
 

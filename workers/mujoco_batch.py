@@ -58,11 +58,16 @@ class BatchParams(ParamApplier):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._simulations: dict[int, Simulation | None] = {}
-        self._batch_writers: dict[int, Callable[[list[Simulation], np.ndarray], None]] = {}
+        self._batch_writers: dict[int, Callable[[np.ndarray, np.ndarray], None]] = {}
+        #: The batch index of every env of the slot, or None while one has no simulation: what a
+        #: write to every env (a curriculum's, every step) passes without a lookup per env.
+        self._every_index: np.ndarray | None = None
 
     def attach_env(self, local: int, env: Any) -> None:
         """Notes env ``local``'s simulation, then resolves and applies as the Python engine does."""
         self._simulations[local] = simulation_of(env)
+        every = [self._simulations.get(row) for row in range(len(self._all_rows))]
+        self._every_index = None if None in every else np.array([one.index for one in every], dtype=np.intp)  # type: ignore[union-attr]
         super().attach_env(local, env)
 
     def _apply(self, spec: ParamSpec, rows: np.ndarray, values: np.ndarray) -> None:
@@ -70,14 +75,23 @@ class BatchParams(ParamApplier):
         if not _writes_many(spec) or not simulations or None in simulations:
             super()._apply(spec, rows, values)
             return
-        write = self._batch_writers.get(spec.index)
-        if write is None:  # one per parameter: every simulation of the slot shares the batch
-            write = self._batch_writers[spec.index] = spec.bind.batch_writer(simulations[0])  # type: ignore[union-attr]
-        write(simulations, values)  # type: ignore[arg-type]
+        indices = np.array([one.index for one in simulations], dtype=np.intp)  # type: ignore[union-attr]
+        self._writer(spec, simulations[0])(indices, values)  # type: ignore[arg-type]
         self._applied[spec.name][rows] = values
 
+    def _writer(self, spec: ParamSpec, simulation: Simulation) -> Callable[[np.ndarray, np.ndarray], None]:
+        """``spec``'s batch writer: one per parameter, every simulation of the slot sharing the batch."""
+        write = self._batch_writers.get(spec.index)
+        if write is None:
+            write = self._batch_writers[spec.index] = spec.bind.batch_writer(simulation)  # type: ignore[union-attr]
+        return write
+
     def _apply_all(self, spec: ParamSpec, values: np.ndarray) -> None:
-        if _writes_many(spec):
+        indices = self._every_index
+        if indices is not None and _writes_many(spec):
+            self._writer(spec, self._simulations[0])(indices, values)  # type: ignore[arg-type]
+            self._applied[spec.name][:] = values
+        elif _writes_many(spec):
             self._apply(spec, self._all_rows, values)
         else:
             super()._apply_all(spec, values)
@@ -145,8 +159,10 @@ class MujocoSlice(ArraySlot):
         self._read_envs()
         #: The model fields that bindings made per simulation.
         self.expanded: set[str] = set()
+        models_changed = np.zeros(len(self.envs), dtype=np.bool_)
         for local, env in enumerate(self.envs):
-            env.unwrapped._shmpool_simulation = Simulation(self.batch, local, self.nominal, self.expanded)
+            simulation = Simulation(self.batch, local, self.nominal, self.expanded, models_changed)
+            env.unwrapped._shmpool_simulation = simulation
             if self._params is not None:
                 self._params.attach_env(local, env)
 
@@ -340,9 +356,9 @@ class MujocoSlice(ArraySlot):
         parameters changed."""
         unwrapped = self.envs[local].unwrapped
         simulation: Simulation = unwrapped._shmpool_simulation
-        if simulation.model_changed:
+        if simulation.models_changed[simulation.index]:
             self.batch.get_model(local, unwrapped.model)
-            simulation.model_changed = False
+            simulation.models_changed[simulation.index] = False
         return unwrapped.model
 
     def _account(self, changed: bool) -> int:
