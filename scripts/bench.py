@@ -140,6 +140,9 @@ def vector(
         envs.close()
 
 
+#: A row of the table: its label and what makes its stepper; or two labels, for a stepper of two
+#: steps that ``measure`` times in turns (``idle_and_written``).
+Row = tuple[str | tuple[str, str], Callable[[], Any]]
 #: The parameters rewritten every step in the "param writes" rows (CartPole-v1 only).
 UPDATED = {"length": (0.4, 0.6), "masspole": (0.08, 0.12), "force_mag": (8.0, 12.0)}
 #: Seconds each call of shmpool's params.write() took, over the whole run (for the note).
@@ -156,25 +159,43 @@ def with_updates(
     """A vector env whose parameters ``updated`` (three of CartPole's by default) get new values,
     uniform in their range, for every env before every step: through shmpool's ``params.write``
     (``how="write"``), or gymnasium's ``set_attr``."""
+    with vector(make, num_envs) as (step, actions, env_steps):
+        yield _updating(step, num_envs, how, updated), actions, env_steps
+
+
+@contextmanager
+def idle_and_written(
+    make: Callable[[], gym.vector.VectorEnv], num_envs: int, updated: dict[str, tuple[float, float]] = UPDATED
+) -> Iterator[tuple[tuple[Callable[[Any], None], Callable[[Any], None]], list[Any], int]]:
+    """One pool's two steps: plain, and with ``updated`` written for every env before every step
+    (``with_updates``), for ``measure`` to time in turns: the keep ratio is of the same pool, and
+    the machine's drift hits both alike."""
+    with vector(make, num_envs) as (step, actions, env_steps):
+        yield (step, _updating(step, num_envs, "write", updated)), actions, env_steps
+
+
+def _updating(
+    step: Callable[[Any], Any], num_envs: int, how: str, updated: dict[str, tuple[float, float]]
+) -> Callable[[Any], None]:
+    """``step`` of a vector env, after new values of ``updated`` for every env (see ``with_updates``)."""
     rng = np.random.default_rng(0)
     updates = [{name: rng.uniform(low, high, num_envs) for name, (low, high) in updated.items()} for _ in range(32)]
-    with vector(make, num_envs) as (step, actions, env_steps):
-        envs = step.__self__
-        counter = [0]
+    envs = step.__self__  # type: ignore[attr-defined]
+    counter = [0]
 
-        def step_with_updates(action: Any) -> None:
-            update = updates[counter[0] % len(updates)]
-            counter[0] += 1
-            if how == "write":
-                start = time.perf_counter()
-                envs.params.write(None, **update)
-                WRITE_TIMES.append(time.perf_counter() - start)
-            else:
-                for name, values in update.items():
-                    envs.set_attr(name, list(values))
-            step(action)
+    def step_with_updates(action: Any) -> None:
+        update = updates[counter[0] % len(updates)]
+        counter[0] += 1
+        if how == "write":
+            start = time.perf_counter()
+            envs.params.write(None, **update)
+            WRITE_TIMES.append(time.perf_counter() - start)
+        else:
+            for name, values in update.items():
+                envs.set_attr(name, list(values))
+        step(action)
 
-        yield step_with_updates, actions, env_steps
+    return step_with_updates
 
 
 EVENT_SENDER = """
@@ -257,20 +278,22 @@ NUMBA, NUMBA_LOADED, ENVPOOL = "shmpool numba", "numba, 3 params/step + 3 hooks"
 PARAMS_IDLE, PARAMS_WRITTEN = "3 params, no writes", "3 params written/step"
 
 
-def compiled_cases(env_id: str, num_envs: int, workers: int) -> list[tuple[str, Callable[[], Any]]]:
+def compiled_cases(env_id: str, num_envs: int, workers: int) -> list[Row]:
     """The numba engine's rows and EnvPool's, for the envs that have a compiled kernel."""
     from shmpool import kernels
 
     if env_id not in kernels.compiled_ids() or importlib.util.find_spec("numba") is None:
         return []
     numba = lambda **options: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, engine="numba", **options)  # noqa: E731
-    rows: list[tuple[str, Callable[[], Any]]] = [(NUMBA, lambda: vector(numba, num_envs))]
+    rows: list[Row] = [(NUMBA, lambda: vector(numba, num_envs))]
     if env_id.startswith("CartPole"):
         params = {name: shmpool.Param(low=0.01, high=100.0) for name in UPDATED}
         loaded = lambda: numba(params=params, hooks=three_hooks())  # noqa: E731
         rows += [
-            (f"numba, {PARAMS_IDLE}", lambda: vector(lambda: numba(params=params), num_envs)),
-            (f"numba, {PARAMS_WRITTEN}", lambda: with_updates(lambda: numba(params=params), num_envs, "write")),
+            (
+                (f"numba, {PARAMS_IDLE}", f"numba, {PARAMS_WRITTEN}"),
+                lambda: idle_and_written(lambda: numba(params=params), num_envs),
+            ),
             (NUMBA_LOADED, lambda: with_updates(loaded, num_envs, "write")),
         ]
     if envpool_installed():
@@ -338,7 +361,7 @@ def robot_randomization(env_id: str) -> tuple[dict[str, shmpool.Param], list[Any
     return params, [shmpool.hooks.Perturb(50.0, every=100, dims=3, kick=smj.Push("torso"))]
 
 
-def mujoco_cases(env_id: str, num_envs: int, workers: int) -> list[tuple[str, Callable[[], Any]]]:
+def mujoco_cases(env_id: str, num_envs: int, workers: int) -> list[Row]:
     """The MuJoCo engine's rows (its default placement), the bare physics and EnvPool's, for the MuJoCo
     envs the engine runs; with the issue's randomization on both engines where it applies."""
     from shmpool.mujoco_tasks import TASKS
@@ -346,7 +369,7 @@ def mujoco_cases(env_id: str, num_envs: int, workers: int) -> list[tuple[str, Ca
     if env_id not in TASKS or importlib.util.find_spec("mujoco.batch") is None:
         return []
     engine = lambda name, **options: shmpool.launch(env_id, num_envs, seed=0, engine=name, **options)  # noqa: E731
-    rows: list[tuple[str, Callable[[], Any]]] = [
+    rows: list[Row] = [
         (f"{BATCH_FLOOR} ({workers} threads)", lambda: batch_floor(env_id, num_envs, workers)),
         (MUJOCO, lambda: vector(lambda: engine("mujoco"), num_envs)),
     ]
@@ -362,10 +385,9 @@ def mujoco_cases(env_id: str, num_envs: int, workers: int) -> list[tuple[str, Ca
     if env_id.startswith("HalfCheetah"):
         written = per_step_randomization()
         rows += [
-            (f"shmpool mujoco, {PARAMS_IDLE}", lambda: vector(lambda: engine("mujoco", params=written), num_envs)),
             (
-                f"shmpool mujoco, {PARAMS_WRITTEN}",
-                lambda: with_updates(lambda: engine("mujoco", params=written), num_envs, "write", PER_STEP_RANGES),
+                (f"shmpool mujoco, {PARAMS_IDLE}", f"shmpool mujoco, {PARAMS_WRITTEN}"),
+                lambda: idle_and_written(lambda: engine("mujoco", params=written), num_envs, PER_STEP_RANGES),
             ),
         ]
     if envpool_installed():
@@ -411,10 +433,10 @@ def mujoco_notes(measured: dict[tuple[str, int], dict[str, float]], workers: int
     return notes
 
 
-def cases(env_id: str, num_envs: int, workers: int) -> list[tuple[str, Callable[[], Any]]]:
+def cases(env_id: str, num_envs: int, workers: int) -> list[Row]:
     """The rows measured for one env and one pool size: (label, context manager factory)."""
     fns = [lambda: gym.make(env_id) for _ in range(num_envs)]
-    rows: list[tuple[str, Callable[[], Any]]] = [
+    rows: list[Row] = [
         ("raw single-env loop", lambda: raw_loop(env_id, num_envs)),
         ("gymnasium Sync", lambda: vector(lambda: gym.vector.SyncVectorEnv(fns), num_envs)),
         ("gymnasium Async", lambda: vector(lambda: gym.vector.AsyncVectorEnv(fns, shared_memory=True), num_envs)),
@@ -458,8 +480,7 @@ def cases(env_id: str, num_envs: int, workers: int) -> list[tuple[str, Callable[
         rows += [
             ("shmpool, 1,000 events/s sent", lambda: with_event_sender(kicked, num_envs, 1000)),
             (WAKE_UPS, lambda: with_event_sender(kicked, num_envs, 1000, send=False)),
-            (f"shmpool, {PARAMS_IDLE}", lambda: vector(pool, num_envs)),
-            (f"shmpool, {PARAMS_WRITTEN}", lambda: with_updates(pool, num_envs, "write")),
+            ((f"shmpool, {PARAMS_IDLE}", f"shmpool, {PARAMS_WRITTEN}"), lambda: idle_and_written(pool, num_envs)),
             (
                 "Async, set_attr x3 per step",
                 lambda: with_updates(lambda: gym.vector.AsyncVectorEnv(fns, shared_memory=True), num_envs, "set_attr"),
@@ -481,25 +502,30 @@ def measurable(env_id: str, num_envs: int) -> bool:
     return True
 
 
-def measure(stepper: Any, settings: Settings) -> float:
-    """The median env steps per second over the timed windows, after one warm-up window."""
-    with stepper() as (step, actions, env_steps_per_call):
-        rates = []
+def measure(stepper: Any, settings: Settings) -> Any:
+    """The median env steps per second over the timed windows, after one warm-up window; for a
+    stepper that yields a tuple of steps (``idle_and_written``), the tuple of their medians, timed
+    in turns, a window each."""
+    with stepper() as (steps, actions, env_steps_per_call):
+        several = isinstance(steps, tuple)
+        rates: list[list[float]] = [[] for _ in steps] if several else [[]]
         for window in range(settings.windows + 1):
-            calls, index = 0, 0
-            start = time.perf_counter()
-            deadline = start + settings.window_seconds
-            while True:
-                for _ in range(16):
-                    step(actions[index])
-                    index = (index + 1) % len(actions)
-                calls += 16
-                now = time.perf_counter()
-                if now >= deadline:
-                    break
-            if window:  # the first window warms caches, JITs and the scheduler
-                rates.append(calls * env_steps_per_call / (now - start))
-        return statistics.median(rates)
+            for step, step_rates in zip(steps if several else (steps,), rates):
+                calls, index = 0, 0
+                start = time.perf_counter()
+                deadline = start + settings.window_seconds
+                while True:
+                    for _ in range(16):
+                        step(actions[index])
+                        index = (index + 1) % len(actions)
+                    calls += 16
+                    now = time.perf_counter()
+                    if now >= deadline:
+                        break
+                if window:  # the first window warms caches, JITs and the scheduler
+                    step_rates.append(calls * env_steps_per_call / (now - start))
+        medians = tuple(statistics.median(step_rates) for step_rates in rates)
+        return medians if several else medians[0]
 
 
 def three_hooks(compiled: bool | None = None) -> list[Any]:
@@ -1064,7 +1090,9 @@ def main(argv: list[str] | None = None) -> None:
     measured: dict[tuple[str, int], dict[str, float]] = {}
     for done, (env_id, num_envs, (label, stepper)) in enumerate(plan, 1):
         print(f"[{done}/{len(plan)}] {env_id} x{num_envs}: {label}", file=sys.stderr, flush=True)
-        measured.setdefault((env_id, num_envs), {})[label] = measure(stepper, settings)
+        rates = measure(stepper, settings)
+        for one, rate in zip(label, rates) if isinstance(label, tuple) else [(label, rates)]:
+            measured.setdefault((env_id, num_envs), {})[one] = rate
     for (env_id, num_envs), results in measured.items():
         sync, async_ = results["gymnasium Sync"], results["gymnasium Async"]
         for label, rate in results.items():

@@ -308,7 +308,7 @@ class CompiledWrites:
     def _load(self, kind: str, count: int) -> Callable[..., int]:
         """The compiled write of ``count`` parameters' numbers or arrays (``kind``), loaded once."""
         entries = self._numbers if kind == "numbers" else self._arrays
-        entry: Callable[..., int] = self._functions.entry_point(kind, count)
+        entry: Callable[..., int] = self._functions.write_entry(kind, count)
         entries[count] = entry
         return entry
 

@@ -83,7 +83,10 @@ class KernelParams(ParamApplier):
         plain = [s for s in self._specs if not s.dist and not s.shape and s.dtype == np.float64]
         if not plain or any(applied.fields[s.name][1] % 8 for s in plain):  # type: ignore[index]
             return None
+        import numba
+
         from shmpool.kernels.slot import sync_scalars
+        from shmpool.protocol.compiled import entry_point
 
         words = np.full(record.itemsize // 8, -1, dtype=np.int64)
         for p, spec in enumerate(plain):
@@ -91,7 +94,7 @@ class KernelParams(ParamApplier):
         count = len(self._block)
         block = self._block.view(np.float64).reshape(count, -1)  # the slot's rows of the shared block
         fast = (
-            sync_scalars,
+            None,  # the compiled function, once its arguments' types are known (below)
             block,
             np.empty_like(block),  # the fresh copy
             self._writers,
@@ -107,7 +110,11 @@ class KernelParams(ParamApplier):
             np.array([s.index in self._refreshed_by for s in plain], dtype=np.bool_),
             np.zeros(count, dtype=np.bool_),  # the rows it touched, for the refresh
         )
-        return fast
+        # The same arrays every call (``seen`` is another of the same type after the general path):
+        # typed once, not by numba's dispatcher at every step.
+        seen = self._seen.view(np.float64).reshape(count, -1)
+        arguments = (fast[1], fast[2], seen, *fast[3:])
+        return (entry_point(sync_scalars, tuple(numba.typeof(argument) for argument in arguments)), *fast[1:])
 
     def sync(self) -> None:
         """``ParamApplier.sync``, compiled for plain float64 parameters (the case of a curriculum

@@ -204,15 +204,21 @@ _PLAN, _BOUNDS = types.Array(types.int64, 1, "C"), types.Array(types.float64, 2,
 _VALUE_TYPES = {"numbers": types.float64, "arrays": types.Array(types.float64, 1, "A")}
 
 
-def entry_point(kind: str, count: int) -> Any:
+def write_entry(kind: str, count: int) -> Any:
     """``write_numbers`` (``kind`` "numbers") or ``write_arrays`` ("arrays") for ``count``
-    parameters, compiled or loaded from numba's cache now, as the callable that skips numba's typing
-    of the arguments (0.6 us of a 1.3 us call): the caller passes exactly that signature's types
-    (plan, bounds, a tuple of ``count`` ints, one of ``count`` floats or float64 arrays, three ints).
-    Where numba does not expose it, the dispatcher itself."""
-    function: Any = write_numbers if kind == "numbers" else write_arrays
+    parameters, as ``entry_point`` gives it: the caller passes exactly that signature's types (plan,
+    bounds, a tuple of ``count`` ints, one of ``count`` floats or float64 arrays, three ints)."""
+    function = write_numbers if kind == "numbers" else write_arrays
     counts = (types.UniTuple(types.int64, count), types.UniTuple(_VALUE_TYPES[kind], count))
-    signature = (_PLAN, _BOUNDS, *counts, types.int64, types.int64, types.int64)
+    return entry_point(function, (_PLAN, _BOUNDS, *counts, types.int64, types.int64, types.int64))
+
+
+def entry_point(function: Any, signature: tuple[Any, ...]) -> Any:
+    """The numba function ``function`` compiled for ``signature`` (numba types), or loaded from
+    numba's cache, now, as the callable that skips numba's typing of the arguments (0.6 us of a
+    1.3 us call, more with many arrays): for a caller that passes exactly those types every time
+    (an array of another dtype or number of dimensions would be misread). Where numba does not
+    expose it, the dispatcher itself."""
     function.compile(signature)
     compiled = function.overloads.get(signature)
     return getattr(compiled, "entry_point", function)
