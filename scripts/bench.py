@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -438,7 +438,13 @@ def cases(env_id: str, num_envs: int, workers: int) -> list[Row]:
     fns = [lambda: gym.make(env_id) for _ in range(num_envs)]
     rows: list[Row] = [
         ("raw single-env loop", lambda: raw_loop(env_id, num_envs)),
-        ("gymnasium Sync", lambda: vector(lambda: gym.vector.SyncVectorEnv(fns), num_envs)),
+        (
+            ("gymnasium Sync", "shmpool (defaults)"),  # in turns: the defaults' bar is their ratio
+            lambda: in_turns(
+                lambda: vector(lambda: gym.vector.SyncVectorEnv(fns), num_envs),
+                lambda: vector(lambda: shmpool.launch(env_id, num_envs, seed=0), num_envs),
+            ),
+        ),
         ("gymnasium Async", lambda: vector(lambda: gym.vector.AsyncVectorEnv(fns, shared_memory=True), num_envs)),
         (
             f"shmpool ({workers} workers)",
@@ -446,7 +452,6 @@ def cases(env_id: str, num_envs: int, workers: int) -> list[Row]:
                 lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, trainer_slot=False), num_envs
             ),
         ),
-        ("shmpool (defaults)", lambda: vector(lambda: shmpool.launch(env_id, num_envs, seed=0), num_envs)),
         (
             "shmpool (trainer slot)",
             lambda: vector(
@@ -702,13 +707,13 @@ class _EnvPoolVector:
         self._envs.close()
 
 
-def loop_cases(env_id: str, num_envs: int, workers: int, hidden: int) -> list[tuple[str, Callable[[], Any]]]:
+def loop_cases(env_id: str, num_envs: int, workers: int, hidden: int) -> list[Row]:
     """The whole-loop rows for one env and size: (label, context manager factory)."""
     from shmpool.mujoco_tasks import TASKS
 
     fns = [lambda: gym.make(env_id) for _ in range(num_envs)]
     half = num_envs // 2
-    extra: list[tuple[str, Callable[[], Any]]] = []
+    extra: list[Row] = []
     if env_id in TASKS and importlib.util.find_spec("mujoco.batch") is not None:
         extra.append(
             (
@@ -724,7 +729,13 @@ def loop_cases(env_id: str, num_envs: int, workers: int, hidden: int) -> list[tu
                 )
             )
     return extra + [
-        ("gymnasium Sync", lambda: sync_loop(lambda: gym.vector.SyncVectorEnv(fns), hidden)),
+        (
+            ("gymnasium Sync", "shmpool sync (defaults)"),  # in turns: the defaults' bar is their ratio
+            lambda: in_turns(
+                lambda: sync_loop(lambda: gym.vector.SyncVectorEnv(fns), hidden),
+                lambda: sync_loop(lambda: shmpool.launch(env_id, num_envs, seed=0), hidden),
+            ),
+        ),
         ("gymnasium Async", lambda: sync_loop(lambda: gym.vector.AsyncVectorEnv(fns, shared_memory=True), hidden)),
         (
             f"shmpool sync ({workers} workers)",
@@ -732,7 +743,6 @@ def loop_cases(env_id: str, num_envs: int, workers: int, hidden: int) -> list[tu
                 lambda: shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, trainer_slot=False), hidden
             ),
         ),
-        ("shmpool sync (defaults)", lambda: sync_loop(lambda: shmpool.launch(env_id, num_envs, seed=0), hidden)),
         (
             f"shmpool async (B={half}, {workers} workers)",
             lambda: async_loop(
@@ -758,24 +768,42 @@ def loop_cases(env_id: str, num_envs: int, workers: int, hidden: int) -> list[tu
     ]
 
 
-def measure_loop(looper: Any, settings: Settings) -> float:
+def measure_loop(looper: Any, settings: Settings) -> Any:
     """The median env steps per second of whole-loop iterations over the timed windows, after a
-    warm-up window."""
-    with looper() as iteration:
-        rates = []
+    warm-up window; for a looper that yields a tuple of iterations (``in_turns``), the tuple of
+    their medians, timed in turns, a window each."""
+    with looper() as iterations:
+        several = isinstance(iterations, tuple)
+        rates: list[list[float]] = [[] for _ in iterations] if several else [[]]
         for window in range(settings.windows + 1):
-            env_steps = 0
-            start = time.perf_counter()
-            deadline = start + settings.window_seconds
-            while True:
-                for _ in range(8):
-                    env_steps += iteration()
-                now = time.perf_counter()
-                if now >= deadline:
-                    break
-            if window:
-                rates.append(env_steps / (now - start))
-        return statistics.median(rates)
+            for iteration, loop_rates in zip(iterations if several else (iterations,), rates):
+                env_steps = 0
+                start = time.perf_counter()
+                deadline = start + settings.window_seconds
+                while True:
+                    for _ in range(8):
+                        env_steps += iteration()
+                    now = time.perf_counter()
+                    if now >= deadline:
+                        break
+                if window:
+                    loop_rates.append(env_steps / (now - start))
+        medians = tuple(statistics.median(loop_rates) for loop_rates in rates)
+        return medians if several else medians[0]
+
+
+@contextmanager
+def in_turns(*makers: Callable[[], Any]) -> Iterator[Any]:
+    """Several runners of one env and size, open at once, for ``measure`` or ``measure_loop`` to
+    time in turns, a window each: on a shared machine whose speed drifts by tens of percent between
+    minutes, their ratio then compares like with like. Yields the tuple of their steps (with the
+    first one's actions and env steps per call) or of their loop iterations."""
+    with ExitStack() as stack:
+        opened = [stack.enter_context(make()) for make in makers]
+        if isinstance(opened[0], tuple):  # steppers: (step, actions, env steps per call)
+            yield tuple(step for step, _, _ in opened), opened[0][1], opened[0][2]
+        else:
+            yield tuple(opened)
 
 
 def whole_loop(settings: Settings) -> None:
@@ -790,7 +818,9 @@ def whole_loop(settings: Settings) -> None:
     measured: dict[tuple[str, int], dict[str, float]] = {}
     for done, (env_id, num_envs, (label, looper)) in enumerate(plan, 1):
         print(f"[{done}/{len(plan)}] whole loop {env_id} x{num_envs}: {label}", file=sys.stderr, flush=True)
-        measured.setdefault((env_id, num_envs), {})[label] = measure_loop(looper, settings)
+        rates = measure_loop(looper, settings)
+        for one, rate in zip(label, rates) if isinstance(label, tuple) else [(label, rates)]:
+            measured.setdefault((env_id, num_envs), {})[one] = rate
     print(f"whole loop: policy = MLP {settings.hidden}x{settings.hidden} forward of each batch, then the step")
     header = f"{'env':<16} {'num_envs':>8}  {'runner':<34} {'steps/s':>10} {'x Sync':>7} {'x shmpool sync':>15}"
     print(header)
