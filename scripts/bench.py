@@ -902,7 +902,7 @@ def write_costs(settings: Settings) -> None:
     """Prints the trainer's cost of ``params.write`` against plain numpy stores of the same values
     (which skip validation, the writers' lock and the per-env atomicity ``write`` gives)."""
     params = {name: shmpool.Param(low=0.01, high=100.0) for name in UPDATED}
-    header = f"{'num_envs':>8}  {'what':<24} {'raw numpy us':>13} {'write() us':>11} {'x raw':>6}"
+    header = f"{'num_envs':>8}  {'what':<28} {'raw numpy us':>13} {'write() us':>11} {'x raw':>6}"
     print(header)
     print("-" * len(header))
     for num_envs in settings.num_envs:
@@ -916,47 +916,48 @@ def write_costs(settings: Settings) -> None:
                     }
                     raw, written = _write_and_raw_costs(pool.params, values)
                     what = f"{count} param{'s' if count > 1 else ''}, {kind}"
-                    print(f"{num_envs:>8}  {what:<24} {raw:>13.1f} {written:>11.1f} {written / raw:>6.1f}")
-            floors = _write_floors(pool.params, {name: float(np.mean(bounds)) for name, bounds in UPDATED.items()})
-            for what, cost, raw in floors:
-                print(f"{num_envs:>8}  {what:<24} {raw:>13.1f} {cost:>11.1f} {cost / raw:>6.1f}")
+                    print(f"{num_envs:>8}  {what:<28} {raw:>13.1f} {written:>11.1f} {written / raw:>6.1f}")
+            for kind in ("numbers", "arrays"):
+                values = {
+                    name: float(np.mean(bounds)) if kind == "numbers" else rng.uniform(*bounds, num_envs)
+                    for name, bounds in UPDATED.items()
+                }
+                for what, cost, raw in _write_floors(pool.params, values, kind):
+                    print(f"{num_envs:>8}  {what:<28} {raw:>13.1f} {cost:>11.1f} {cost / raw:>6.1f}")
 
 
-def _write_floors(block: Any, values: dict[str, float]) -> list[tuple[str, float, float]]:
-    """What any write of ``values`` (numbers) for every env costs at least, as (what, us, raw numpy
-    us): a Python method that takes them and does nothing, and one that also makes one compiled
-    call over the block's rows (numba: the stores alone, with no lock, journal or validation)."""
+def _write_floors(block: Any, values: dict[str, Any], kind: str) -> list[tuple[str, float, float]]:
+    """What any write of ``values`` (numbers, or per-env arrays: ``kind``) for every env costs at
+    least, as (what, us, raw numpy us): a Python method that takes them and does nothing, and one
+    that also passes them to one compiled call (numba, called as ``params.write`` calls its own:
+    through the entry point of its signature) that does nothing with them: no checks, lock,
+    journal or stores."""
 
     class NoOp:
-        def write(self, env_ids: Any, **values: float) -> int:
+        def write(self, env_ids: Any, **values: Any) -> int:
             return 0
 
-    floors = [("floor, no-op", NoOp().write)]
-    try:
+    floors: list[tuple[str, Callable[..., int]]] = [(f"floor, no-op ({kind})", NoOp().write)]
+    if importlib.util.find_spec("numba") is not None:
         import numba
-    except ImportError:
-        numba = None
-    if numba is not None:
+        from numba import types
+
+        from shmpool.protocol.compiled import entry_point
 
         @numba.njit
-        def store(rows: np.ndarray, columns: np.ndarray, numbers: np.ndarray) -> int:
-            for row in range(rows.shape[0]):
-                for k in range(columns.shape[0]):
-                    rows[row, columns[k]] = numbers[k]
+        def take(values: Any) -> int:
             return 0
 
-        rows = np.zeros((len(block), len(values)))
-        columns, numbers, index = np.arange(len(values)), np.zeros(len(values)), {n: i for i, n in enumerate(values)}
+        value_type = types.float64 if kind == "numbers" else types.Array(types.float64, 1, "A")
+        taken = entry_point(take, (types.UniTuple(value_type, len(values)),))
 
-        def compiled(env_ids: Any, **given: float) -> int:
-            for name, number in given.items():
-                numbers[index[name]] = number
-            return store(rows, columns, numbers)
+        def compiled(env_ids: Any, **given: Any) -> int:
+            return taken(tuple(given.values()))  # type: ignore[no-any-return]
 
-        floors.append(("floor, +compiled", compiled))
+        floors.append((f"floor, +compiled ({kind})", compiled))
     writes = [lambda w=write: w(None, **values) for _, write in floors]
     raw, *costs = _interleaved_costs([_raw_stores(block, values), *writes])
-    return [(f"{what} ({len(values)})", cost, raw) for (what, _), cost in zip(floors, costs)]
+    return [(what, cost, raw) for (what, _), cost in zip(floors, costs)]
 
 
 def _raw_stores(block: Any, values: dict[str, Any]) -> Callable[[], None]:
