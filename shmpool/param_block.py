@@ -26,9 +26,10 @@ from .system import this_pid
 
 #: How long ``ParamBlock.write`` waits for another writer before raising ``WriterLockTimeoutError``.
 WRITE_LOCK_TIMEOUT = 5.0
-#: Writes a block makes through the general path before it loads the compiled one (numba's import
-#: and the functions' load from its cache cost a fraction of a second, which a process that writes
-#: a handful of times should not pay; one that writes every step pays it once).
+#: Writes to every env or to one (those the compiled path takes) a block makes through the general
+#: path before it loads the compiled one (numba's import and the functions' load from its cache cost
+#: a fraction of a second, which a process that writes a handful of times should not pay; one that
+#: writes every step pays it once).
 COMPILED_AFTER = 16
 
 
@@ -145,7 +146,7 @@ class ParamBlock:
             version = compiled.write(env_ids, values)
             if version >= 0:
                 return version
-        elif self._until_compiled:
+        elif self._until_compiled and (env_ids is None or type(env_ids) is int):  # the writes it would take
             self._until_compiled -= 1
             if not self._until_compiled:
                 self._compiled = CompiledWrites.load(self.specs, self._seqlock, self._lock)
