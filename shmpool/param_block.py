@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -269,12 +270,15 @@ class CompiledWrites:
 
     @classmethod
     def load(cls, specs: Mapping[str, ParamSpec], seqlock: Seqlock, lock: WriterLock) -> CompiledWrites | None:
-        """The compiled writes (importing numba, loading or compiling the functions), or None."""
+        """The compiled writes (importing numba, loading or compiling the functions), or None, with a
+        warning when numba is installed but fails: writes then keep the general path."""
         try:
             from .protocol import compiled
-        except ImportError:
+
+            return cls(specs, seqlock, lock, compiled)
+        except Exception as exc:  # noqa: BLE001 - any numba failure: the general path still writes
+            _warn_uncompiled(exc)
             return None
-        return cls(specs, seqlock, lock, compiled)
 
     def write(self, env_ids: Any, values: dict[str, Any]) -> int:
         """The write's version, or a negative code: see the class."""
@@ -307,9 +311,15 @@ class CompiledWrites:
         return entry(self._plan_words, self._bounds, indices, given, start, stop, this_pid())  # type: ignore[no-any-return]
 
     def _load(self, kind: str, count: int) -> Callable[..., int]:
-        """The compiled write of ``count`` parameters' numbers or arrays (``kind``), loaded once."""
+        """The compiled write of ``count`` parameters' numbers or arrays (``kind``), loaded once; if
+        numba fails to compile it, one that always leaves the write to the general path."""
         entries = self._numbers if kind == "numbers" else self._arrays
-        entry: Callable[..., int] = self._functions.write_entry(kind, count)
+        try:
+            entry: Callable[..., int] = self._functions.write_entry(kind, count)
+        except Exception as exc:  # noqa: BLE001 - any numba failure: the general path still writes
+            _warn_uncompiled(exc)
+            invalid = self._invalid
+            entry = lambda *arguments: invalid  # noqa: E731
         entries[count] = entry
         return entry
 
@@ -321,6 +331,15 @@ class CompiledWrites:
 
 
 _UNPLANNED = object()
+
+
+def _warn_uncompiled(exc: Exception) -> None:
+    warnings.warn(
+        f"shmpool's compiled params writes are unavailable ({type(exc).__name__}: {exc}); "
+        f"params.write takes its general path, with the same results",
+        RuntimeWarning,
+        stacklevel=4,
+    )
 
 
 def _is_plain(spec: ParamSpec) -> bool:

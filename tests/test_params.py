@@ -553,6 +553,11 @@ def test_compiled_writes_keep_every_guarantee_of_write(pool_name: str) -> None:
         pool.reset(seed=0)
         block = pool.params
         hot(block)
+        compiled = block._compiled
+        assert compiled is not None
+        # The compiled path itself takes these forms (a negative result would hand them to the general path).
+        assert compiled.write(None, {"a": 0.5, "b": -0.5}) > 0
+        assert compiled.write(None, {"a": np.full(4, 0.5)}) > 0 and compiled.write(1, {"b": np.float64(-0.5)}) > 0
         version = block.write(None, a=1.5, b=-1.5)
         assert block.write(None, a=np.array([1.0, 2.0, 3.0, 4.0]), b=-np.arange(1.0, 5.0)) == version + 1
         assert block.write(2, a=np.float64(7.0), b=-7.0) == version + 2  # one env, numpy and Python floats
@@ -607,6 +612,9 @@ with shmpool.attach(sys.argv[1], wait=10) as handle:
     for i in range(param_block.COMPILED_AFTER):
         handle.params.write(None, a=0.0, b=-0.0)
     assert handle.params._compiled is not None
+    x = np.zeros(handle.num_envs)
+    assert handle.params._compiled.write(None, {"a": x, "b": -x}) > 0  # the compiled path writes these
+    assert handle.params._compiled.write(0, {"a": 0.0, "b": -0.0}) > 0
     print("compiled", flush=True)
     while True:
         x = rng.uniform(-5, 5, handle.num_envs)
@@ -648,3 +656,27 @@ def test_a_writer_killed_in_compiled_writes_never_publishes_half_a_write(pool_na
             np.testing.assert_array_equal(block["a"] + block["b"], 0.0)
         assert pool.params.write(None, a=1.0, b=-1.0) > 0  # the lock is free and usable
         assert pool.step(np.zeros(8, int))[0][:, 0].tolist() == [1.0] * 8
+
+
+def test_a_numba_that_fails_to_compile_leaves_writes_to_the_general_path(
+    pool_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If numba cannot compile the fast write (a broken install, say), ``write`` warns once and keeps
+    writing through its general path, with the same results."""
+    from shmpool.protocol import compiled
+
+    def broken(kind: str, count: int) -> None:
+        raise RuntimeError("no LLVM here")
+
+    monkeypatch.setattr(compiled, "write_entry", broken)
+    params = {"a": Param(0.0, low=-10, high=10), "b": Param(0.0, low=-10, high=10)}
+    with shmpool.launch(helpers.PairEnv, 4, num_workers=1, name=pool_name, params=params) as pool:
+        block = pool.params
+        hot(block)
+        before = block.write([0], a=0.0)
+        with pytest.warns(RuntimeWarning, match=r"compiled params writes are unavailable \(RuntimeError: no LLVM"):
+            assert block.write(None, a=1.0, b=-1.0) == before + 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once: the same kind of write does not try again
+            assert block.write(None, a=2.0, b=-2.0) == before + 2
+        assert block["a"].tolist() == [2.0] * 4 and block["b"].tolist() == [-2.0] * 4

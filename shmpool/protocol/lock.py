@@ -41,7 +41,7 @@ from .words import MUTEX_BYTES, W_HOLDER, W_MUTEX
 
 _LIBC = ctypes.CDLL(None, use_errno=True)  # the process's own C library: its pthreads
 #: The mutex calls, taking its address as an integer (a pointer and a uint64 travel alike on 64-bit
-#: Linux): numba calls these very objects from compiled code (``shmpool.protocol.compiled``).
+#: Linux), as ``shmpool.protocol.compiled`` declares the same libc functions for compiled code.
 _BY_ADDRESS = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64)
 
 
@@ -158,13 +158,9 @@ class WriterLock:
             )
 
     def close(self) -> None:
-        """Refuses later acquisitions."""
+        """Refuses later acquisitions (the compiled writes need no check of their own: their pool or
+        handle refuses writes before its lock is closed)."""
         self._closed = True
-
-    @property
-    def closed(self) -> bool:
-        """Whether ``close`` was called: the compiled write path checks it as ``hold`` does."""
-        return self._closed
 
 
 class _Held:
