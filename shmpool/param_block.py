@@ -21,7 +21,16 @@ from typing import Any
 import numpy as np
 
 from .errors import LayoutMismatchError
-from .params import ParamSpec, applied_dtype, bad_rows, block_dtype, problem, show
+from .params import (
+    ParamSpec,
+    applied_dtype,
+    bad_rows,
+    block_dtype,
+    in_float64_words,
+    is_plain_float64,
+    problem,
+    show,
+)
 from .protocol import Seqlock, WriterLock
 from .system import this_pid
 
@@ -243,7 +252,7 @@ class CompiledWrites:
         for word, array in zip((functions.P_WORDS, functions.P_BLOCK, functions.P_UNDO, functions.P_SEQ), self._mapped):
             plan[word] = array.ctypes.data
         plan[functions.P_ENVS], plan[functions.P_RECORD_WORDS] = count, records.dtype.itemsize // 8
-        plain = [spec for spec in specs.values() if _is_plain(spec)]
+        plain = [spec for spec in specs.values() if is_plain_float64(spec)]
         self._index = {spec.name: k for k, spec in enumerate(plain)}
         bounds = np.array(
             [
@@ -259,12 +268,10 @@ class CompiledWrites:
     @staticmethod
     def possible(specs: Sequence[ParamSpec], records: np.ndarray) -> bool:
         """Whether ``records`` suit the compiled writes: all 8-byte words, a plain float64 parameter."""
-        fields: Mapping[str, Any] = records.dtype.fields or {}
         return (
-            records.dtype.itemsize % 8 == 0
+            in_float64_words(records.dtype)
             and records.flags.c_contiguous
-            and all(offset % 8 == 0 and leaf.itemsize % 8 == 0 for leaf, offset, *_ in fields.values())
-            and any(_is_plain(spec) for spec in specs)
+            and any(is_plain_float64(spec) for spec in specs)
             and importlib.util.find_spec("numba") is not None
         )
 
@@ -340,10 +347,6 @@ def _warn_uncompiled(exc: Exception) -> None:
         RuntimeWarning,
         stacklevel=4,
     )
-
-
-def _is_plain(spec: ParamSpec) -> bool:
-    return not spec.dist and not spec.shape and spec.dtype == _FLOAT64
 
 
 def named_specs(specs: Mapping[str, ParamSpec], names: Iterable[str]) -> list[ParamSpec]:

@@ -185,6 +185,21 @@ def compile_specs(params: Mapping[str, Param]) -> list[ParamSpec]:
     return specs
 
 
+def is_plain_float64(spec: ParamSpec) -> bool:
+    """Whether ``spec`` is one float64 value per env (no distribution, no shape): what the compiled
+    writes and syncs take."""
+    return not spec.dist and not spec.shape and spec.dtype == np.float64
+
+
+def in_float64_words(record: np.dtype[Any]) -> bool:
+    """Whether every field of ``record`` is whole 8-byte words at an 8-byte offset, so that records
+    can be seen as rows of float64 words (what the compiled writes and syncs index)."""
+    fields: Mapping[str, Any] = record.fields or {}
+    return record.itemsize % 8 == 0 and all(
+        offset % 8 == 0 and leaf.itemsize % 8 == 0 for leaf, offset, *_ in fields.values()
+    )
+
+
 def block_dtype(specs: Sequence[ParamSpec]) -> np.dtype[Any]:
     """The record of the ``params`` block: a value, or a distribution's arguments, per parameter."""
     fields: list[Any] = []

@@ -21,7 +21,7 @@ import numpy as np
 from shmpool.config import WorkerConfig
 from shmpool.infos import InfoWriter
 from shmpool.kernels import NO_LIMIT, BatchKernel, KernelEnv, load
-from shmpool.params import ParamSpec
+from shmpool.params import ParamSpec, in_float64_words, is_plain_float64
 from shmpool.workers.envs import ArraySlot
 from shmpool.workers.param_applier import ParamApplier
 
@@ -72,16 +72,10 @@ class KernelParams(ParamApplier):
         """``slot.sync_scalars`` and its arguments but ``seen``, or None when the block's records are
         not made of 8-byte fields or hold no plain float64 parameter."""
         record, applied = self._block.dtype, self._applied.dtype
-        if record.itemsize % 8 or applied.itemsize % 8:
+        if not (in_float64_words(record) and in_float64_words(applied)):
             return None
-        offsets = [record.fields[s.name][1] for s in self._specs]  # type: ignore[index]
-        if any(offset % 8 for offset in offsets) or any(
-            leaf.itemsize % 8
-            for leaf, *_ in record.fields.values()  # type: ignore[union-attr]
-        ):
-            return None
-        plain = [s for s in self._specs if not s.dist and not s.shape and s.dtype == np.float64]
-        if not plain or any(applied.fields[s.name][1] % 8 for s in plain):  # type: ignore[index]
+        plain = [s for s in self._specs if is_plain_float64(s)]
+        if not plain:
             return None
         import numba
 

@@ -1,9 +1,9 @@
-"""A params write as one compiled call: ``write_numbers`` and ``write_arrays`` (numba).
+"""A params write as one compiled call: ``write`` (numba).
 
-Each validates the values, takes the writers' mutex, fills the undo journal, runs the seqlock's
+It validates the values, takes the writers' mutex, fills the undo journal, runs the seqlock's
 odd/even protocol and stores the values, then drops the mutex: the steps of ``WriterLock.hold``
 plus ``Seqlock.write``, in the same order, on the same words, for writes of plain float64
-parameters to a range of envs. They give up before changing anything, returning a code below, and
+parameters to a range of envs. It gives up before changing anything, returning a code below, and
 the caller then takes the general path, which waits, recovers and names what is wrong:
 
 * ``BUSY``: the mutex is held by another thread or process (or its owner died: it is marked
@@ -30,7 +30,7 @@ from typing import Any
 import numba
 import numpy as np
 from numba import types
-from numba.core.extending import intrinsic
+from numba.core.extending import intrinsic, overload
 
 from .lock import EBUSY, EOWNERDEAD
 from .words import W_EVENTS_JOURNAL, W_HOLDER, W_MUTEX, W_PARAMS_GENERATION, W_PARAMS_JOURNAL
@@ -140,23 +140,52 @@ def _views(plan: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     return words, block, undo, seq
 
 
+def _value_at(value: Any, row: int) -> float:
+    """Row ``row``'s value of a write: ``value`` itself (a number) or ``value[row]`` (an array)."""
+    return value if np.ndim(value) == 0 else float(value[row])
+
+
+@overload(_value_at)
+def _value_at_compiled(value, row):  # type: ignore[no-untyped-def] # unannotated: numba matches it to the lambdas
+    if isinstance(value, types.Array):
+        return lambda value, row: value[row]
+    return lambda value, row: value
+
+
+def _rows_of(value: Any, rows: int) -> int:
+    """How many rows a write's value covers: all ``rows`` (a number), or its length (an array)."""
+    return rows if np.ndim(value) == 0 else len(value)
+
+
+@overload(_rows_of)
+def _rows_of_compiled(value, rows):  # type: ignore[no-untyped-def] # unannotated: numba matches it to the lambdas
+    if isinstance(value, types.Array):
+        return lambda value, rows: value.shape[0]
+    return lambda value, rows: rows
+
+
 @numba.njit(cache=True)
-def write_numbers(
+def write(
     plan: np.ndarray,
     bounds: np.ndarray,
     indices: tuple[int, ...],
-    values: tuple[float, ...],
+    values: tuple[Any, ...],
     start: int,
     stop: int,
     pid: int,
 ) -> int:
-    """Writes ``values[k]`` (one number) to parameter ``indices[k]`` of envs ``start`` to ``stop``;
-    returns the version, or a code. ``bounds``: per parameter, its float64 word in the record, its
-    low and its high bound."""
+    """Writes ``values[k]`` (one number, or an array of one float64 per env) to parameter
+    ``indices[k]`` of envs ``start`` to ``stop``; returns the version, or a code. ``bounds``: per
+    parameter, its float64 word in the record, its low and its high bound."""
+    count = stop - start
     for k in range(len(indices)):
-        value = values[k]
-        if not (bounds[1, indices[k]] <= value <= bounds[2, indices[k]]) or not np.isfinite(value):
+        value, low, high = values[k], bounds[1, indices[k]], bounds[2, indices[k]]
+        if _rows_of(value, count) != count:
             return INVALID
+        for row in range(count):
+            number = _value_at(value, row)
+            if not (low <= number <= high) or not np.isfinite(number):
+                return INVALID
     words, block, undo, seq = _views(plan)
     taken = _take(plan[P_MUTEX], words, pid)
     if taken != 0:
@@ -165,37 +194,7 @@ def write_numbers(
     for k in range(len(indices)):
         word, value = np.int64(bounds[0, indices[k]]), values[k]
         for row in range(start, stop):
-            block[row, word] = value
-    return _end(plan[P_MUTEX], words, seq, start, stop, generation)
-
-
-@numba.njit(cache=True)
-def write_arrays(
-    plan: np.ndarray,
-    bounds: np.ndarray,
-    indices: tuple[int, ...],
-    values: tuple[np.ndarray, ...],
-    start: int,
-    stop: int,
-    pid: int,
-) -> int:
-    """``write_numbers`` with ``values[k]`` an array of one float64 per env."""
-    for k in range(len(indices)):
-        array, low, high = values[k], bounds[1, indices[k]], bounds[2, indices[k]]
-        if array.shape[0] != stop - start:
-            return INVALID
-        for row in range(array.shape[0]):
-            if not (low <= array[row] <= high) or not np.isfinite(array[row]):
-                return INVALID
-    words, block, undo, seq = _views(plan)
-    taken = _take(plan[P_MUTEX], words, pid)
-    if taken != 0:
-        return taken
-    generation = _begin(words, block, undo, seq, start, stop)
-    for k in range(len(indices)):
-        word, array = np.int64(bounds[0, indices[k]]), values[k]
-        for row in range(start, stop):
-            block[row, word] = array[row - start]
+            block[row, word] = _value_at(value, row - start)
     return _end(plan[P_MUTEX], words, seq, start, stop, generation)
 
 
@@ -205,12 +204,11 @@ _VALUE_TYPES = {"numbers": types.float64, "arrays": types.Array(types.float64, 1
 
 
 def write_entry(kind: str, count: int) -> Any:
-    """``write_numbers`` (``kind`` "numbers") or ``write_arrays`` ("arrays") for ``count``
-    parameters, as ``entry_point`` gives it: the caller passes exactly that signature's types (plan,
-    bounds, a tuple of ``count`` ints, one of ``count`` floats or float64 arrays, three ints)."""
-    function = write_numbers if kind == "numbers" else write_arrays
+    """``write`` of ``count`` parameters' numbers (``kind`` "numbers") or arrays ("arrays"), as
+    ``entry_point`` gives it: the caller passes exactly that signature's types (plan, bounds, a
+    tuple of ``count`` ints, one of ``count`` floats or float64 arrays, three ints)."""
     counts = (types.UniTuple(types.int64, count), types.UniTuple(_VALUE_TYPES[kind], count))
-    return entry_point(function, (_PLAN, _BOUNDS, *counts, types.int64, types.int64, types.int64))
+    return entry_point(write, (_PLAN, _BOUNDS, *counts, types.int64, types.int64, types.int64))
 
 
 def entry_point(function: Any, signature: tuple[Any, ...]) -> Any:
