@@ -74,7 +74,7 @@ class Settings:
     ray_nodes: int = 2
     """nodes of the simulated cluster of --ray."""
     engine: str = "python"
-    """the shmpool engine that --profile measures: python or numba (compiled kernels)."""
+    """the shmpool engine that --profile measures: python, numba (compiled kernels) or mujoco."""
     writes: bool = False
     """instead of the table: what ``params.write`` costs the trainer, for one and for three CartPole
     parameters, as numbers (one value for every env) and as per-env arrays, against the same values
@@ -140,9 +140,9 @@ def vector(
         envs.close()
 
 
-#: A row of the table: its label and what makes its stepper; or two labels, for a stepper of two
-#: steps that ``measure`` times in turns (``idle_and_written``).
-Row = tuple[str | tuple[str, str], Callable[[], Any]]
+#: A row of the table: its label and what makes its stepper; or several labels, for a stepper of
+#: several steps that ``measure`` times in turns (``idle_and_written``, ``in_turns``).
+Row = tuple[str | tuple[str, ...], Callable[[], Any]]
 #: The parameters rewritten every step in the "param writes" rows (CartPole-v1 only).
 UPDATED = {"length": (0.4, 0.6), "masspole": (0.08, 0.12), "force_mag": (8.0, 12.0)}
 #: Seconds each call of shmpool's params.write() took, over the whole run (for the note).
@@ -369,29 +369,33 @@ def mujoco_cases(env_id: str, num_envs: int, workers: int) -> list[Row]:
     if env_id not in TASKS or importlib.util.find_spec("mujoco.batch") is None:
         return []
     engine = lambda name, **options: shmpool.launch(env_id, num_envs, seed=0, engine=name, **options)  # noqa: E731
-    rows: list[Row] = [
+    # The runners that the engine's bars compare, timed in turns (one row): on this drifting VM,
+    # rows timed minutes apart gave the same code ratios 20% apart.
+    compared: list[tuple[str, Callable[[], Any]]] = [
         (f"{BATCH_FLOOR} ({workers} threads)", lambda: batch_floor(env_id, num_envs, workers)),
         (MUJOCO, lambda: vector(lambda: engine("mujoco"), num_envs)),
     ]
     if env_id.split("-")[0] in DAMPED_JOINT:
         params, hooks = robot_randomization(env_id)
-        rows += [
+        compared += [
             (MUJOCO_DR, lambda: vector(lambda: engine("mujoco", params=params, hooks=hooks), num_envs)),
             (
                 PYTHON_DR,
                 lambda: vector(lambda: engine("python", num_workers=workers, params=params, hooks=hooks), num_envs),
             ),
         ]
+    if envpool_installed():
+        compared.append((f"{ENVPOOL} ({workers} threads)", lambda: envpool_steps(env_id, num_envs, workers)))
+    labels, makers = zip(*compared)
+    rows: list[Row] = [(labels, lambda: in_turns(*makers))]
     if env_id.startswith("HalfCheetah"):
         written = per_step_randomization()
-        rows += [
+        rows.append(
             (
                 (f"shmpool mujoco, {PARAMS_IDLE}", f"shmpool mujoco, {PARAMS_WRITTEN}"),
                 lambda: idle_and_written(lambda: engine("mujoco", params=written), num_envs, PER_STEP_RANGES),
-            ),
-        ]
-    if envpool_installed():
-        rows.append((f"{ENVPOOL} ({workers} threads)", lambda: envpool_steps(env_id, num_envs, workers)))
+            )
+        )
     return rows
 
 

@@ -158,6 +158,25 @@ def test_bench_quick_prints_a_table() -> None:
     assert any("3 built-in hooks cost" in line and "1,000 events/s cost" in line for line in lines)
 
 
+@helpers.needs("mujoco")
+def test_bench_times_the_mujoco_engine_in_turns_with_what_its_bars_compare() -> None:
+    lines = bench_lines("--envs", "HalfCheetah-v5")
+    rows = (re.fullmatch(r"HalfCheetah-v5 +8 +(.+?) +[\d,]+ +[\d.]+ +[\d.]+", line) for line in lines)
+    runners = [row[1] for row in rows if row]
+    compared = [
+        "mujoco.batch floor (2 threads)",
+        "shmpool mujoco",
+        "shmpool mujoco, 4 params/episode + Push",
+        "shmpool python, 4 params/episode + Push",
+    ]
+    envpool = importlib.util.find_spec("envpool") is not None
+    compared += ["EnvPool (2 threads)"] if envpool else []
+    start = runners.index(compared[0])
+    assert runners[start : start + len(compared)] == compared  # one row of the table, timed in turns
+    note = next(line for line in lines if "x the bare physics" in line)
+    assert "randomized" in note and "the Python engine randomized" in note and ("x EnvPool" in note) == envpool
+
+
 def test_bench_loop_prints_every_runner_and_the_best_cases() -> None:
     lines = bench_lines("--loop")
     rows = [line for line in lines if line.startswith("CartPole-v1 ") and line.split()[1] == "8"]
