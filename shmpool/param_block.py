@@ -284,7 +284,7 @@ class CompiledWrites:
 
             return cls(specs, seqlock, lock, compiled)
         except Exception as exc:  # noqa: BLE001 - any numba failure: the general path still writes
-            _warn_uncompiled(exc)
+            _warn_uncompiled(exc, stacklevel=4)
             return None
 
     def write(self, env_ids: Any, values: dict[str, Any]) -> int:
@@ -324,7 +324,7 @@ class CompiledWrites:
         try:
             entry: Callable[..., int] = self._functions.write_entry(kind, count)
         except Exception as exc:  # noqa: BLE001 - any numba failure: the general path still writes
-            _warn_uncompiled(exc)
+            _warn_uncompiled(exc, stacklevel=5)
             invalid = self._invalid
             entry = lambda *arguments: invalid  # noqa: E731
         entries[count] = entry
@@ -340,12 +340,13 @@ class CompiledWrites:
 _UNPLANNED = object()
 
 
-def _warn_uncompiled(exc: Exception) -> None:
+def _warn_uncompiled(exc: Exception, stacklevel: int) -> None:
+    """Says that numba failed (``stacklevel``: the user's call of ``params.write``, seen from here)."""
     warnings.warn(
         f"shmpool's compiled params writes are unavailable ({type(exc).__name__}: {exc}); "
         f"params.write takes its general path, with the same results",
         RuntimeWarning,
-        stacklevel=4,
+        stacklevel=stacklevel,
     )
 
 
