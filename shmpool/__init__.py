@@ -29,6 +29,7 @@ from .errors import (
     StepSentInterrupt,
     WorkerDiedError,
     WorkerError,
+    WriterLockReentryError,
     WriterLockTimeoutError,
     deprecated_name,
 )
@@ -93,6 +94,7 @@ __all__ = [
     "StepSentInterrupt",
     "WorkerDiedError",
     "WorkerError",
+    "WriterLockReentryError",
     "WriterLockTimeoutError",
     "attach",
     "launch",

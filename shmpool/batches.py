@@ -173,6 +173,7 @@ class Batches:
                 )
             # Spinning takes a core: only when one is free of stepping workers (see TRAINER_SPIN).
             spin = TRAINER_SPIN if len(busy) < self._cores else 0
+            watched = busy  # every worker in flight: a death is reported while others are waited for
             if in_sent_order:  # the oldest commands, whether they finished or not; wait for those only
                 oldest = sorted((*ready, *busy), key=lambda k: (self._seq[k], k))[:needed]
                 busy = {k: busy[k] for k in oldest if k in busy}
@@ -180,7 +181,8 @@ class Batches:
             else:
                 waiting = lambda: len(ready) < needed  # noqa: E731
             while waiting():  # the deadline of the workers still stepping, after each wait
-                self._mark_ready(self._waiter.wait_some(busy, "recv", self._deadline(busy), spin), busy)
+                finished = self._waiter.wait_some(busy, "recv", self._deadline(busy), spin, watched)
+                self._mark_ready(finished, busy)
         self._waiter.raise_failures("recv")
         order = oldest if in_sent_order else [ready[k] for k in range(needed)]
         # In worker order within the batch: a batch of every env is in env order.

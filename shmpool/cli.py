@@ -233,6 +233,28 @@ def command_watch(name: str, interval: float, count: int | None) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    """An argument that must be an int >= 1 (argparse's ``type``)."""
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number
+
+
+def _positive_seconds(text: str) -> float:
+    """An argument that must be a finite number of seconds > 0 (argparse's ``type``)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return seconds
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the command line; returns the exit status."""
     parser = argparse.ArgumentParser(
@@ -242,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("ls", help="list this user's pools (live, stale, or unknown: owner in another pid namespace)")
     show = commands.add_parser("show", help="a pool's parameters, applied values and recent episodes per env")
     show.add_argument("name")
-    show.add_argument("--recent", type=int, default=10, help="episodes per env to average")
+    show.add_argument("--recent", type=_positive_int, default=10, help="episodes per env to average")
     setter = commands.add_parser("set", help="write parameters: PARAM=VALUE or PARAM.ARG=VALUE (validated)")
     setter.add_argument("name")
     setter.add_argument(
@@ -255,8 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     setter.add_argument("--envs", metavar="IDS", help=ENVS_HELP)
     watch = commands.add_parser("watch", help="a live view of a pool")
     watch.add_argument("name")
-    watch.add_argument("--interval", type=float, default=1.0)
-    watch.add_argument("--count", type=int, help="stop after this many refreshes")
+    watch.add_argument("--interval", type=_positive_seconds, default=1.0, help="seconds between refreshes")
+    watch.add_argument("--count", type=_positive_int, help="stop after this many refreshes")
     commands.add_parser("gc", help="remove shared memory left by pools whose owner process is dead")
     arguments = parser.parse_args(argv)
     try:

@@ -218,7 +218,8 @@ class PoolConfig:
             raise ValueError(f"pool name must match {POOL_NAME_PATTERN.pattern}, got {name!r}")
         settle("name", name)
         if self.seed is not None:
-            settle("seed", _count("seed", self.seed, -(1 << 63), (1 << 63) - 1))
+            # Non-negative, as gymnasium's seeds: the first reset seeds env i with seed + i.
+            settle("seed", _count("seed", self.seed, 0, (1 << 63) - 1))
         settle("param_seed", secrets.randbits(63) if self.seed is None else self.seed)
         settle("env_kwargs", dict(_mapping("env_kwargs", self.env_kwargs)))
         if self.timeout is not None:

@@ -131,6 +131,11 @@ def _rebuild_lock_timeout(message: str, holder_pid: int | None) -> WriterLockTim
     return WriterLockTimeoutError(message, holder_pid=holder_pid)
 
 
+class WriterLockReentryError(ShmpoolError, RuntimeError):
+    """A write began on a thread that already holds the pool's writer lock: a signal handler wrote
+    while its thread was inside a write. Waiting would wait on itself."""
+
+
 class KernelAttributeError(ShmpoolError, AttributeError):
     """An attribute of the gymnasium env that a compiled kernel does not model was set (or read) on a
     ``KernelEnv`` (``engine="numba"``): the kernel would ignore it, so the write is refused instead."""

@@ -172,11 +172,9 @@ class EventSender:
         deadline = None if wait is None else time.monotonic() + wait
         lock_wait = None if wait is None else max(wait, LOCK_GRACE)
         while True:
-            with self._lock.hold(lock_wait, self._check_open):
-                full = self._rings.full(workers)
-                if not full:
-                    self._rings.publish(parts)
-                    return
+            full = self._lock.run(lock_wait, self._check_open, self._publish, workers, parts)
+            if not full:
+                return
             if deadline is not None and time.monotonic() >= deadline:
                 raise EventQueueFullError(
                     f"{self._label}: the event ring of worker {full[0]} is full ({self.capacity} events "
@@ -184,6 +182,13 @@ class EventSender:
                 )
             time.sleep(0.0005)
             self._check_open()  # a sender waiting for room stops when the pool closes
+
+    def _publish(self, workers: list[int], parts: list[tuple[int, bytes]]) -> list[int]:
+        """Publishes ``parts`` unless a ring of ``workers`` is full; returns the full ones. Under the lock."""
+        full = self._rings.full(workers)
+        if not full:
+            self._rings.publish(parts)
+        return full
 
     def _hook_index(self, hook: Any) -> int:
         try:

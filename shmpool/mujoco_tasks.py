@@ -60,9 +60,10 @@ class Task:
         self.model_field = model_field
         self.c: dict[str, Any] = {}
 
-    def read_constants(self, envs: list[Any]) -> None:
-        """Takes the constants from the slot's unwrapped envs; ``ValueError`` naming one that differs
-        (after giving every env back the value it ran with, if there was one)."""
+    def read_constants(self, envs: list[Any], first_env: int) -> None:
+        """Takes the constants from the slot's unwrapped envs (pool env ids ``first_env`` on);
+        ``ValueError`` naming one that differs (after giving every env back the value it ran with,
+        if there was one)."""
         first = envs[0].unwrapped
         present = tuple(name for name in self.optional_constants if hasattr(first, name))
         for name in ("frame_skip", *self.constants, *present):
@@ -74,8 +75,9 @@ class Task:
                         for each in envs:
                             setattr(each.unwrapped, name, self.c[name])
                     raise ValueError(
-                        f"engine='mujoco' runs one task per slot: {name} is {value!r} in the slot's first env and "
-                        f"{other!r} in its env {index}; give every env the same value (env_kwargs), or use "
+                        f"engine='mujoco' runs one task per slot: {name} is {value!r} in env {first_env} (the "
+                        f"slot's first) and {other!r} in env {first_env + index}; give every env the same value "
+                        f"(env_kwargs), or use "
                         f"engine='python'"
                     )
             self.c[name] = value
@@ -259,8 +261,8 @@ class Ant(Swimming):
     contact_forces = True
     skipped = 2
 
-    def read_constants(self, envs: list[Any]) -> None:
-        super().read_constants(envs)
+    def read_constants(self, envs: list[Any], first_env: int) -> None:
+        super().read_constants(envs, first_env)
         unwrapped = envs[0].unwrapped
         self.body = unwrapped.data.body(self.c["_main_body"]).id  # a name or an id, as data.body takes it
 
@@ -490,8 +492,8 @@ class Reaching(Task):
     constants = ("_reward_dist_weight", "_reward_control_weight")
     optional_constants = ("_reward_near_weight",)  # Pusher's only
 
-    def read_constants(self, envs: list[Any]) -> None:
-        super().read_constants(envs)
+    def read_constants(self, envs: list[Any], first_env: int) -> None:
+        super().read_constants(envs, first_env)
         self.reacher = "_reward_near_weight" not in self.c
         names = ("fingertip", "target") if self.reacher else ("tips_arm", "object", "goal")
         self.bodies = [envs[0].unwrapped.data.body(name).id for name in names]

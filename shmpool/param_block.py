@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
+import threading
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -42,6 +44,29 @@ WRITE_LOCK_TIMEOUT = 5.0
 #: writes every step pays it once).
 COMPILED_AFTER = 16
 
+
+#: Held while this process imports or compiles the compiled writes (numba's import and compiler
+#: locks): a fork waits until it is free. A child forked mid-import would inherit those locks held
+#: by a thread it does not have, and hang at its own first compiled write.
+_COMPILING = threading.RLock()
+
+
+def _fork_after_compiling() -> None:
+    _COMPILING.acquire()
+
+
+def _compiling_in_parent() -> None:
+    _COMPILING.release()
+
+
+def _compiling_in_child() -> None:
+    global _COMPILING
+    _COMPILING = threading.RLock()  # the parent's, held for the fork, by a thread the child may not have
+
+
+os.register_at_fork(
+    before=_fork_after_compiling, after_in_parent=_compiling_in_parent, after_in_child=_compiling_in_child
+)
 
 _FLOAT64 = np.dtype(np.float64)
 _NUMPY_FLOAT, _NDARRAY = np.float64, np.ndarray  # module globals: one lookup each on the write path
@@ -109,8 +134,7 @@ class ParamBlock:
         """A copy of every env's record, taken under the writers' lock so that no ``write()`` is
         half in it (raw numpy writes are single stores per element and need no lock)."""
         self._check_open()
-        with self._lock.hold(WRITE_LOCK_TIMEOUT, self._check_open):
-            return self._block.copy()
+        return self._lock.run(WRITE_LOCK_TIMEOUT, self._check_open, self._block.copy)
 
     def __len__(self) -> int:
         return len(self._block)
@@ -166,20 +190,31 @@ class ParamBlock:
             return self._seqlock.version
         rows = slice(None) if env_ids is None else ids  # every env: plain views are cheaper than indexing
         plain = self._plain_values(specs, values, len(ids))
-        with self._lock.hold(WRITE_LOCK_TIMEOUT, self._check_open):
-            if plain is not None:
-                staged = [(self._block[spec.name], array) for spec, array in zip(specs, plain)]
-            else:
-                # Validated under the lock: a distribution's arguments are merged with what the block
-                # holds, which another writer could change between a check outside the lock and the write.
-                staged = []
-                for spec in specs:
-                    staged.extend(self._stage(spec, ids, values[spec.name]))
-            last = None if env_ids is None else last_rows(ids)
-            if last is not None:  # an env given twice: its last row, each env's counter bumped once
-                rows = ids[last]
-                staged = [(column, array if isinstance(array, float) else array[last]) for column, array in staged]
-            return self._seqlock.write(rows, staged)
+        return self._lock.run(WRITE_LOCK_TIMEOUT, self._check_open, self._write_locked, env_ids, ids, rows, specs, values, plain)
+
+    def _write_locked(
+        self,
+        env_ids: Any,
+        ids: np.ndarray,
+        rows: slice | np.ndarray,
+        specs: list[ParamSpec],
+        values: dict[str, Any],
+        plain: list[float | np.ndarray] | None,
+    ) -> int:
+        """``write``'s part under the writers' lock."""
+        if plain is not None:
+            staged = [(self._block[spec.name], array) for spec, array in zip(specs, plain)]
+        else:
+            # Validated under the lock: a distribution's arguments are merged with what the block
+            # holds, which another writer could change between a check outside the lock and the write.
+            staged = []
+            for spec in specs:
+                staged.extend(self._stage(spec, ids, values[spec.name]))
+        last = None if env_ids is None else last_rows(ids)
+        if last is not None:  # an env given twice: its last row, each env's counter bumped once
+            rows = ids[last]
+            staged = [(column, array if isinstance(array, float) else array[last]) for column, array in staged]
+        return self._seqlock.write(rows, staged)
 
     def _plain_values(
         self, specs: list[ParamSpec], values: dict[str, Any], count: int
@@ -280,9 +315,10 @@ class CompiledWrites:
         """The compiled writes (importing numba, loading or compiling the functions), or None, with a
         warning when numba is installed but fails: writes then keep the general path."""
         try:
-            from .protocol import compiled
+            with _COMPILING:
+                from .protocol import compiled
 
-            return cls(specs, seqlock, lock, compiled)
+                return cls(specs, seqlock, lock, compiled)
         except Exception as exc:  # noqa: BLE001 - any numba failure: the general path still writes
             _warn_uncompiled(exc, stacklevel=4)
             return None
@@ -322,7 +358,8 @@ class CompiledWrites:
         numba fails to compile it, one that always leaves the write to the general path."""
         entries = self._numbers if kind == "numbers" else self._arrays
         try:
-            entry: Callable[..., int] = self._functions.write_entry(kind, count)
+            with _COMPILING:
+                entry: Callable[..., int] = self._functions.write_entry(kind, count)
         except Exception as exc:  # noqa: BLE001 - any numba failure: the general path still writes
             _warn_uncompiled(exc, stacklevel=5)
             invalid = self._invalid
@@ -370,10 +407,10 @@ def env_rows(env_ids: Any, num_envs: int) -> np.ndarray:
     ids = np.atleast_1d(np.asarray(env_ids))
     if ids.ndim != 1 or (ids.dtype.kind not in "iu" and ids.size):
         raise ValueError(f"env_ids must be ints, a slice or None, got {env_ids!r:.100}")
-    ids = ids.astype(np.int64, copy=False)
-    if ids.size and (ids.min() < -num_envs or ids.max() >= num_envs):
+    # Checked in the ids' own dtype, before the cast: a uint64 id past 2**63 would wrap onto an env.
+    if ids.size and (ids.max() >= num_envs or (ids.dtype.kind == "i" and ids.min() < -num_envs)):
         raise ValueError(f"env_ids {ids.tolist()} out of range for num_envs={num_envs}")
-    return ids % num_envs
+    return ids.astype(np.int64, copy=False) % num_envs
 
 
 def last_rows(ids: np.ndarray) -> np.ndarray | None:
@@ -410,6 +447,11 @@ def validate(
                 f"{label}: params[{spec.name!r}][{ids[row]}] = {show(record)} rejected: {problem(spec, record)}"
             )
         return {arg: arrays[arg] for arg in spec.arguments if arg in value}
+    if isinstance(value, Mapping):
+        raise ValueError(
+            f"{label}: params[{spec.name!r}] is not a distribution, so it takes a value, not the arguments "
+            f"{dict(value)!r:.80}; declare it with Param(dist=...) to write those"
+        )
     array = _broadcast(spec, ids, value, "", label)
     bad = bad_rows(spec, array)
     if bad.any():

@@ -162,12 +162,10 @@ def compile_specs(params: Mapping[str, Param]) -> list[ParamSpec]:
             raise TypeError(f"params[{name!r}]: dtype must be a numeric numpy dtype, got {dtype}")
         if param.dist is not None and dtype.kind != "f":
             raise TypeError(f"params[{name!r}]: a dist parameter must have a float dtype, got {dtype}")
-        shape = tuple(int(n) for n in param.shape)
-        low = np.broadcast_to(np.asarray(-math.inf if param.low is None else param.low, dtype=np.float64), shape).copy()
-        high = np.broadcast_to(
-            np.asarray(math.inf if param.high is None else param.high, dtype=np.float64), shape
-        ).copy()
-        if np.any(low > high) or np.isnan(low).any() or np.isnan(high).any():
+        shape = _shape(name, param.shape)
+        low = _declared_bound(name, "low", param.low, -math.inf, shape)
+        high = _declared_bound(name, "high", param.high, math.inf, shape)
+        if np.any(low > high):
             raise ValueError(f"params[{name!r}]: low {param.low} must not exceed high {param.high}")
         if dtype.kind == "f" and dtype.itemsize < 8:
             # Values are checked as the block stores them, so the bounds are too: a float32 0.1 must
@@ -183,6 +181,32 @@ def compile_specs(params: Mapping[str, Param]) -> list[ParamSpec]:
             )
         specs.append(ParamSpec(name, index, dtype, shape, low, high, param.when, param.bind, param.dist))
     return specs
+
+
+def _shape(name: str, shape: Any) -> tuple[int, ...]:
+    """A declaration's ``shape`` as a tuple of positive ints, or an error naming the parameter."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise TypeError(f"params[{name!r}]: shape must be a tuple of ints, got {shape!r}") from None
+    if not all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 1 for n in dims):
+        raise ValueError(f"params[{name!r}]: shape must be a tuple of positive ints, got {shape!r}")
+    return tuple(int(n) for n in dims)
+
+
+def _declared_bound(name: str, which: str, value: Any, missing: float, shape: tuple[int, ...]) -> np.ndarray:
+    """A declaration's ``low`` or ``high`` (``which``; None: ``missing``) as float64 of ``shape``,
+    or an error naming the parameter and the value."""
+    try:
+        bound = np.asarray(missing if value is None else value, dtype=np.float64)
+        bound = np.broadcast_to(bound, shape).copy()
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"params[{name!r}]: {which} must be a number or one per element of shape {shape}, got {value!r:.80}"
+        ) from None
+    if np.isnan(bound).any():
+        raise ValueError(f"params[{name!r}]: {which} must be a number (or None for no bound), got {value!r:.80}")
+    return bound
 
 
 def is_plain_float64(spec: ParamSpec) -> bool:

@@ -113,8 +113,7 @@ class PoolView:
         writers = self._views["writers"]
         if writers[W_PARAMS_JOURNAL] or writers[W_EVENTS_JOURNAL]:
             try:
-                with self.lock.hold(0.0, self._check_open):
-                    pass  # taking the lock runs the recovery
+                self.lock.run(0.0, self._check_open, _nothing)  # taking the lock runs the recovery
             except WriterLockTimeoutError:
                 pass
 
@@ -235,3 +234,7 @@ class ChannelsOfPool:
     def episodes(self) -> EpisodeReader:
         """The pool's finished-episode records (``Pool.episodes``)."""
         return self.pool.episodes
+
+
+def _nothing() -> None:
+    """A critical section that does nothing: taking the lock is the work."""

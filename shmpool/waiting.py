@@ -98,18 +98,25 @@ class Waiter:
         )
 
     def wait_some(
-        self, pending: dict[int, int], phase: str, deadline: float | None, spin: int = TRAINER_SPIN
+        self,
+        pending: dict[int, int],
+        phase: str,
+        deadline: float | None,
+        spin: int = TRAINER_SPIN,
+        watched: dict[int, int] | None = None,
     ) -> list[int]:
         """Waits until at least one worker in ``pending`` (worker id: the sequence number of its
         command) has finished; returns those that have, first finished first. Raises like
-        ``wait_done``."""
+        ``wait_done``, for a death among ``watched`` too (default: ``pending``), so that a worker
+        nobody waits for yet is not reported only once those waited for finish."""
         words, done, limit = self.words, self._done, self._config.timeout
         items = [(done[k], seq) for k, seq in pending.items()]
+        watched = pending if watched is None else watched
         self._sleep_until(
             lambda: any(words[word] == seq for word, seq in items),
             spin=spin,
             on_idle=lambda: self._check_workers(
-                deadline, limit, phase, lambda k: k not in pending or words[done[k]] == pending[k]
+                deadline, limit, phase, lambda k: k not in watched or words[done[k]] == watched[k]
             ),
         )
         finished = [k for k, seq in pending.items() if words[done[k]] == seq]

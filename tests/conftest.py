@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -39,6 +40,19 @@ def mujoco_warnings_to_logging() -> None:
     from shmpool.mujoco import log_to_python
 
     log_to_python()
+
+
+@pytest.fixture(autouse=True)
+def ctrl_c_as_in_a_terminal() -> Iterator[None]:
+    """Gives each test Python's own Ctrl-C handler, and puts back whatever a test installed.
+
+    A shell starts a background job (``pytest &``) with SIGINT ignored; Python then installs no
+    handler, and its children inherit the ignored signal. The Ctrl-C tests (and their scripts, whose
+    helper processes they kill only once interrupted) would then depend on how the suite was started
+    and on whether an earlier test had installed a handler and left it there."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture

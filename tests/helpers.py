@@ -90,20 +90,22 @@ def sync_error(error: type[BaseException]) -> type[BaseException]:
     return AssertionError if OLD_GYMNASIUM else error
 
 
-def start_sigint_storm(pid: int, seconds: float, gap: float, *, random_gap: bool = True) -> subprocess.Popen[bytes]:
-    """Starts a process that sends SIGINT to ``pid`` every ``gap`` seconds (a random gap up to it,
-    with ``random_gap``) for ``seconds``. Another process, not a thread: a thread would share the
-    interpreter's lock with the code it interrupts. Reap it with ``os.waitpid(storm.pid, 0)``: the
-    interrupted script's own ``storm.wait()`` could itself be cut short by the storm's last signals.
-    ``pid`` must be the caller's own: the storm stops once its parent is gone, so that it never
-    signals another process that took that pid."""
+def start_sigint_storm(
+    pid: int, seconds: float, gap: float, *, random_gap: bool = True, signum: int = 2
+) -> subprocess.Popen[bytes]:
+    """Starts a process that sends SIGINT (or ``signum``) to ``pid`` every ``gap`` seconds (a random
+    gap up to it, with ``random_gap``) for ``seconds``. Another process, not a thread: a thread would
+    share the interpreter's lock with the code it interrupts. Reap it with ``os.waitpid(storm.pid, 0)``:
+    the interrupted script's own ``storm.wait()`` could itself be cut short by the storm's last
+    signals. ``pid`` must be the caller's own: the storm stops once its parent is gone, so that it
+    never signals another process that took that pid."""
     sleep = f"random.uniform(0, {gap})" if random_gap else repr(gap)
     code = (
-        "import os, random, signal, sys, time\n"
+        "import os, random, sys, time\n"
         f"end = time.monotonic() + {seconds}\n"
         "while time.monotonic() < end and os.getppid() == int(sys.argv[1]):\n"
         f"    time.sleep({sleep})\n"
-        "    os.kill(int(sys.argv[1]), signal.SIGINT)\n"
+        f"    os.kill(int(sys.argv[1]), {int(signum)})\n"
     )
     return subprocess.Popen([sys.executable, "-c", code, str(pid)])
 

@@ -389,9 +389,8 @@ def die(record):
     print("dying", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 ids = np.array([0, 3])  # one env of each worker
-with sender._lock.hold(None, lambda: None):
-    parts = [(0, sender._filler(0, 0, ids[:1], np.array([9.0, 9.0, 9.0]), None)), (1, die)]
-    sender._rings.publish(parts)
+parts = [(0, sender._filler(0, 0, ids[:1], np.array([9.0, 9.0, 9.0]), None)), (1, die)]
+sender._lock.run(None, lambda: None, sender._rings.publish, parts)
 """
 
 

@@ -415,7 +415,7 @@ def test_100k_events_from_two_processes_exactly_once_in_order(pool_name: str, tm
 KILLED_SENDER = """
 import sys, time, shmpool
 with shmpool.attach(sys.argv[1], wait=10) as handle:
-    handle.events._lock.hold(None, lambda: None).__enter__()   # dies holding the senders' lock
+    handle.events._lock._acquire(None, lambda: None)   # dies holding the senders' lock
     print("holding", flush=True)
     time.sleep(60)
 """

@@ -85,8 +85,8 @@ class DieHere:
 handle = shmpool.attach(sys.argv[1], wait=10)
 block = handle.params
 rows = np.array([0, 1])
-with block._lock.hold(None, lambda: None):
-    block._seqlock.write(rows, [(block["a"], np.array([5.0, 5.0])), (block["b"], DieHere())])
+staged = [(block["a"], np.array([5.0, 5.0])), (block["b"], DieHere())]
+block._lock.run(None, lambda: None, block._seqlock.write, rows, staged)
 """
 
 

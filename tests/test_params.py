@@ -588,9 +588,11 @@ def test_compiled_writes_keep_every_guarantee_of_write(pool_name: str) -> None:
         release = threading.Event()
 
         def hold_the_lock() -> None:
-            with block._lock.hold(1.0, lambda: None):
+            def until_released() -> None:
                 held.set()
                 release.wait(5.0)
+
+            block._lock.run(1.0, lambda: None, until_released)
 
         holder = threading.Thread(target=hold_the_lock)
         holder.start()

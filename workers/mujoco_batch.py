@@ -179,7 +179,7 @@ class MujocoSlice(ArraySlot):
 
     def _read_envs(self) -> None:
         """Takes the task's constants and each env's time limit from the envs."""
-        self.task.read_constants(self.envs)
+        self.task.read_constants(self.envs, self.start)
         for local, env in enumerate(self.envs):
             limit = _time_limit(env)
             self._limits[local] = NO_LIMIT if limit is None else min(int(limit._max_episode_steps), NO_LIMIT - 1)

@@ -8,18 +8,14 @@ the writers need:
   two threads of one process exclude each other as two processes do, and a forked child is just
   another owner.
 * **No system call in the common case.** Taking a free mutex and dropping one nobody waits on are
-  atomic instructions in user space (no waiter ever sleeps in the kernel: takers poll with
-  ``pthread_mutex_trylock``). So compiled code takes it too: ``shmpool.protocol.compiled`` holds it
-  for a whole params write inside one compiled call.
-* **A dead holder never blocks.** The kernel marks a robust mutex whose owner dies (its robust
-  futex list); the next taker gets ``EOWNERDEAD``, rolls back the dead holder's journals (the
-  ``on_acquire`` recoveries, which run at every acquisition anyway), and marks it consistent. Unlike
-  a pid in a lock word, a reused pid cannot pass for the dead holder.
+  atomic instructions in user space (takers poll with ``pthread_mutex_trylock``, so no waiter ever
+  sleeps in the kernel). Compiled code takes it too: ``shmpool.protocol.compiled``.
+* **A dead holder never blocks.** The kernel marks a robust mutex whose owner dies; the next taker
+  gets ``EOWNERDEAD``, marks it consistent and rolls back the dead holder's journals (the
+  ``on_acquire`` recoveries, which run at every acquisition anyway).
 * **A stopped holder (Ctrl-Z) never hangs a waiter:** waits time out with an error naming it.
+* **No signal can leave it held** (``WriterLock.run``; ``docs/internals.md`` has the argument).
 
-Before this, the lock was a thread lock plus a ``flock`` on the segment's file: correct too, but two
-system calls per write (1.3 us), and Python had to hold Ctrl-C back around them (1.2 us), which made
-them most of a params write's cost. ``W_HOLDER`` still names the holder's pid, for those errors.
 Linux only (glibc's or musl's pthreads, through ``ctypes``), as the rest of shmpool.
 """
 
@@ -28,14 +24,14 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from ..errors import PoolClosedError, ShmpoolError, WriterLockTimeoutError
-from ..interrupts import DeferredInterrupt
+from ..errors import PoolClosedError, ShmpoolError, WriterLockReentryError, WriterLockTimeoutError
 from ..system import process_state
 from .words import MUTEX_BYTES, W_HOLDER, W_MUTEX
 
@@ -58,6 +54,9 @@ MUTEX_TRYLOCK, MUTEX_UNLOCK, MUTEX_CONSISTENT = (
 #: ``MUTEX_TRYLOCK``'s results besides 0 (taken): held by another thread; taken, but its owner died.
 EBUSY, EOWNERDEAD = errno.EBUSY, errno.EOWNERDEAD
 _PTHREAD_PROCESS_SHARED, _PTHREAD_MUTEX_ROBUST = 1, 1
+#: The owner's thread id in a held robust mutex's lock word (the kernel's robust-futex protocol).
+_TID_MASK = 0x3FFFFFFF
+_T = TypeVar("_T")
 
 
 def mutex_address(words: np.ndarray) -> int:
@@ -69,7 +68,10 @@ def mutex_address(words: np.ndarray) -> int:
 
 def init_writer_mutex(words: np.ndarray) -> None:
     """Makes the writers' mutex in ``words``: once, by the segment's creator, before anyone attaches."""
-    address = mutex_address(words)
+    _init_mutex(mutex_address(words))
+
+
+def _init_mutex(address: int) -> None:
     attributes = ctypes.create_string_buffer(64)  # pthread_mutexattr_t: 4 bytes on Linux; room to spare
     calls = (
         ("pthread_mutexattr_init", (attributes,)),
@@ -84,18 +86,23 @@ def init_writer_mutex(words: np.ndarray) -> None:
             raise OSError(code, f"{name}: {os.strerror(code)}")
 
 
+
+
 class WriterLock:
     """Excludes the writers of one pool's shared records: threads, processes and forked children.
 
-    Acquire with ``hold``. Channels register a ``recover`` callable with ``on_acquire``; it
-    runs inside every acquisition and must be a no-op (one word compare) unless an earlier holder
-    left a journal behind. ``label`` names the lock in errors (the segment's file).
+    A critical section runs as ``run(timeout, check_open, body, *args)``. Channels register a
+    ``recover`` callable with ``on_acquire``; it runs inside every acquisition, and on the way out of
+    a body that raised, and must be a no-op (one word compare) unless a holder left a journal behind.
+    ``label`` names the lock in errors (the segment's file).
     """
 
     def __init__(self, words: np.ndarray, label: str) -> None:
         self._label = label
         self._words = words
         self.address = mutex_address(words)
+        #: The mutex's lock word, read without a call (see ``run``): its owner's thread id while held.
+        self._owner = ctypes.c_int32.from_address(self.address + 4 * _OWNER_WORD)
         self._recoveries: list[Callable[[], None]] = []
         self._closed = False
 
@@ -104,10 +111,40 @@ class WriterLock:
         acquisition and after a critical section that raised."""
         self._recoveries.append(recover)
 
-    def hold(self, timeout: float | None, check_open: Callable[[], None]) -> _Held:
-        """A context manager holding the lock; waits up to ``timeout`` seconds (None: as long as the
-        pool is open), then raises ``WriterLockTimeoutError`` naming the holder."""
-        return _Held(self, timeout, check_open)
+    def run(self, timeout: float | None, check_open: Callable[[], None], body: Callable[..., _T], *args: Any) -> _T:
+        """Runs ``body(*args)`` holding the lock and returns what it returns; waits up to ``timeout``
+        seconds for the lock (None: as long as the pool is open), then raises
+        ``WriterLockTimeoutError`` naming the holder. A body that raises is rolled back.
+
+        Raises ``WriterLockReentryError`` at once if this thread holds the lock already (a signal
+        handler that writes, run while its thread was inside a write).
+        """
+        # Why no signal can leave the lock held: Python runs a signal's handler, which may raise,
+        # only at a call, a function's entry or a backward jump, never inside a C call. So the
+        # ``try`` begins before the mutex can be taken, and the ``finally`` tells whether this call
+        # took it by reading the lock word (no call), then drops it with C calls first and last.
+        # The thread-id check comes first: after it, a lock word naming this thread means this call.
+        owner, tid = self._owner, threading.get_native_id()
+        if owner.value & _TID_MASK == tid:
+            raise WriterLockReentryError(
+                f"a signal handler wrote while this thread held the writer lock of {self._label}: "
+                "write from the handler's caller instead, or defer the write until the handler returns"
+            )
+        failed = True
+        try:
+            self._acquire(timeout, check_open)
+            result = body(*args)
+            failed = False
+            return result
+        finally:
+            if owner.value & _TID_MASK == tid:
+                try:
+                    MUTEX_CONSISTENT(self.address)  # first: a dead holder's mark left on it (EINVAL if none)
+                    if failed:  # interrupted mid-write (a signal, an error): no half write stays behind
+                        self._recover()
+                finally:
+                    self._words[W_HOLDER] = 0
+                    MUTEX_UNLOCK(self.address)
 
     def _acquire(self, timeout: float | None, check_open: Callable[[], None]) -> None:
         if self._closed:
@@ -124,22 +161,10 @@ class WriterLock:
             self._check_deadline(deadline, check_open)
             time.sleep(delay)
             delay = min(delay * 2, 0.005)
-        try:
-            if code == EOWNERDEAD:  # first: the mutex stays usable even if a recovery raises
-                MUTEX_CONSISTENT(address)
-            self._recover()
-            self._words[W_HOLDER] = os.getpid()
-        except BaseException:
-            MUTEX_UNLOCK(address)
-            raise
-
-    def _release(self, failed: bool) -> None:
-        try:
-            if failed:  # interrupted mid-write (Ctrl-C, an error): never leave a half write behind
-                self._recover()
-            self._words[W_HOLDER] = 0
-        finally:
-            MUTEX_UNLOCK(self.address)
+        if code == EOWNERDEAD:  # first: the mutex stays usable even if a recovery raises
+            MUTEX_CONSISTENT(address)
+        self._recover()
+        self._words[W_HOLDER] = os.getpid()
 
     def _recover(self) -> None:
         for recover in self._recoveries:
@@ -163,43 +188,22 @@ class WriterLock:
         self._closed = True
 
 
-class _Held:
-    """The context manager of ``WriterLock.hold``.
+def _find_owner_word() -> int:
+    """The index of the int32 word of a robust mutex that holds its owner's thread id (its lock word:
+    0 in glibc, 1 in musl), found on a scratch mutex held by this thread."""
+    scratch = (ctypes.c_int32 * (MUTEX_BYTES // 4))()
+    address = ctypes.addressof(scratch)
+    _init_mutex(address)
+    if MUTEX_TRYLOCK(address):
+        raise ShmpoolError("a fresh robust mutex could not be taken, which the writers' lock needs")
+    try:
+        tid = threading.get_native_id()
+        for index, word in enumerate(scratch):
+            if word & _TID_MASK == tid:
+                return index
+    finally:
+        MUTEX_UNLOCK(address)
+    raise ShmpoolError("this C library keeps no thread id in a held robust mutex, which the writers' lock needs")
 
-    Ctrl-C is held back from acquisition to release: a ``KeyboardInterrupt`` raised between the
-    mutex call returning and the bookkeeping after it would leave the mutex held for good by a live
-    process. It is raised once the lock is free again (the write itself completes or rolls back),
-    or, while still waiting for the lock, at the next check of the wait (nothing is held then).
-    """
 
-    __slots__ = ("_lock", "_timeout", "_check_open", "_deferral")
-
-    def __init__(self, lock: WriterLock, timeout: float | None, check_open: Callable[[], None]) -> None:
-        self._lock, self._timeout, self._check_open = lock, timeout, check_open
-        self._deferral: DeferredInterrupt | None = None
-
-    def __enter__(self) -> None:
-        self._deferral = DeferredInterrupt.begin()
-        try:
-            self._lock._acquire(self._timeout, self._check_while_waiting)
-        except BaseException:
-            self._end_deferral()
-            raise
-
-    def _check_while_waiting(self) -> None:
-        deferral = self._deferral
-        if deferral is not None and deferral.received:
-            deferral.received = False  # raised here, so not again when the deferral ends
-            raise KeyboardInterrupt
-        self._check_open()
-
-    def __exit__(self, exc_type: Any, *exc_info: Any) -> None:
-        try:
-            self._lock._release(exc_type is not None)
-        finally:
-            self._end_deferral()
-
-    def _end_deferral(self) -> None:
-        deferral, self._deferral = self._deferral, None
-        if deferral is not None:
-            deferral.end()
+_OWNER_WORD = _find_owner_word()
