@@ -15,7 +15,11 @@ While each pool runs:
   land atomically; writer 1 also to every env or to one, which after a few writes take the
   compiled write) and move the arguments of two ``dist="uniform"`` parameters one argument at a
   time (``u={"low": ...}``), which is valid only if ``write()`` merges with what the block holds
-  under the writers' lock; writer 0 is SIGKILLed and restarted every ``--kill-every`` seconds;
+  under the writers' lock; writer 0 is SIGKILLed and restarted every ``--kill-every`` seconds, and
+  at each start forks a child while another of its threads makes its first writes (which load the
+  compiled write): the child writes too, and must exit on its own; writer 1 takes its own SIGALRMs
+  and SIGTERMs (``--handler-every``), whose handlers raise (an error, ``sys.exit``) wherever they
+  land in its writes, as a preempted job's handler does;
 - two attached **sender** processes, each with several threads, send events to random envs of both
   workers and record each one once ``send()`` has returned;
 - the trainer itself takes a SIGINT every 20-200 ms (KeyboardInterrupt anywhere in its loop,
@@ -50,6 +54,8 @@ What it checks, each as a counter that must stay 0 (or, marked so, must not stay
   imply), with the env ids and the tag it was given;
 - **events**: every sent event reaches each worker owning one of its envs exactly once, with those
   envs, in each sending thread's order; none is delivered that was not sent;
+- **handlers and forks**: after a raising handler, the next write gets the lock (no writer error);
+  no child forked during the first writes hangs;
 - **the pool survives**: no pool error, no hang, no writer or sender error; after ``close()`` no
   ``/dev/shm`` entry of the pool and no child process is left.
 
@@ -91,6 +97,7 @@ import numpy as np
 
 import shmpool
 from shmpool.protocol import W_HOLDER
+import shmpool.system
 from shmpool.system import descendants
 
 HOOK_LOG = "Log"
@@ -136,6 +143,9 @@ class Settings:
     """longest pause between two SIGINTs to the trainer (seconds; 0: none, bursts and gusts apart)."""
     write_pause: float = 0.001
     """seconds each writer sleeps between two writes."""
+    handler_every: float = 0.003
+    """mean seconds between writer 1's own SIGALRMs, and between its SIGTERMs (x3), whose handlers
+    raise in its writes (0: none)."""
     send_pause: float = 0.002
     """mean seconds each sender thread sleeps between two sends."""
     burst_every: float = 1.0
@@ -378,7 +388,8 @@ def run_writer(settings: Settings, role: Role) -> int:
     fd = os.open(f"{role.folder}/writer-{role.index}-{os.getpid()}.txt", os.O_WRONLY | os.O_CREAT, 0o600)
 
     def publish() -> None:
-        text = " ".join(f"{key}={counts[key]}" for key in ("pairs", "u", "v", "v_refused", "u_refused"))
+        keys = ("pairs", "u", "v", "v_refused", "u_refused", "handler_raises", "forks", "forks_hung")
+        text = " ".join(f"{key}={counts[key]}" for key in keys)
         os.pwrite(fd, text.ljust(120).encode() + b"\n", 0)
 
     try:
@@ -389,36 +400,27 @@ def run_writer(settings: Settings, role: Role) -> int:
             # A locked write first: it rolls back whatever a killed predecessor left half written,
             # before this writer reads the state of its own u ranges.
             params.write([int(own[0])], a=0.0, b=-0.0)
+            if role.index == 0:
+                counts["forks"] += 1
+                counts["forks_hung"] += _fork_during_first_writes(params, n, settings.seed)
             publish()  # tells the trainer that this writer is up (it kills only running writers)
+            raising = False
             while not stop.is_set():
-                # Writer 1, which is never killed, also writes what the compiled path takes, so that
-                # its writes meet the locks and journals that writer 0's kills leave; writer 0 takes
-                # the general path (compiled writes killed mid-way: tests/test_protocol.py).
-                form = rng.random() if role.index == 1 else 1.0
-                if form < 0.25:  # every env, an array each: the compiled write (after the first few)
-                    x = rng.uniform(-1e6, 1e6, size=n)
-                    params.write(None, a=x, b=-x)
-                elif form < 0.5:  # one env, numbers: compiled too
-                    number = float(rng.uniform(-1e6, 1e6))
-                    params.write(int(rng.integers(n)), a=number, b=-number)
-                else:  # any envs, in any order: the general path
-                    ids = np.sort(rng.choice(n, size=int(rng.integers(1, n + 1)), replace=False))
-                    x = rng.uniform(-1e6, 1e6, size=len(ids))
-                    params.write(ids, a=x, b=-x)
-                counts["pairs"] += 1
-                if rng.random() < 0.3:
-                    _move_u(params, rng, own, counts, role.folder)
-                if rng.random() < 0.3:
-                    ids = np.sort(rng.choice(n, size=int(rng.integers(1, 4)), replace=False))
-                    if role.index == 0:
-                        value = {"low": rng.uniform(-1.0, 0.3, len(ids))}
-                    else:
-                        value = {"high": rng.uniform(-0.3, 1.0, len(ids))}
+                # After its first writes, which load the compiled write (a handler raising in the
+                # load propagates, and the load is tried again at the next write).
+                if not raising and role.index == 1 and settings.handler_every > 0 and counts["pairs"] >= 64:
+                    raising = True
+                    _raise_from_handlers(settings.handler_every, stop)
+                if raising:
                     try:
-                        params.write(ids, v=value)
-                        counts["v"] += 1
-                    except ValueError:  # low > high after the merge: write() must refuse it
-                        counts["v_refused"] += 1
+                        _RAISING[0] = True
+                        _write_round(params, rng, role, own, counts, n)
+                        _RAISING[0] = False
+                    except (_Raised, SystemExit):
+                        _RAISING[0] = False
+                        counts["handler_raises"] += 1
+                else:
+                    _write_round(params, rng, role, own, counts, n)
                 if counts["pairs"] % 32 == 0:
                     publish()
                 if settings.write_pause:
@@ -431,9 +433,102 @@ def run_writer(settings: Settings, role: Role) -> int:
         _report_error(role.folder, f"writer{role.index}")
         return 1
     finally:
+        _RAISING[0] = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
         publish()
         os.close(fd)
     return 0
+
+
+def _write_round(
+    params: Any, rng: np.random.Generator, role: Role, own: np.ndarray, counts: Counter[str], n: int
+) -> None:
+    """One round of a writer's writes: an a/b pair, sometimes a ``u`` move and a ``v`` argument."""
+    # Writer 1, which is never killed, also writes what the compiled path takes, so that
+    # its writes meet the locks and journals that writer 0's kills leave; writer 0 takes
+    # the general path (compiled writes killed mid-way: tests/test_protocol.py).
+    form = rng.random() if role.index == 1 else 1.0
+    if form < 0.25:  # every env, an array each: the compiled write (after the first few)
+        x = rng.uniform(-1e6, 1e6, size=n)
+        params.write(None, a=x, b=-x)
+    elif form < 0.5:  # one env, numbers: compiled too
+        number = float(rng.uniform(-1e6, 1e6))
+        params.write(int(rng.integers(n)), a=number, b=-number)
+    else:  # any envs, in any order: the general path
+        ids = np.sort(rng.choice(n, size=int(rng.integers(1, n + 1)), replace=False))
+        x = rng.uniform(-1e6, 1e6, size=len(ids))
+        params.write(ids, a=x, b=-x)
+    counts["pairs"] += 1
+    if rng.random() < 0.3:
+        _move_u(params, rng, own, counts, role.folder)
+    if rng.random() < 0.3:
+        ids = np.sort(rng.choice(n, size=int(rng.integers(1, 4)), replace=False))
+        if role.index == 0:
+            value = {"low": rng.uniform(-1.0, 0.3, len(ids))}
+        else:
+            value = {"high": rng.uniform(-0.3, 1.0, len(ids))}
+        try:
+            params.write(ids, v=value)
+            counts["v"] += 1
+        except ValueError:  # low > high after the merge: write() must refuse it
+            counts["v_refused"] += 1
+
+
+class _Raised(Exception):
+    """What writer 1's SIGALRM handler raises, wherever in a write it lands."""
+
+
+#: Whether writer 1's handlers raise now: only inside its write rounds, whose caller catches it.
+_RAISING = [False]
+
+
+def _raising_handler(signum: int, frame: Any) -> None:
+    if _RAISING[0]:
+        raise _Raised if signum == signal.SIGALRM else SystemExit(1)  # SIGTERM: as a preempted job exits
+
+
+def _raise_from_handlers(every: float, stop: threading.Event) -> None:
+    """Installs the raising handlers; SIGALRM comes from an interval timer, SIGTERM from a thread."""
+    signal.signal(signal.SIGALRM, _raising_handler)
+    signal.signal(signal.SIGTERM, _raising_handler)
+    signal.setitimer(signal.ITIMER_REAL, every, every)
+
+    def terms() -> None:
+        pace = random.Random(os.getpid())
+        while not stop.wait(pace.uniform(0, 6 * every)):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=terms, daemon=True).start()
+
+
+def _fork_during_first_writes(params: Any, n: int, seed: int) -> int:
+    """Forks while another thread makes this process's first writes to every env (the 16th loads
+    the compiled write); the child makes its own, then exits. Returns 1 if it hung (it is killed)."""
+
+    def pairs(count: int, rng: np.random.Generator) -> None:
+        for _ in range(count):
+            x = rng.uniform(-1e6, 1e6, size=n)
+            params.write(None, a=x, b=-x)
+
+    thread = threading.Thread(target=pairs, args=(40, np.random.default_rng([seed, os.getpid(), 1])))
+    thread.start()
+    time.sleep(random.Random(os.getpid()).uniform(0.0, 0.8))  # the load takes a fraction of a second
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child
+        try:
+            shmpool.system.set_parent_death_signal(signal.SIGKILL)
+            pairs(40, np.random.default_rng([seed, os.getpid(), 2]))
+        finally:
+            os._exit(0)
+    thread.join()
+    deadline = time.monotonic() + 20.0
+    while time.monotonic() < deadline:
+        if os.waitpid(child, os.WNOHANG)[0]:
+            return 0
+        time.sleep(0.01)
+    os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
+    return 1
 
 
 def _move_u(params: Any, rng: np.random.Generator, own: np.ndarray, counts: Counter[str], folder: str) -> None:
@@ -559,6 +654,8 @@ ROWS: list[tuple[str, str, str]] = [
     ("u range writes", "info", "all"),
     ("v range writes", "info", "all"),
     ("v writes refused by write() (must be)", "info", "all"),
+    ("raising handlers in writes (writer 1)", "info", "all"),
+    ("forks during the first writes (writer 0)", "info", "all"),
     ("hook checks (before_step calls)", "info", "all"),
     ("events sent", "info", "all"),
     ("events delivered", "info", "all"),
@@ -581,6 +678,7 @@ ROWS: list[tuple[str, str, str]] = [
     ("low > high in ctx.params (hooks)", "zero", "all"),
     ("refused param values (pool.params.refusals)", "zero", "all"),
     ("u writes refused by write()", "zero", "all"),
+    ("forked children that hung", "zero", "all"),
     ("events lost", "zero", "all"),
     ("events duplicated", "zero", "all"),
     ("events never sent", "zero", "all"),
@@ -670,6 +768,7 @@ class Trainer:
         command = [sys.executable, os.path.abspath(__file__), "--role", role, "--index", str(index)]
         command += ["--pool", self.pool.name, "--folder", self.folder, "--seed", str(s.seed)]  # type: ignore[union-attr]
         command += ["--write-pause", str(s.write_pause), "--send-pause", str(s.send_pause)]
+        command += ["--handler-every", str(s.handler_every)]
         command += ["--sender-threads", str(s.sender_threads), "--interrupt-min", str(s.interrupt_min)]
         command += ["--burst-every", str(s.burst_every), "--gust-every", str(s.gust_every)]
         command += ["--gust-seconds", str(s.gust_seconds), "--livelock-seconds", str(s.livelock_seconds)]
@@ -1276,6 +1375,9 @@ class Trainer:
         c["v range writes"] = writes["v"]
         c["v writes refused by write() (must be)"] = writes["v_refused"]
         c["u writes refused by write()"] = writes["u_refused"]
+        c["raising handlers in writes (writer 1)"] = writes["handler_raises"]
+        c["forks during the first writes (writer 0)"] = writes["forks"]
+        c["forked children that hung"] = writes["forks_hung"]
         c["writer errors (exception)"] = len(list(folder.glob("errors-writer*.txt")))
         c["sender errors (exception)"] = len(list(folder.glob("errors-sender*.txt")))
         events = _event_counts(folder, pool_failed=self.aborted or bool(c["pool errors"] or c["hangs"]))

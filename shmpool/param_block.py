@@ -13,6 +13,7 @@ two fields written that way may be seen half-done.
 from __future__ import annotations
 
 import importlib.util
+import logging  # noqa: F401 - before our fork hook: see below
 import math
 import os
 import threading
@@ -46,17 +47,22 @@ COMPILED_AFTER = 16
 
 
 #: Held while this process imports or compiles the compiled writes (numba's import and compiler
-#: locks): a fork waits until it is free. A child forked mid-import would inherit those locks held
-#: by a thread it does not have, and hang at its own first compiled write.
+#: locks): a fork waits until it is free, for up to ``FORK_WAIT`` seconds. A child forked mid-import
+#: would inherit those locks held by a thread it does not have, and hang at its own first compiled
+#: write.
 _COMPILING = threading.RLock()
+FORK_WAIT = 30.0
+_forking = threading.local()  # whether this thread's fork holds _COMPILING
 
 
 def _fork_after_compiling() -> None:
-    _COMPILING.acquire()
+    _forking.holds = _COMPILING.acquire(timeout=FORK_WAIT)
 
 
 def _compiling_in_parent() -> None:
-    _COMPILING.release()
+    if getattr(_forking, "holds", False):
+        _forking.holds = False
+        _COMPILING.release()
 
 
 def _compiling_in_child() -> None:
@@ -64,6 +70,8 @@ def _compiling_in_child() -> None:
     _COMPILING = threading.RLock()  # the parent's, held for the fork, by a thread the child may not have
 
 
+# Fork hooks run before a fork in the reverse order of their registration. logging's takes its lock,
+# which the load may need (numba logs): logging is imported first, so that ours waits before it does.
 os.register_at_fork(
     before=_fork_after_compiling, after_in_parent=_compiling_in_parent, after_in_child=_compiling_in_child
 )
@@ -183,7 +191,9 @@ class ParamBlock:
         elif self._until_compiled and (env_ids is None or type(env_ids) is int):  # the writes it would take
             self._until_compiled -= 1
             if not self._until_compiled:
+                self._until_compiled = 1  # a load that a signal handler's exception cut short is retried
                 self._compiled = CompiledWrites.load(self.specs, self._seqlock, self._lock)
+                self._until_compiled = 0
         ids = self._env_ids(env_ids)
         specs = named_specs(self.specs, values)
         if not len(ids):  # no env (an empty list or slice): nothing to check or write
@@ -320,6 +330,8 @@ class CompiledWrites:
 
                 return cls(specs, seqlock, lock, compiled)
         except Exception as exc:  # noqa: BLE001 - any numba failure: the general path still writes
+            if not _raised_by_the_load(exc):
+                raise
             _warn_uncompiled(exc, stacklevel=4)
             return None
 
@@ -361,6 +373,8 @@ class CompiledWrites:
             with _COMPILING:
                 entry: Callable[..., int] = self._functions.write_entry(kind, count)
         except Exception as exc:  # noqa: BLE001 - any numba failure: the general path still writes
+            if not _raised_by_the_load(exc):
+                raise
             _warn_uncompiled(exc, stacklevel=5)
             invalid = self._invalid
             entry = lambda *arguments: invalid  # noqa: E731
@@ -375,6 +389,17 @@ class CompiledWrites:
 
 
 _UNPLANNED = object()
+
+
+def _raised_by_the_load(exc: Exception) -> bool:
+    """Whether ``exc`` came from the load itself (numba, llvmlite, the import machinery, shmpool),
+    rather than from a signal's handler that ran during it: that one is the caller's to see, and
+    the load is tried again."""
+    frame = exc.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    module = "" if frame is None else str(frame.tb_frame.f_globals.get("__name__", ""))
+    return module.partition(".")[0] in ("numba", "llvmlite", "importlib", "shmpool", "")
 
 
 def _warn_uncompiled(exc: Exception, stacklevel: int) -> None:

@@ -548,3 +548,22 @@ def test_a_worker_collected_late_lends_no_deadline_to_one_sent_later(pool_name: 
         time.sleep(1.2)
         pool.send(np.zeros(1, dtype=np.int64), [3])
         assert pool.get_attr("t")[3] == 2  # a control call waits for both the same way
+
+
+@pytest.mark.parametrize("recv_order", ["finished", "sent"])
+def test_a_worker_that_dies_is_reported_at_once_while_an_older_one_still_steps(pool_name: str, recv_order: str) -> None:
+    """With ``recv_order="sent"``, recv waits for the oldest commands; a death among the others is
+    still found by the wait's checks, not once the oldest slot finishes its 5 s step."""
+    env_fns = [lambda: Slow(gym.make("CartPole-v1"), 5.0), lambda: gym.make("CartPole-v1")]
+    with shmpool.launch(env_fns, num_workers=2, batch_size=1, recv_order=recv_order, name=pool_name) as pool:
+        pool.async_reset(seed=0)
+        for _ in range(2):  # env 0 is then stepping for 5 s, env 1 for no time
+            *_, infos = pool.recv()
+            pool.send(np.zeros(1, dtype=np.int64), infos["env_id"])
+        os.kill(pool.worker_pids[1], signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises(WorkerDiedError, match=r"worker 1 .* killed by signal SIGKILL during recv"):
+            while True:
+                *_, infos = pool.recv()
+                pool.send(np.zeros(1, dtype=np.int64), infos["env_id"])
+        assert time.monotonic() - started < 2.0

@@ -233,6 +233,27 @@ def test_cli_set_refuses_an_env_selection_that_is_empty_negative_or_past_the_end
     assert helped.returncode == 0 and "A range START:STOP is the ids START to STOP-1" in text and "negative id" in text
 
 
+def test_cli_refuses_bad_numbers_before_doing_anything(pool_name: str) -> None:
+    """Counts and intervals out of range, and a distribution's argument for a plain parameter, are
+    refused at once, naming the argument and the value (a negative interval once failed only after
+    the first refresh, and ``set length.low=1`` said "dtype object")."""
+    params = {"length": Param(low=0.1, high=2.0)}
+    with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, params=params):
+        refusals = {
+            ("watch", "--interval", "-1"): "argument --interval: must be a positive number of seconds, got -1",
+            ("watch", "--interval", "nan"): "argument --interval: must be a positive number of seconds, got nan",
+            ("watch", "--count", "0"): "argument --count: must be at least 1, got 0",
+            ("show", "--recent", "-3"): "argument --recent: must be at least 1, got -3",
+            ("set", "length.low=1"): "params['length'] is not a distribution, so it takes a value, not the "
+            "arguments {'low': 1.0}",
+        }
+        for (command, *arguments), message in refusals.items():
+            started = time.monotonic()
+            refused = helpers.shmpool_cli(command, pool_name, *arguments)
+            assert refused.returncode == 2 and message in refused.stderr, (arguments, refused.stderr)
+            assert refused.stdout == "" and time.monotonic() - started < 20
+
+
 def test_episode_metrics_read_the_info_keys_at_each_episodes_last_step(pool_name: str) -> None:
     metrics = {"success": "is_success", "score": "stats/score", "first": "first"}
     with shmpool.launch(helpers.MetricEnv, 3, num_workers=2, name=pool_name, episode_metrics=metrics, seed=0) as pool:

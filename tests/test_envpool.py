@@ -260,3 +260,23 @@ def test_an_async_pool_refuses_a_partial_reset_and_closes_cleanly(pool_name: str
         with pytest.raises(ValueError, match="an async pool .* resets every env"):
             env.reset(np.array([0]))
     env.close()  # idempotent
+
+
+@pytest.mark.parametrize("batch_size", [None, 2])
+def test_a_step_before_reset_is_refused_and_the_pool_stays_usable(batch_size: int | None) -> None:
+    """A usage mistake is refused in the trainer; it never breaks the pool as an env failure would."""
+    options = {} if batch_size is None else {"batch_size": batch_size}
+    with closing(shm_envpool.make("CartPole-v1", env_type="gymnasium", num_envs=4, seed=0, **options)) as env:
+        if batch_size is None:
+            with pytest.raises(gym.error.ResetNeeded, match="never reset"):
+                env.step(np.zeros(4, dtype=np.int64))
+            observations, _ = env.reset()
+            assert observations.shape == (4, 4)
+            assert env.step(np.zeros(4, dtype=np.int64))[0].shape == (4, 4)
+        else:
+            with pytest.raises(RuntimeError, match=r"send: envs 0..1 \(worker 0\) have no results"):
+                env.send(np.zeros(2, dtype=np.int64), np.array([0, 1]))
+            env.async_reset()
+            *_, infos = env.recv()
+            env.send(np.zeros(2, dtype=np.int64), infos["env_id"])
+            assert env.recv()[0].shape == (2, 4)

@@ -548,6 +548,7 @@ def test_late_worker_of_a_dead_owner_spares_a_new_pool_of_the_same_name(pool_nam
         ({"info_bytes": 1 << 62}, ValueError, "info_bytes"),
         ({"start_method": "fork-please"}, ValueError, "start_method"),
         ({"copy": 1}, TypeError, "copy"),
+        ({"seed": -1}, ValueError, "seed must be between 0 and"),  # every unseeded reset would fail
     ],
 )
 def test_bad_launch_options_are_refused_naming_the_option(

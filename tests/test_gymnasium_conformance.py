@@ -83,9 +83,9 @@ NOT_SUPPORTED: dict[str, str] = {
         "the pool raises WorkerError (a RuntimeError) naming worker, env and phase, with the env's "
         "traceback text as __cause__, and stays broken (PoolBrokenError) until close: the other envs of "
         "that worker's slot are in an unknown state. SyncVectorEnv re-raises the env's exception, "
-        "AsyncVectorEnv its type and shuts that worker down. This includes gymnasium's own ResetNeeded "
-        "when a step comes before the first reset of an env made with gymnasium.make. call/get_attr/"
-        "set_attr/render keep the env's exception type and leave the pool usable"
+        "AsyncVectorEnv its type and shuts that worker down. A step before an env's first reset is "
+        "refused in the trainer with gymnasium's ResetNeeded, before anything is sent, and the pool goes "
+        "on. call/get_attr/set_attr/render keep the env's exception type and leave the pool usable"
     ),
     "SyncVectorEnv's leniency after close": (
         "a closed pool raises gymnasium.error.ClosedEnvironmentError from every call, as AsyncVectorEnv "
@@ -638,6 +638,23 @@ def test_disabled_mode_refuses_to_step_an_env_whose_episode_ended(pool_name: str
             pool.step([1, 1])  # env 0 ended and was not reset
         pool.reset(options={"reset_mask": np.array([True, False])})
         assert pool.step([1, 1])[0].tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("engine", helpers.ENGINES)
+def test_a_step_before_every_env_was_reset_is_refused_and_the_pool_goes_on(engine: str, pool_name: str) -> None:
+    """gymnasium's ``ResetNeeded``, raised in the trainer before anything is sent: a usage mistake,
+    not an env failure, so the pool stays usable (an env raising it in a worker would break it)."""
+    with shmpool.launch("CartPole-v1", 4, num_workers=2, engine=engine, name=pool_name) as pool:
+        with pytest.raises(gym.error.ResetNeeded, match=r"step\(\): envs \[0, 1, 2, 3\] were never reset"):
+            pool.step(np.zeros(4, dtype=np.int64))
+        pool.reset(seed=0, options={"reset_mask": np.array([True, False, True, False])})
+        with pytest.raises(gym.error.ResetNeeded, match=r"envs \[1, 3\] were never reset"):
+            pool.step(np.zeros(4, dtype=np.int64))
+        pool.reset(seed=0)
+        with closing(SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 4)) as reference:
+            reference.reset(seed=0)
+            for mine, theirs in zip(pool.step(np.ones(4, dtype=np.int64))[:4], reference.step(np.ones(4, dtype=np.int64))[:4]):
+                np.testing.assert_array_equal(mine, theirs)
 
 
 def test_disabled_mode_sync_refuses_to_step_an_env_whose_episode_ended() -> None:

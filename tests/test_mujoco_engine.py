@@ -302,6 +302,16 @@ def test_vector_api_sees_each_env_materialized(pool_name: str) -> None:
         assert_same_step(pool.step(actions), reference.step(actions), "after a refused call")
 
 
+def test_a_refused_call_names_envs_by_their_pool_ids(pool_name: str) -> None:
+    """The second slot's envs are 3 to 5: a differing constant in its second env is env 4's."""
+    with shmpool.launch("Hopper-v5", 6, num_workers=2, engine="mujoco", name=pool_name) as pool:
+        pool.reset(seed=0)
+        with pytest.raises(ValueError, match=r"is 0.5 in env 3 \(the slot's first\) and 0.1 in env 4;"):
+            pool.set_attr("_ctrl_cost_weight", [0.5, 0.5, 0.5, 0.5, 0.1, 0.5])
+        # the first slot took its values; the refusing slot's envs were given back theirs
+        assert pool.get_attr("_ctrl_cost_weight") == (0.5, 0.5, 0.5, 0.001, 0.001, 0.001)
+
+
 @pytest.mark.parametrize("env_id", ["Ant-v5", "Humanoid-v5"])
 def test_a_call_that_moves_the_state_and_the_materialized_data_match_gymnasium(env_id: str, pool_name: str) -> None:
     with stepped_beside_gymnasium(env_id, 2, pool_name, seed=1, action=0.2, steps=4) as (pool, reference, actions):

@@ -17,6 +17,7 @@ import pytest
 
 import shmpool
 from shmpool import Param
+from shmpool.hooks import Reset
 
 PAIR_WRITER = """
 import sys, numpy as np, shmpool
@@ -214,3 +215,65 @@ def test_numbers_for_every_env_are_written_as_arrays_of_them_are(pool_name: str)
         pool.reset(seed=0)
         pool.step(np.zeros(4, dtype=np.int64))
         np.testing.assert_array_equal(pool.applied["a"], pool.params["a"])
+
+
+def test_env_ids_beyond_int64_are_refused_as_given_never_wrapped_onto_an_env(pool_name: str) -> None:
+    """An unsigned id past 2**63 once became a negative int64, then an env counted from the end."""
+    params = {"a": Param(1.0, bind=False)}
+    with shmpool.launch("CartPole-v1", 8, num_workers=2, name=pool_name, params=params, hooks=[Reset()]) as pool:
+        for ids in (np.array([2**64 - 1], np.uint64), np.array([2**63], np.uint64), [2**64 - 1], [2**63]):
+            shown = str(int(np.asarray(ids)[0]))
+            with pytest.raises(ValueError, match=rf"env_ids \[{shown}\] out of range for num_envs=8"):
+                pool.params.write(ids, a=6.25)
+            with pytest.raises(ValueError, match=rf"env_ids \[{shown}\] out of range"):
+                pool.events.send("Reset", ids)
+        assert pool.params["a"].tolist() == [1.0] * 8
+        pool.params.write(np.array([7], np.uint64), a=6.25)  # an unsigned id in range is the env it names
+        assert pool.params["a"].tolist() == [1.0] * 7 + [6.25]
+        refused = helpers.shmpool_cli("set", pool_name, "a=2.0", "--envs", str(2**64 - 1))
+        assert refused.returncode == 2 and f"[{2**64 - 1}]" in refused.stderr
+        assert pool.params["a"].tolist() == [1.0] * 7 + [6.25]
+
+
+FORK_DURING_THE_FIRST_COMPILED_WRITE = """
+import os, sys, threading, time
+import shmpool
+
+with shmpool.launch("CartPole-v1", 4, num_workers=1, name=sys.argv[1], params={"a": shmpool.Param(0.0, bind=False)}) as pool:
+    handle = shmpool.attach(pool.name)
+    writer = threading.Thread(target=lambda: [handle.params.write(None, a=1.0) for _ in range(40)])
+    writer.start()
+    while True:  # until the writer's thread is inside numba's compiler, loading the compiled write
+        compiler = getattr(sys.modules.get("numba.core.compiler_lock"), "global_compiler_lock", None)
+        if compiler is not None and hasattr(sys.modules.get("shmpool.protocol.compiled"), "entry_point"):
+            if not compiler._lock.acquire(blocking=False):
+                break
+            compiler._lock.release()
+        time.sleep(0.0002)
+    child = os.fork()
+    if child == 0:
+        for _ in range(40):
+            handle.params.write(None, a=2.0)  # its own first compiled write
+        os._exit(0)
+    writer.join()
+    for _ in range(300):
+        done, status = os.waitpid(child, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+        status = None
+    handle.close()
+    print("hung" if status is None else os.waitstatus_to_exitcode(status))
+"""
+
+
+@helpers.needs("numba")
+def test_a_child_forked_while_another_thread_loads_the_compiled_write_writes_too(pool_name: str) -> None:
+    """A fork waits for the compiled write's load: a child forked in the middle of it would inherit
+    numba's compiler lock held by a thread it does not have, and hang at its first compiled write."""
+    result = helpers.run_script(FORK_DURING_THE_FIRST_COMPILED_WRITE, pool_name, timeout=90)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "0"

@@ -8,6 +8,7 @@ import sys
 import threading
 import warnings
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import helpers
@@ -347,6 +348,26 @@ def test_bad_declarations_fail_at_launch(pool_name: str) -> None:
         shmpool.launch("CartPole-v1", 2, name=pool_name, params={"gravity": Param(low=0, high=5)})
     with pytest.raises(ValueError, match="when must be one of"):
         shmpool.launch("CartPole-v1", 2, name=pool_name, params={"gravity": Param(when="sometimes")})
+
+
+@pytest.mark.parametrize(
+    ("declared", "error", "message"),
+    [
+        ({"shape": (-1,)}, ValueError, r"params\['x'\]: shape must be a tuple of positive ints, got \(-1,\)"),
+        ({"shape": (0,)}, ValueError, r"params\['x'\]: shape must be a tuple of positive ints, got \(0,\)"),
+        ({"shape": 3}, TypeError, r"params\['x'\]: shape must be a tuple of ints, got 3"),
+        ({"low": float("nan")}, ValueError, r"params\['x'\]: low must be a number \(or None for no bound\), got nan"),
+        ({"high": float("nan")}, ValueError, r"params\['x'\]: high must be a number"),
+        ({"low": [1, 2], "shape": (3,)}, ValueError, r"params\['x'\]: low must be a number or one per element"),
+        ({"low": 2, "high": 1}, ValueError, r"params\['x'\]: low 2 must not exceed high 1"),
+    ],
+)
+def test_bad_shapes_and_bounds_are_refused_naming_the_parameter_and_value(
+    declared: dict[str, Any], error: type, message: str, pool_name: str
+) -> None:
+    """Refused before anything is made (no numpy broadcast error, no segment error type)."""
+    with pytest.raises(error, match=message):
+        shmpool.launch("CartPole-v1", 2, name=pool_name, params={"x": Param(1.0, bind=False, **declared)})
 
 
 def test_bind_paths_and_callables(pool_name: str) -> None:

@@ -58,6 +58,8 @@ def test_soak_quick_passes_and_exercises_everything() -> None:
         "control calls completed (must not be 0)",
         "SIGINT bursts (storm process)",
         "SIGINT gusts (storm process)",
+        "raising handlers in writes (writer 1)",
+        "forks during the first writes (writer 0)",
     ):
         counts, _ = rows[label]
         assert all(counts[phase] for phase in PHASES), (label, counts)
