@@ -96,8 +96,8 @@ import gymnasium as gym
 import numpy as np
 
 import shmpool
-from shmpool.protocol import W_HOLDER
 import shmpool.system
+from shmpool.protocol import W_HOLDER
 from shmpool.system import descendants
 
 HOOK_LOG = "Log"

@@ -16,6 +16,7 @@ import importlib.util
 import logging  # noqa: F401 - before our fork hook: see below
 import math
 import os
+import signal
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -200,7 +201,9 @@ class ParamBlock:
             return self._seqlock.version
         rows = slice(None) if env_ids is None else ids  # every env: plain views are cheaper than indexing
         plain = self._plain_values(specs, values, len(ids))
-        return self._lock.run(WRITE_LOCK_TIMEOUT, self._check_open, self._write_locked, env_ids, ids, rows, specs, values, plain)
+        return self._lock.run(
+            WRITE_LOCK_TIMEOUT, self._check_open, self._write_locked, env_ids, ids, rows, specs, values, plain
+        )
 
     def _write_locked(
         self,
@@ -392,14 +395,21 @@ _UNPLANNED = object()
 
 
 def _raised_by_the_load(exc: Exception) -> bool:
-    """Whether ``exc`` came from the load itself (numba, llvmlite, the import machinery, shmpool),
-    rather than from a signal's handler that ran during it: that one is the caller's to see, and
-    the load is tried again."""
+    """Whether ``exc`` came from the load itself, rather than from a signal's handler that ran
+    during it (its traceback passes through a handler): that one is the caller's to see, and the
+    load is tried again at the next write."""
+    handlers = set()
+    for signum in signal.valid_signals():
+        handler = signal.getsignal(signum)
+        code = getattr(getattr(handler, "__func__", handler), "__code__", None)
+        if code is not None:
+            handlers.add(code)
     frame = exc.__traceback__
-    while frame is not None and frame.tb_next is not None:
+    while frame is not None:
+        if frame.tb_frame.f_code in handlers:
+            return False
         frame = frame.tb_next
-    module = "" if frame is None else str(frame.tb_frame.f_globals.get("__name__", ""))
-    return module.partition(".")[0] in ("numba", "llvmlite", "importlib", "shmpool", "")
+    return True
 
 
 def _warn_uncompiled(exc: Exception, stacklevel: int) -> None:

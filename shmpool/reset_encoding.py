@@ -93,9 +93,7 @@ class ResetEncoder:
         never reset: a worker's env would raise it, and a failed worker breaks the pool."""
         if not self.all_reset:
             never = np.flatnonzero(self._never_reset).tolist()
-            raise ResetNeeded(
-                f"{where}: envs {never!r:.80} were never reset; call reset() (or async_reset()) first"
-            )
+            raise ResetNeeded(f"{where}: envs {never!r:.80} were never reset; call reset() (or async_reset()) first")
 
     def check_mask(self, mask: Any) -> np.ndarray:
         """``options["reset_mask"]`` if it is one gymnasium takes, else the error gymnasium raises."""

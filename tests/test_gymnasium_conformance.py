@@ -653,7 +653,8 @@ def test_a_step_before_every_env_was_reset_is_refused_and_the_pool_goes_on(engin
         pool.reset(seed=0)
         with closing(SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 4)) as reference:
             reference.reset(seed=0)
-            for mine, theirs in zip(pool.step(np.ones(4, dtype=np.int64))[:4], reference.step(np.ones(4, dtype=np.int64))[:4]):
+            actions = np.ones(4, dtype=np.int64)
+            for mine, theirs in zip(pool.step(actions)[:4], reference.step(actions)[:4]):
                 np.testing.assert_array_equal(mine, theirs)
 
 

@@ -10,12 +10,14 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import closing
 
 import helpers
 import numpy as np
 import pytest
 
 import shmpool
+import shmpool.envpool as shm_envpool
 from shmpool import Param
 from shmpool.hooks import Reset
 
@@ -233,13 +235,23 @@ def test_env_ids_beyond_int64_are_refused_as_given_never_wrapped_onto_an_env(poo
         refused = helpers.shmpool_cli("set", pool_name, "a=2.0", "--envs", str(2**64 - 1))
         assert refused.returncode == 2 and f"[{2**64 - 1}]" in refused.stderr
         assert pool.params["a"].tolist() == [1.0] * 7 + [6.25]
+    huge = np.array([0, 1, 2, 2**64 - 1], np.uint64)
+    with shmpool.launch("CartPole-v1", 8, num_workers=2, batch_size=4, name=pool_name) as pool:
+        pool.async_reset(seed=0)
+        pool.recv()
+        with pytest.raises(IndexError, match=rf"send: env ids \[0, 1, 2, {2**64 - 1}\] are outside 0..7"):
+            pool.send(np.zeros(4, dtype=np.int64), huge)
+    with closing(shm_envpool.make("CartPole-v1", env_type="gymnasium", num_envs=4)) as env:
+        with pytest.raises(IndexError, match=rf"reset: env ids \[{2**64 - 1}\] are outside 0..3"):
+            env.reset(huge[3:])
 
 
 FORK_DURING_THE_FIRST_COMPILED_WRITE = """
 import os, sys, threading, time
 import shmpool
 
-with shmpool.launch("CartPole-v1", 4, num_workers=1, name=sys.argv[1], params={"a": shmpool.Param(0.0, bind=False)}) as pool:
+params = {"a": shmpool.Param(0.0, bind=False)}
+with shmpool.launch("CartPole-v1", 4, num_workers=1, name=sys.argv[1], params=params) as pool:
     handle = shmpool.attach(pool.name)
     writer = threading.Thread(target=lambda: [handle.params.write(None, a=1.0) for _ in range(40)])
     writer.start()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -679,6 +680,44 @@ def test_a_writer_killed_in_compiled_writes_never_publishes_half_a_write(pool_na
             np.testing.assert_array_equal(block["a"] + block["b"], 0.0)
         assert pool.params.write(None, a=1.0, b=-1.0) > 0  # the lock is free and usable
         assert pool.step(np.zeros(8, int))[0][:, 0].tolist() == [1.0] * 8
+
+
+@helpers.needs("numba")
+def test_a_signal_handlers_exception_during_the_compiled_writes_load_is_the_callers(
+    pool_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A handler that raises while the compiled write loads (it takes a fraction of a second) is no
+    numba failure: its exception propagates, nothing warns, and a later write loads it."""
+    from shmpool.protocol import compiled
+
+    class Alarm(Exception):
+        pass
+
+    def alarm(signum: int, frame: Any) -> None:
+        raise Alarm
+
+    real, calls = compiled.write_entry, []
+
+    def interrupted_once(kind: str, count: int) -> Any:
+        calls.append(kind)
+        if len(calls) == 1:
+            signal.raise_signal(signal.SIGALRM)  # its handler runs here, inside the load
+        return real(kind, count)
+
+    monkeypatch.setattr(compiled, "write_entry", interrupted_once)
+    previous = signal.signal(signal.SIGALRM, alarm)
+    try:
+        params = {"a": Param(0.0, bind=False)}
+        with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, params=params) as pool:
+            hot(pool.params)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                with pytest.raises(Alarm):
+                    pool.params.write(None, a=1.0)
+                assert pool.params.write(None, a=2.0) > 0 and pool.params["a"].tolist() == [2.0, 2.0]
+            assert calls == ["numbers", "numbers"] and pool.params._compiled._numbers  # loaded the second time
+    finally:
+        signal.signal(signal.SIGALRM, previous)
 
 
 def test_a_numba_that_fails_to_compile_leaves_writes_to_the_general_path(

@@ -86,8 +86,6 @@ def _init_mutex(address: int) -> None:
             raise OSError(code, f"{name}: {os.strerror(code)}")
 
 
-
-
 class WriterLock:
     """Excludes the writers of one pool's shared records: threads, processes and forked children.
 
