@@ -1,7 +1,7 @@
 """shmpool: multi-process gymnasium env pools whose parameters any process can change while they run.
 
-``import shmpool`` is cheap: it starts nothing and prints nothing; the pool machinery (numpy,
-gymnasium, multiprocess) is imported on first use of ``launch`` or ``Pool``.
+``import shmpool`` is cheap: it starts nothing, prints nothing and imports nothing heavy; each public
+name (the pool machinery with numpy, gymnasium and multiprocess, the errors) is imported on first use.
 
 Example:
     >>> import shmpool
@@ -14,27 +14,25 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .errors import (
-    EventQueueFullError,
-    ForeignProcessError,
-    KernelAttributeError,
-    LayoutMismatchError,
-    PoolBrokenError,
-    PoolClosedError,
-    PoolExistsError,
-    PoolNotFoundError,
-    PoolTimeoutError,
-    RemoteTraceback,
-    ShmpoolError,
-    StepSentInterrupt,
-    WorkerDiedError,
-    WorkerError,
-    WriterLockReentryError,
-    WriterLockTimeoutError,
-    deprecated_name,
-)
-
 if TYPE_CHECKING:
+    from .errors import (
+        EventQueueFullError,
+        ForeignProcessError,
+        KernelAttributeError,
+        LayoutMismatchError,
+        PoolBrokenError,
+        PoolClosedError,
+        PoolExistsError,
+        PoolNotFoundError,
+        PoolTimeoutError,
+        RemoteTraceback,
+        ShmpoolError,
+        StepSentInterrupt,
+        WorkerDiedError,
+        WorkerError,
+        WriterLockReentryError,
+        WriterLockTimeoutError,
+    )
     from .handle import PoolHandle, attach
     from .param_block import ParamBlock
     from .params import Param
@@ -42,7 +40,25 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
+#: Each public name with the module that defines it, imported on first use: the errors derive from
+#: gymnasium's, and gymnasium alone takes a third of a second to import.
 _LAZY = {
+    "EventQueueFullError": "errors",
+    "ForeignProcessError": "errors",
+    "KernelAttributeError": "errors",
+    "LayoutMismatchError": "errors",
+    "PoolBrokenError": "errors",
+    "PoolClosedError": "errors",
+    "PoolExistsError": "errors",
+    "PoolNotFoundError": "errors",
+    "PoolTimeoutError": "errors",
+    "RemoteTraceback": "errors",
+    "ShmpoolError": "errors",
+    "StepSentInterrupt": "errors",
+    "WorkerDiedError": "errors",
+    "WorkerError": "errors",
+    "WriterLockReentryError": "errors",
+    "WriterLockTimeoutError": "errors",
     "launch": "pool",
     "Pool": "pool",
     "Param": "params",
@@ -61,7 +77,6 @@ _SUBMODULES = {
     "mujoco",
     "env_families",
     "classic_control",
-    "adapters",  # env_families' old name: deprecated (it warns on import) until the next release
 }
 
 
@@ -72,7 +87,12 @@ def __getattr__(name: str) -> Any:
         return getattr(import_module(f".{_LAZY[name]}", __name__), name)
     if name in _SUBMODULES:
         return import_module(f".{name}", __name__)
-    return deprecated_name(__name__, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The public names too, which are imported on first use (so that tab completion offers them)."""
+    return sorted({*globals(), *__all__, *_SUBMODULES})
 
 
 __all__ = [

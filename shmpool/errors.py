@@ -8,8 +8,6 @@ resemble, so ``except TimeoutError`` or ``except ValueError`` code keeps working
 from __future__ import annotations
 
 import queue
-import sys
-import warnings
 from typing import TYPE_CHECKING, Any
 
 from gymnasium.error import ClosedEnvironmentError
@@ -169,66 +167,3 @@ class ClusterNodeError(ShmpoolError, RuntimeError):
 
 def _rebuild_node_error(message: str, node: int, node_id: str) -> ClusterNodeError:
     return ClusterNodeError(message, node=node, node_id=node_id)
-
-
-#: Names renamed to end in ``Error`` as the others do; the old ones work, with a DeprecationWarning,
-#: until the next release.
-DEPRECATED_NAMES = {"EventQueueFull": "EventQueueFullError", "WriterLockTimeout": "WriterLockTimeoutError"}
-
-
-def deprecated_name(module: str, name: str) -> Any:
-    """The class that ``name``, a deprecated name of ``module``, stands for, with a warning; raises
-    ``AttributeError`` for any other name."""
-    if name not in DEPRECATED_NAMES:
-        raise AttributeError(f"module {module!r} has no attribute {name!r}")
-    new = DEPRECATED_NAMES[name]
-    warnings.warn(
-        f"{module}.{name} is deprecated; use {new}, the same class (the old name goes in the next release)",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    return globals()[new]
-
-
-def __getattr__(name: str) -> Any:
-    return deprecated_name(__name__, name)
-
-
-#: The default of a keyword that was renamed: tells "not given" from any value, None included.
-NOT_GIVEN: Any = type("NotGiven", (), {"__repr__": lambda self: "NOT_GIVEN"})()
-
-
-def renamed_keyword(where: str, old: str, new: str, old_value: Any, new_value: Any) -> Any:
-    """``new_value``, or ``old_value`` if the caller still used the keyword's old name (with a
-    DeprecationWarning): the old name works until the next release."""
-    if old_value is NOT_GIVEN:
-        return new_value
-    warnings.warn(
-        f"{where}({old}=...) is deprecated; use {new}=..., which means the same "
-        f"(`timeout` now always means the step deadline; the old keyword goes in the next release)",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    return old_value
-
-
-def renamed_module(old: str, new: str) -> None:
-    """Warns that module ``old`` is deprecated for ``new``; called by ``old`` as it is imported.
-
-    The warning names the line that imported it (``import old``, ``from shmpool import ...`` or
-    ``shmpool.<name>``), past the import machinery and ``shmpool``'s lazy ``__getattr__``, which no
-    fixed ``stacklevel`` reaches on both paths: Python's default filters then show it in a script.
-    """
-    frame = sys._getframe(1)
-    name = frame.f_globals.get("__name__", "")
-    while frame.f_back is not None and (name in (old, __package__) or name.startswith("importlib")):
-        frame = frame.f_back
-        name = frame.f_globals.get("__name__", "")
-    warnings.warn_explicit(
-        f"{old} is deprecated; use {new}, which holds the same objects (the old name goes in the next release)",
-        DeprecationWarning,
-        frame.f_code.co_filename,
-        frame.f_lineno,
-        module=name,
-        registry=frame.f_globals.setdefault("__warningregistry__", {}),
-    )

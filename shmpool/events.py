@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import NOT_GIVEN, EventQueueFullError, renamed_keyword
+from .errors import EventQueueFullError
 from .protocol import EventRings, WriterLock
 
 #: The shortest wait for the writers' lock, even with ``wait=0``: a live holder keeps it for
@@ -126,7 +126,6 @@ class EventSender:
         *,
         at_step: int | None = None,
         wait: float | None = 0.0,
-        timeout: float | None = NOT_GIVEN,
     ) -> None:
         """Queues a one-shot event for ``hook`` (its name) concerning ``env_ids`` (ids, a slice, or
         None: every env).
@@ -134,9 +133,8 @@ class EventSender:
         It is delivered once, in send order, to that hook's ``ctx.events`` at the next step, or at
         global step ``at_step``. ``payload``: up to ``event_payload`` numbers. When a ring is full,
         waits up to ``wait`` seconds (0: not at all; None: as long as it takes), then raises
-        ``EventQueueFullError``; ``timeout`` is its deprecated old name.
+        ``EventQueueFullError``.
         """
-        wait = renamed_keyword("events.send", "timeout", "wait", timeout, wait)
         self._check_open()
         try:
             hook_index = self._hook_indices[hook]

@@ -8,12 +8,10 @@ from typing import Any
 import numpy as np
 
 from .errors import (
-    NOT_GIVEN,
     LayoutMismatchError,
     PoolClosedError,
     PoolNotFoundError,
     SegmentNotReadyError,
-    renamed_keyword,
 )
 from .layout import CONTROL_WORDS, H_GLOBAL_STEP, H_STATE, STATE_CLOSING, Layout, header_words
 from .protocol import check_memory_model
@@ -89,11 +87,11 @@ class PoolHandle(Channels):
         return f"PoolHandle({self.name!r}, env={self.env!r}, num_envs={self.num_envs}, alive={self.alive})"
 
 
-def attach(name: str, *, wait: float | None = None, timeout: float | None = NOT_GIVEN) -> PoolHandle:
+def attach(name: str, *, wait: float | None = None) -> PoolHandle:
     """Finds the running pool called ``name`` and maps it, after validating its segment.
 
     Waits up to ``wait`` seconds for the pool to appear, and for a pool being launched to finish its
-    header (None: do not wait); ``timeout`` is its deprecated old name. Raises
+    header (None: do not wait). Raises
     ``PoolNotFoundError`` (listing the pools that exist, or saying the owner is dead or in another pid
     namespace), ``LayoutMismatchError`` for a segment that is not a shmpool one of this layout version
     or is damaged in any way, and ``PermissionError`` for another user's pool. Nothing in the segment
@@ -106,7 +104,6 @@ def attach(name: str, *, wait: float | None = None, timeout: float | None = NOT_
         ...         handle.params.write([0, 1], length=0.8)  # the write's version
         1
     """
-    wait = renamed_keyword("attach", "timeout", "wait", timeout, wait)
     check_memory_model()
     deadline = None if wait is None else time.monotonic() + wait
     while True:  # until the segment exists and has its header (a pool being launched gets both soon)

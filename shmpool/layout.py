@@ -149,7 +149,7 @@ def seed_of(words: np.ndarray) -> int:
 
 _ALLOWED_KINDS = set("biufcSV")
 # The dtype strings Layout.plan writes (``dtype.str`` of plain types). Anything else numpy would parse
-# (aliases, comma lists, subarray strings, deprecated codes) is refused rather than interpreted.
+# (aliases, comma lists, subarray strings, retired codes) is refused rather than interpreted.
 _DTYPE_STRING = re.compile(r"[<>|=]?[biufcSV][0-9]{1,9}")
 _MAX_NDIM = 32  # numpy 1.x's limit; Layout.plan never writes more than a handful
 _MAX_FIELDS = 100_000

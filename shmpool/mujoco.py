@@ -14,7 +14,7 @@ ranges: mass x U(0.8, 1.2)); its nominal value is 1.0 and ``applied`` reports th
 keeps the model consistent after a change: masses recompute MuJoCo's derived constants
 (``mj_setConst``, on a scratch ``MjData`` so the simulation state is untouched).
 
-MuJoCo writes its warnings (a deprecated attribute in a model file, say) to ``MUJOCO_LOG.TXT`` in the
+MuJoCo writes its warnings (an attribute a model file should no longer use, say) to ``MUJOCO_LOG.TXT`` in the
 working directory on every model compile; ``log_to_python`` sends them to Python's ``logging``
 instead: ``launch(..., worker_init=shmpool.mujoco.log_to_python)`` for the workers, and a call in the
 trainer (which makes one env at launch to read nominal values).

@@ -402,31 +402,28 @@ def test_reads_after_a_node_failed_raise_an_error_naming_it(pool_name: str) -> N
         fleet.params.write([0], sleep=0.0)  # node 0's envs still take writes
 
 
-def test_num_envs_is_the_total_and_the_old_keywords_still_work_with_a_warning(pool_name: str) -> None:
+def test_num_envs_is_the_total_split_evenly_over_the_nodes(pool_name: str) -> None:
     with pytest.raises(ValueError, match=r"num_envs=3 does not split evenly over 2 nodes .* such as 2 or 4"):
         shmpool.ray.launch(CountingEnv, 3, name=pool_name, num_workers=1)
     with pytest.raises(TypeError, match="needs num_envs"):
         shmpool.ray.launch(CountingEnv, name=pool_name, num_workers=1)
-    with pytest.raises(TypeError, match="give num_envs alone"):
-        shmpool.ray.launch(CountingEnv, 4, num_envs_per_node=2, name=pool_name, num_workers=1)
     started = time.monotonic()
     with pytest.raises(shmpool.PoolNotFoundError, match=pool_name):
         shmpool.ray.attach(pool_name, wait=0.5)
     assert time.monotonic() - started >= 0.5  # waited for it to appear
-    with pytest.warns(DeprecationWarning, match=r"launch\(num_envs_per_node=\.\.\.\) is deprecated; give num_envs"):
-        old = shmpool.ray.launch(CountingEnv, num_envs_per_node=2, name=pool_name, num_workers=1, seed=0)
-    with old, shmpool.ray.launch(CountingEnv, 4, name=f"{pool_name}-new", num_workers=1, seed=0) as new:
-        assert old.num_envs == new.num_envs == 4 and old.batch_size == new.batch_size == 2
-        assert [node.env_ids for node in old.nodes] == [node.env_ids for node in new.nodes] == [range(2), range(2, 4)]
-        assert_same(old.reset(), new.reset())
-        actions = np.array([0, 1, 2, 1])
-        assert_same(old.step(actions), new.step(actions))
-        with pytest.raises(AttributeError, match="launched without hooks, so it takes no events"):
-            old.events  # noqa: B018
-        with pytest.warns(DeprecationWarning, match=r"shmpool.ray.attach\(timeout=\.\.\.\) is deprecated; use wait="):
-            handle = shmpool.ray.attach(pool_name, timeout=5.0)
-        with handle, shmpool.ray.attach(pool_name, wait=5.0) as same:
-            assert handle.num_envs == same.num_envs == 4 and handle.alive and same.alive
+    fns = [CountingEnv] * 4
+    with shmpool.ray.launch(fns, name=pool_name, num_workers=1, seed=0) as given:
+        with shmpool.ray.launch(CountingEnv, 4, name=f"{pool_name}-new", num_workers=1, seed=0) as new:
+            assert given.num_envs == new.num_envs == 4 and given.batch_size == new.batch_size == 2
+            assert [node.env_ids for node in new.nodes] == [range(2), range(2, 4)]
+            assert [node.env_ids for node in given.nodes] == [range(2), range(2, 4)]
+            assert_same(given.reset(), new.reset())
+            actions = np.array([0, 1, 2, 1])
+            assert_same(given.step(actions), new.step(actions))
+            with pytest.raises(AttributeError, match="launched without hooks, so it takes no events"):
+                given.events  # noqa: B018
+            with shmpool.ray.attach(pool_name, wait=5.0) as handle:
+                assert handle.num_envs == 4 and handle.alive
 
 
 def test_events_env_apply_global_step_and_state_dict_go_through_the_nodes(pool_name: str, tmp_path: Path) -> None:

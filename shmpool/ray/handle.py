@@ -8,7 +8,7 @@ import time
 import uuid
 from typing import Any
 
-from shmpool.errors import NOT_GIVEN, PoolClosedError, PoolNotFoundError, renamed_keyword
+from shmpool.errors import PoolClosedError, PoolNotFoundError
 
 from .channels import _ClusterChannels
 from .fleet import NAMESPACE, QUICK_CALL, _Fleet, actor_name, import_ray
@@ -84,7 +84,7 @@ class ClusterHandle(_ClusterChannels):
 
 
 def attach(
-    name: str, *, address: str | None = None, wait: float | None = None, timeout: float | None = NOT_GIVEN
+    name: str, *, address: str | None = None, wait: float | None = None
 ) -> ClusterHandle:
     """Finds the cluster pool called ``name`` on the Ray cluster and returns a handle on every node.
 
@@ -95,7 +95,6 @@ def attach(
         name: The name given to ``shmpool.ray.launch``.
         address: The Ray cluster's address, used only if this process has not called ``ray.init``.
         wait: Seconds to wait for the cluster pool to appear (None: do not wait).
-        timeout: Deprecated old name of ``wait`` (``timeout`` now always means the step deadline).
 
     Raises:
         PoolNotFoundError: if no cluster pool of that name runs (within ``wait``).
@@ -107,7 +106,6 @@ def attach(
         ...     handle.params.write(None, length=0.7)
         ...     records = handle.episodes.read()
     """
-    wait = renamed_keyword("shmpool.ray.attach", "timeout", "wait", timeout, wait)
     ray = import_ray()
     if not ray.is_initialized():
         ray.init(address=address or "auto")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +32,6 @@ def launch(
     nodes: int | Sequence[str] | None = None,
     name: str | None = None,
     host_options: Mapping[str, Any] | None = None,
-    num_envs_per_node: int | None = None,
     **options: Unpack[OptionsButName],
 ) -> ClusterPool:
     """Launches a pool of ``num_envs`` envs over the chosen nodes of the Ray cluster this process is
@@ -52,7 +50,6 @@ def launch(
             ``"shmpool"``) and node ``index``'s pool is ``{name}-{index}``; None: a unique one.
         host_options: Ray options of the host actors (``num_cpus`` to reserve cores for the pool's
             workers, say); they take no resource by default. Placement is always the node's, hard.
-        num_envs_per_node: Deprecated: envs per node; give ``num_envs`` (the total) instead.
         **options: The options of ``shmpool.launch`` (``num_workers``, ``seed``, ``params``,
             ``hooks``, ``timeout``, ...), the same for every node. A ``seed`` makes global env ``i``
             start from ``seed + i`` at the first reset, as in one local pool.
@@ -69,26 +66,11 @@ def launch(
         ...     observations, infos = cluster.reset()
         ...     print(cluster.num_envs, [node.env_ids for node in cluster.nodes])
     """
-    if num_envs_per_node is not None:
-        if num_envs is not None:
-            raise TypeError(
-                f"shmpool.ray.launch() got num_envs={num_envs!r} and num_envs_per_node={num_envs_per_node!r}: give "
-                f"num_envs alone, the envs over all the nodes"
-            )
-        warnings.warn(
-            "shmpool.ray.launch(num_envs_per_node=...) is deprecated; give num_envs, the envs over all the nodes "
-            "(num_envs_per_node x the number of nodes), as shmpool.launch takes it (the old keyword goes in the "
-            "next release)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        _check_count("num_envs_per_node", num_envs_per_node)
-    elif num_envs is None:
+    if num_envs is None:
         if isinstance(env, str) or callable(env):
             raise TypeError("shmpool.ray.launch() needs num_envs, the envs over all the nodes")
         num_envs = len(env)
-    if num_envs is not None:
-        _check_count("num_envs", num_envs)
+    _check_count("num_envs", num_envs)
     if options.get("batch_size") is not None:
         raise TypeError(
             "shmpool.ray.launch takes no batch_size: a cluster pool's recv() returns one whole node (see "
@@ -100,7 +82,7 @@ def launch(
     if not ray.is_initialized():
         ray.init()
     chosen = _choose_nodes(ray, nodes)
-    total = int(num_envs) if num_envs is not None else int(num_envs_per_node) * len(chosen)  # type: ignore[arg-type]
+    total = int(num_envs)
     if total % len(chosen):
         below = total // len(chosen) * len(chosen)
         raise ValueError(
