@@ -83,9 +83,7 @@ class ClusterHandle(_ClusterChannels):
         )
 
 
-def attach(
-    name: str, *, address: str | None = None, wait: float | None = None
-) -> ClusterHandle:
+def attach(name: str, *, address: str | None = None, wait: float | None = None) -> ClusterHandle:
     """Finds the cluster pool called ``name`` on the Ray cluster and returns a handle on every node.
 
     Works from any process connected to the cluster; one that is not connected yet connects to
