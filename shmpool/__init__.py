@@ -84,10 +84,24 @@ def __getattr__(name: str) -> Any:
     from importlib import import_module
 
     if name in _LAZY:
-        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+        import_module(f".{_LAZY[name]}", __name__)
+        bind_lazy_names(_LAZY[name])
+        return globals()[name]
     if name in _SUBMODULES:
         return import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def bind_lazy_names(module: str) -> None:
+    """Makes the public names of submodule ``module`` (imported) plain attributes of the package.
+
+    Then looking one up runs no Python code: ``except shmpool.StepSentInterrupt:`` must not be a
+    place where a Ctrl-C can land (Python raises it only where Python code runs), or a step that
+    went out would surface as a plain ``KeyboardInterrupt``. ``shmpool.errors`` binds its names as
+    it is imported, so they are plain attributes before any pool exists.
+    """
+    imported = vars(__import__(f"{__name__}.{module}", fromlist=["_"]))
+    globals().update({name: imported[name] for name, home in _LAZY.items() if home == module})
 
 
 def __dir__() -> list[str]:

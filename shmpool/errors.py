@@ -167,3 +167,12 @@ class ClusterNodeError(ShmpoolError, RuntimeError):
 
 def _rebuild_node_error(message: str, node: int, node_id: str) -> ClusterNodeError:
     return ClusterNodeError(message, node=node, node_id=node_id)
+
+
+def _bind_in_the_package() -> None:
+    from . import bind_lazy_names
+
+    bind_lazy_names("errors")
+
+
+_bind_in_the_package()

@@ -57,16 +57,20 @@ def test_the_worker_package_is_shmpools() -> None:
 
 def test_import_shmpool_is_cheap_and_still_offers_every_public_name() -> None:
     """``import shmpool`` imports neither gymnasium nor numpy (an attached curriculum or the CLI
-    starts fast); every public name comes on first use, and ``dir`` lists them for tab completion."""
+    starts fast); every public name comes on first use, and ``dir`` lists them for tab completion.
+    Once the pool's code is imported, the errors are plain attributes: ``except
+    shmpool.StepSentInterrupt`` runs no Python code, where a Ctrl-C could replace the exception."""
     code = (
         "import sys, shmpool\n"
         "heavy = sorted(m for m in ('gymnasium', 'numpy', 'multiprocess') if m in sys.modules)\n"
         "listed = all(name in dir(shmpool) for name in shmpool.__all__)\n"
-        "print(heavy, listed, shmpool.PoolClosedError.__module__, shmpool.launch.__module__)\n"
+        "import shmpool.pool\n"
+        "bound = 'StepSentInterrupt' in vars(shmpool) and 'WorkerError' in vars(shmpool)\n"
+        "print(heavy, listed, bound, shmpool.PoolClosedError.__module__, shmpool.launch.__module__)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["[]", "True", "shmpool.errors", "shmpool.pool"]
+    assert result.stdout.split() == ["[]", "True", "True", "shmpool.errors", "shmpool.pool"]
 
 
 def test_env_family_modules_are_attributes_of_shmpool() -> None:
