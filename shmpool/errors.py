@@ -8,6 +8,7 @@ resemble, so ``except TimeoutError`` or ``except ValueError`` code keeps working
 from __future__ import annotations
 
 import queue
+import sys
 from typing import TYPE_CHECKING, Any
 
 from gymnasium.error import ClosedEnvironmentError
@@ -169,10 +170,7 @@ def _rebuild_node_error(message: str, node: int, node_id: str) -> ClusterNodeErr
     return ClusterNodeError(message, node=node, node_id=node_id)
 
 
-def _bind_in_the_package() -> None:
-    from . import bind_lazy_names
-
-    bind_lazy_names("errors")
-
-
-_bind_in_the_package()
+# The package's lazy names of this module become plain attributes now (see ``bind_lazy_names``);
+# through sys.modules, as the package is always imported before its modules and nothing here may
+# import the package (the layers of pyproject.toml).
+sys.modules[__package__].bind_lazy_names("errors")
