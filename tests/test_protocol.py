@@ -1114,7 +1114,7 @@ def test_a_compiled_write_killed_anywhere_is_rolled_back_by_the_next_holder(tmp_
     random moments: the next holder of the lock finds the rows whole, each one as some write left it,
     and the generation even; a reader in between never copies a half-written row."""
     pytest.importorskip("numba", reason='needs numba: pip install -e ".[numba]"')
-    from shmpool.param_block import CompiledWrites
+    from shmpool.compiled_writes import CompiledWrites
     from shmpool.params import compile_specs
     from shmpool.protocol import compiled
 
