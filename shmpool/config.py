@@ -387,9 +387,8 @@ TRAINER_SAFE_ENVS = ("gymnasium.envs.classic_control.", "gymnasium.envs.toy_text
 
 def _default_trainer_slot(config: PoolConfig) -> bool:
     """Whether the trainer steps a slot itself (``trainer_slot=None``): when the workers take every
-    usable core, so that the trainer would only take turns with them (CartPole-v1 x32, 2 workers on
-    2 cores: 1.3x to 1.6x the throughput of a worker per slot, random actions or an MLP between
-    steps), without async batches (``batch_size < num_envs``: they overlap the trainer's policy with
+    usable core, so that the trainer would only take turns with them (the faster placement then:
+    ``docs/benchmarks.md``), without async batches (``batch_size < num_envs``: they overlap the trainer's policy with
     the workers' steps), and only when nothing but library code would run there: gymnasium's pure-Python envs,
     shmpool's hooks and bindings, no ``worker_init``. A hang or a crash of the user's own code is
     caught only in a worker process."""

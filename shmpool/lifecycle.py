@@ -47,11 +47,9 @@ from .system import Doorbell, Segment, doorbell_path, monotonic, process_start_t
 
 #: Polls a worker makes for its next command before sleeping; each poll yields the core. Only while
 #: every worker has a core of its own (``num_workers <= usable cores``): beyond that, idle workers
-#: that spin keep the cores from the ones stepping, and a sleeping worker's slot starves. Measured
-#: on 2 cores, async batches of one slot: with 3 spinning workers one slot got 3 to 7 of 60 batches
-#: (the others 26 to 29); with 3 sleeping workers each got 19 to 21. With 2 workers spinning wins,
-#: since a wake-up costs about 17 us here: CartPole-v1 x32, async whole loop (``bench.py --loop``),
-#: 148k steps/s spinning against 126k sleeping.
+#: that spin keep the cores from the ones stepping, and a sleeping worker's slot starves; with as
+#: many workers as cores, spinning wins, since a wake-up costs more than a short spin
+#: (``docs/benchmarks.md``, "Numbers behind design choices").
 WORKER_SPIN = 300
 #: How often a sleeping worker wakes to check that its owner is alive.
 WORKER_POLL_INTERVAL = 0.2

@@ -453,13 +453,13 @@ def inner_step(env: gymnasium.Env) -> tuple[Callable[[Any], Any], TimeLimit | No
     truncation the caller then keeps), with the same results and the same wrapper state. None while
     the ``PassiveEnvChecker`` has checks left (the env's first two steps) or before the first reset.
 
-    Why: those three wrappers cost 0.3 us per env step together, 7% of CartPole-v1's step (4.4 us
-    through them, 4.1 us under them, measured with ``timeit`` on this project's 2-core machine),
-    and a worker makes 16 to 64 such calls per step. Only these exact classes, with their own
-    ``step``, are passed over: the walk stops at any other object (a subclass, another wrapper, a
-    layer whose ``step`` was patched on the instance), whose ``step`` is then called. The caller
-    looks again after anything that may change the layers (``EnvSlice.after_call``), and reads
-    ``TimeLimit``'s limit at every step, so that a changed ``_max_episode_steps`` holds.
+    Why: those three wrappers cost a noticeable share of a cheap env's step (``docs/benchmarks.md``,
+    "Numbers behind design choices"), and a worker makes 16 to 64 such calls per step. Only these
+    exact classes, with their own ``step``, are passed over: the walk stops at any other object (a
+    subclass, another wrapper, a layer whose ``step`` was patched on the instance), whose ``step``
+    is then called. The caller looks again after anything that may change the layers
+    (``EnvSlice.after_call``), and reads ``TimeLimit``'s limit at every step, so that a changed
+    ``_max_episode_steps`` holds.
 
     The walk reads the wrappers' own state (``TimeLimit._elapsed_steps``, the checker's ``checked_*``
     flags), which gymnasium does not promise to keep: 1.2 has no ``checked_data_reuse``, 1.3 added it.

@@ -26,7 +26,7 @@ from shmpool.workers.envs import ArraySlot
 from shmpool.workers.param_applier import ParamApplier
 
 #: Option-less resets each env draws ahead for compiled autoresets. The refill (a generator state
-#: saved, one ``draw`` call: about 10 us) is paid once per this many episodes of an env.
+#: saved, one ``draw`` call) is paid once per this many episodes of an env.
 RESETS_DRAWN_AHEAD = 16
 
 

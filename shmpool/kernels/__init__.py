@@ -1,83 +1,12 @@
 """Compiled batch envs: ``launch(env_id, num_envs, engine="numba")`` steps each worker's whole slot in
 one numba-jitted call instead of env by env in Python.
 
-A ``BatchKernel`` describes one such env: its spaces, the float64 state it keeps per env, the
-parameters it reads (by their gymnasium attribute names, with nominal values), a jitted ``step`` over
-the slot and a Python ``reset`` for one env. A worker keeps the slot's state as an ``(envs, state_size)``
-array and the parameters as an ``(envs, len(params))`` matrix; parameters are read, validated, drawn
-and published exactly as with the Python engine (``shmpool.workers.param_applier``), but an
-accepted value lands in its matrix column instead of an env attribute, and the kernel reads the
-matrix each step.
-Values an env caches from its parameters (CartPole's ``total_mass`` and ``polemass_length``) are
-parameters too, recomputed by the kernel's ``refresh`` wherever the Python engine's adapter recomputes
-them, and nowhere else: as on gymnasium's env, ``set_attr("masspole", ...)`` leaves them as they were.
-Resets run the kernel's Python ``reset``, from each env's own ``np_random`` seeded as
-gymnasium seeds it, so the same seeds give the same initial states. A kernel whose episodes are short
-(CartPole's last about 20 random steps: a reset per step in every worker) may also give ``draw`` and
-``start``: the workers then draw each env's next option-less resets ahead, several at a time, and
-autoreset in one compiled call (see ``BatchKernel``); the env's ``np_random`` is rewound to where
-gymnasium's would be whenever Python code asks for it.
-
-Built-in kernels (``shmpool.kernels.builtin``) reproduce gymnasium's ``CartPole-v1``,
-``Pendulum-v1``, ``MountainCar-v0``, ``MountainCarContinuous-v0`` and ``Acrobot-v1`` bit for bit
-(``gymnasium.make`` of them, ``TimeLimit`` included). Register one of your own with ``register``::
-
-    import math
-
-    import numba
-    import numpy as np
-    from gymnasium import spaces
-
-    import shmpool
-    from shmpool.kernels import BatchKernel
-
-
-    @numba.njit(cache=True)
-    def drift_step(state, params, actions, stepping, observations, rewards, terminations):
-        for i in range(state.shape[0]):
-            if stepping[i]:  # rows that reset this step are not stepped
-                state[i, 0] += params[i, 0] * (actions[i] - 0.5)  # params[:, 0] is "speed"
-                observations[i, 0] = state[i, 0]
-                rewards[i] = -abs(state[i, 0])
-                terminations[i] = abs(state[i, 0]) > 1.0
-
-
-    def drift_reset(rng, params, options, state, observation):
-        state[0] = rng.uniform(-0.5, 0.5)
-        observation[0] = state[0]
-
-
-    DRIFT = BatchKernel(
-        observation_space=spaces.Box(-math.inf, math.inf, (1,), np.float32),
-        action_space=spaces.Discrete(2),
-        state_size=1,
-        params={"speed": 0.1},
-        step=drift_step,
-        reset=drift_reset,
-        max_episode_steps=100,
-        velocities=(),
-    )
-    shmpool.kernels.register("Drift-v0", DRIFT)
-    pool = shmpool.launch("Drift-v0", 64, engine="numba", params={"speed": shmpool.Param(low=0, high=1)})
-
-Control calls (``get_attr``, ``set_attr``, ``call``, ``env_apply``) see each env as a
-``KernelEnv``, which does with an attribute what gymnasium's env does, or refuses it: its
-parameters are read and written in the parameter matrix, ``state`` is the env's state in gymnasium's
-shape, ``_max_episode_steps`` and ``_elapsed_steps`` are ``TimeLimit``'s (a new limit holds from the
-next step), and writing an attribute of the gymnasium env that the kernel does not model
-(``BatchKernel.unsupported``: CartPole's ``kinematics_integrator``, rendering attributes, ...) raises
-``KernelAttributeError`` naming the alternatives, instead of being ignored. Other names are
-plain attributes, as on a gymnasium env.
-
-Where each part lives: ``BatchKernel`` in ``shmpool.kernels.batch_kernel``, ``KernelEnv``
-in ``shmpool.kernels.env``, the built-in kernels in ``shmpool.kernels.builtin`` (one module
-each), the workers' compiled bookkeeping around a kernel's ``step`` in ``shmpool.kernels.slot``.
-This module holds the registry (``register``, ``find``, ``load``, ``check_options``)
-and gives the others their ``shmpool.kernels`` names (``shmpool.kernels.BatchKernel``, ``KernelEnv``,
-``NO_LIMIT``).
-
-This package imports neither numba nor any kernel: the registry holds import strings (or your
-objects) and ``load`` imports a kernel only when a pool uses it.
+A ``BatchKernel`` describes one such env (its spaces, per-env float64 state, the parameters it reads,
+a jitted ``step`` over the slot and a Python ``reset``); the built-in ones reproduce gymnasium's
+classic-control envs bit for bit, and ``register`` adds your own. This module is the registry
+(``register``, ``find``, ``load``, ``check_options``); it imports neither numba nor any kernel, whose
+import strings it holds until a pool uses one. How to write a kernel, and what ``KernelEnv`` does with
+an attribute: ``docs/guides/engines.md``; where each part lives: ``docs/internals.md``.
 """
 
 from __future__ import annotations

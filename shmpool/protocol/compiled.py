@@ -112,7 +112,8 @@ def _end(mutex: int, words: np.ndarray, seq: np.ndarray, start: int, stop: int, 
 
 
 #: The words of ``plan``, the int64 array that describes a block to the writes (addresses as integers:
-#: numba unboxes an array argument in about 0.1 us, a fifth of a write, so there is one, not five).
+#: numba unboxes each array argument at a cost that is a good part of a write's, so there is one,
+#: not five).
 P_MUTEX, P_WORDS, P_BLOCK, P_UNDO, P_SEQ, P_ENVS, P_RECORD_WORDS = range(7)
 PLAN_WORDS = 7
 
@@ -213,8 +214,8 @@ def write_entry(kind: str, count: int) -> Any:
 
 def entry_point(function: Any, signature: tuple[Any, ...]) -> Any:
     """The numba function ``function`` compiled for ``signature`` (numba types), or loaded from
-    numba's cache, now, as the callable that skips numba's typing of the arguments (0.6 us of a
-    1.3 us call, more with many arrays): for a caller that passes exactly those types every time
+    numba's cache, now, as the callable that skips numba's typing of the arguments (about half of a
+    call's cost, more with many arrays): for a caller that passes exactly those types every time
     (an array of another dtype or number of dimensions would be misread). Where numba does not
     expose it, the dispatcher itself."""
     function.compile(signature)
