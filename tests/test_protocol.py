@@ -909,6 +909,22 @@ def test_ctrl_c_while_waiting_for_the_writer_lock_interrupts_the_wait(pool_name:
     assert result.stdout.strip() == "KeyboardInterrupt True [2.0, 2.0]"
 
 
+#: The end of the storm scripts below: the lock was left free (a write well within its 5 s, a send,
+#: a checkpoint, a write from another process), printed after the storm's count of interruptions.
+AFTER_THE_STORM = """
+started = time.monotonic()
+pool.params.write(None, a=2.0)  # within the lock's 5 s only if nothing left the lock held
+pool.events.send("Log", [0], [4, 5, 6], wait=0.0)
+state = pool.state_dict()  # the checkpoint a preempted job writes on its way out
+other = subprocess.run([sys.executable, "-c",
+    "import shmpool, sys\\n"
+    "with shmpool.attach(sys.argv[1]) as handle:\\n"
+    "    handle.params.write(None, a=3.0)\\n", sys.argv[1]], timeout=30)
+print(count, other.returncode, round(time.monotonic() - started) < 3, pool.params["a"].tolist())
+pool.close()
+"""
+
+
 INTERRUPTED_WRITER = """
 import os, signal, subprocess, sys, time
 import numpy as np
@@ -946,16 +962,8 @@ while True:  # an interrupt can also land on the loop's back edge, outside the i
         interrupts += 1
 os.waitpid(storm.pid, 0)
 storm.returncode = 0
-started = time.monotonic()
-pool.params.write(None, a=2.0)  # within the lock's 5 s only if no interrupt left the lock held
-pool.events.send("Log", [0], [4, 5, 6], wait=0.0)
-other = subprocess.run([sys.executable, "-c",
-    "import shmpool, sys\\n"
-    "with shmpool.attach(sys.argv[1]) as handle:\\n"
-    "    handle.params.write(None, a=3.0)\\n", sys.argv[1]], timeout=30)
-print(interrupts, other.returncode, round(time.monotonic() - started) < 3, pool.params["a"].tolist())
-pool.close()
-"""
+count = interrupts
+""" + AFTER_THE_STORM
 
 
 def test_ctrl_c_inside_the_writer_lock_never_leaves_it_held(pool_name: str, tmp_path: Path) -> None:
@@ -1027,17 +1035,8 @@ signal.setitimer(signal.ITIMER_REAL, 0)
 if sys.argv[3] == "SIGTERM":
     os.waitpid(storm.pid, 0)
     storm.returncode = 0
-started = time.monotonic()
-pool.params.write(None, a=2.0)  # within the lock's 5 s only if no handler left the lock held
-pool.events.send("Log", [0], [4, 5, 6], wait=0.0)
-state = pool.state_dict()  # the checkpoint a preempted job writes on its way out
-other = subprocess.run([sys.executable, "-c",
-    "import shmpool, sys\\n"
-    "with shmpool.attach(sys.argv[1]) as handle:\\n"
-    "    handle.params.write(None, a=3.0)\\n", sys.argv[1]], timeout=30)
-print(raised, other.returncode, round(time.monotonic() - started) < 3, pool.params["a"].tolist())
-pool.close()
-"""
+count = raised
+""" + AFTER_THE_STORM
 
 
 @pytest.mark.parametrize("signum", ["SIGALRM", "SIGTERM"])
