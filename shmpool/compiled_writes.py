@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .interrupts import interrupts_deferred
 from .params import ParamSpec, in_float64_words, is_plain_float64
 from .protocol import Seqlock, WriterLock
 from .system import this_pid
@@ -34,7 +35,8 @@ COMPILED_AFTER = 16
 #: Held while this process imports or compiles the compiled writes (numba's import and compiler
 #: locks): a fork waits until it is free, for up to ``FORK_WAIT`` seconds. A child forked mid-import
 #: would inherit those locks held by a thread it does not have, and hang at its own first compiled
-#: write.
+#: write. Ctrl-C waits for the load too (a fraction of a second, once): an import cut short leaves
+#: the import machinery's state half done, and a storm of them would leave it broken.
 _COMPILING = threading.RLock()
 FORK_WAIT = 30.0
 _forking = threading.local()  # whether this thread's fork holds _COMPILING
@@ -116,7 +118,7 @@ class CompiledWrites:
         """The compiled writes (importing numba, loading or compiling the functions), or None, with a
         warning when numba is installed but fails: writes then keep the general path."""
         try:
-            with _COMPILING:
+            with _COMPILING, interrupts_deferred():  # see _COMPILING
                 from .protocol import compiled
 
                 return cls(specs, seqlock, lock, compiled)
@@ -161,7 +163,7 @@ class CompiledWrites:
         numba fails to compile it, one that always leaves the write to the general path."""
         entries = self._numbers if kind == "numbers" else self._arrays
         try:
-            with _COMPILING:
+            with _COMPILING, interrupts_deferred():
                 entry: Callable[..., int] = self._functions.write_entry(kind, count)
         except Exception as exc:  # noqa: BLE001 - any numba failure: the general path still writes
             if not _raised_by_the_load(exc):
