@@ -1,8 +1,8 @@
 """Ctrl-C held back for work that must not stop halfway: ``interrupts_deferred``.
 
-This is about signals, not shared memory. The pool, its async batches, its waits and the trainer's
-slot hold Ctrl-C back around work that could not be run again; the writers' lock
-(``shmpool.protocol.lock``) holds it back from acquisition to release with ``DeferredInterrupt``.
+This is about signals, not shared memory. The pool, its async batches, its waits, the trainer's slot
+and the compiled writes' load hold Ctrl-C back around work that could not be run again. The
+writers' lock needs no such hold: no signal's handler can leave it held (``shmpool.protocol.lock``).
 """
 
 from __future__ import annotations
