@@ -14,6 +14,7 @@ import logging  # noqa: F401 - before our fork hook: see below
 import os
 import signal
 import threading
+import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -43,7 +44,14 @@ _forking = threading.local()  # whether this thread's fork holds _COMPILING
 
 
 def _fork_after_compiling() -> None:
-    _forking.holds = _COMPILING.acquire(timeout=FORK_WAIT)
+    # A handler's exception here would be lost (CPython ignores a fork hook's) and the fork would go
+    # on mid-load: the wait goes on instead, in slices, until its deadline.
+    deadline = time.monotonic() + FORK_WAIT
+    while not getattr(_forking, "holds", False) and time.monotonic() < deadline:
+        try:
+            _forking.holds = _COMPILING.acquire(timeout=0.05)
+        except BaseException:  # noqa: BLE001, S110 - see above
+            pass
 
 
 def _compiling_in_parent() -> None:
@@ -53,8 +61,9 @@ def _compiling_in_parent() -> None:
 
 
 def _compiling_in_child() -> None:
-    global _COMPILING
+    global _COMPILING, _forking
     _COMPILING = threading.RLock()  # the parent's, held for the fork, by a thread the child may not have
+    _forking = threading.local()
 
 
 # Fork hooks run before a fork in the reverse order of their registration. logging's takes its lock,
@@ -117,13 +126,14 @@ class CompiledWrites:
     def load(cls, specs: Mapping[str, ParamSpec], seqlock: Seqlock, lock: WriterLock) -> CompiledWrites | None:
         """The compiled writes (importing numba, loading or compiling the functions), or None, with a
         warning when numba is installed but fails: writes then keep the general path."""
+        handlers = _handler_codes()
         try:
             with _COMPILING, interrupts_deferred():  # see _COMPILING
                 from .protocol import compiled
 
                 return cls(specs, seqlock, lock, compiled)
         except Exception as exc:  # noqa: BLE001 - any numba failure: the general path still writes
-            if not _raised_by_the_load(exc):
+            if _raised_by_a_handler(exc, handlers):
                 raise
             _warn_uncompiled(exc, stacklevel=4)
             return None
@@ -162,11 +172,12 @@ class CompiledWrites:
         """The compiled write of ``count`` parameters' numbers or arrays (``kind``), loaded once; if
         numba fails to compile it, one that always leaves the write to the general path."""
         entries = self._numbers if kind == "numbers" else self._arrays
+        handlers = _handler_codes()
         try:
             with _COMPILING, interrupts_deferred():
                 entry: Callable[..., int] = self._functions.write_entry(kind, count)
         except Exception as exc:  # noqa: BLE001 - any numba failure: the general path still writes
-            if not _raised_by_the_load(exc):
+            if _raised_by_a_handler(exc, handlers):
                 raise
             _warn_uncompiled(exc, stacklevel=5)
             invalid = self._invalid
@@ -184,22 +195,41 @@ class CompiledWrites:
 _UNPLANNED = object()
 
 
-def _raised_by_the_load(exc: Exception) -> bool:
-    """Whether ``exc`` came from the load itself, rather than from a signal's handler that ran
-    during it (its traceback passes through a handler): that one is the caller's to see, and the
-    load is tried again at the next write."""
-    handlers = set()
+def _handler_codes() -> set[Any]:
+    """The code of every Python signal handler installed now (a ``functools.partial``'s function, a
+    callable object's ``__call__``): taken before a load, since a one-shot handler resets itself."""
+    codes = set()
     for signum in signal.valid_signals():
         handler = signal.getsignal(signum)
-        code = getattr(getattr(handler, "__func__", handler), "__code__", None)
-        if code is not None:
-            handlers.add(code)
-    frame = exc.__traceback__
-    while frame is not None:
-        if frame.tb_frame.f_code in handlers:
-            return False
-        frame = frame.tb_next
-    return True
+        if callable(handler):
+            function = getattr(handler, "func", handler)  # functools.partial
+            function = getattr(function, "__func__", function)  # a bound method
+            if not hasattr(function, "__code__"):  # a callable object: its class's __call__
+                function = type(function).__call__
+            code = getattr(function, "__code__", None)
+            if code is not None:
+                codes.add(code)
+    return codes
+
+
+def _raised_by_a_handler(exc: BaseException, handlers: set[Any]) -> bool:
+    """Whether ``exc``, or an exception it was raised from or during, passed through one of the signal
+    handlers ``handlers`` (their code): that one is the caller's to see, not a failure of numba, and
+    the load is tried again at the next write."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        frame = current.__traceback__
+        while frame is not None:
+            if frame.tb_frame.f_code in handlers:
+                return True
+            frame = frame.tb_next
+        pending += [current.__cause__, current.__context__]
+    return False
 
 
 def _warn_uncompiled(exc: Exception, stacklevel: int) -> None:

@@ -4,8 +4,9 @@ Atomic multi-field writes use a per-env sequence counter (a seqlock, in ``shmpoo
 ``ParamBlock.write`` validates, makes the counters odd, writes the fields, makes them even, all
 under the writers' lock (which excludes threads, processes and forked children); a worker copies the
 records between two reads of the counters and keeps its last values for a row that is odd or moved.
-A writer killed or interrupted mid-write leaves an undo journal that the next holder of the lock (or
-the pool's owner, within 64 steps) rolls back, so its half write is never published. Plain numpy
+A writer interrupted mid-write rolls its half write back on its way out; one killed mid-write leaves
+an undo journal that the next holder of the lock (or the pool's owner, within 64 steps) rolls back,
+so its half write is never published. Plain numpy
 writes (``params["gravity"][:8] = 12.0``) skip all of this: each element is one aligned store, but
 two fields written that way may be seen half-done.
 """

@@ -200,7 +200,7 @@ def _declared_bound(name: str, which: str, value: Any, missing: float, shape: tu
     try:
         bound = np.asarray(missing if value is None else value, dtype=np.float64)
         bound = np.broadcast_to(bound, shape).copy()
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ValueError(
             f"params[{name!r}]: {which} must be a number or one per element of shape {shape}, got {value!r:.80}"
         ) from None

@@ -361,6 +361,7 @@ def test_bad_declarations_fail_at_launch(pool_name: str) -> None:
         ({"high": float("nan")}, ValueError, r"params\['x'\]: high must be a number"),
         ({"low": [1, 2], "shape": (3,)}, ValueError, r"params\['x'\]: low must be a number or one per element"),
         ({"low": 2, "high": 1}, ValueError, r"params\['x'\]: low 2 must not exceed high 1"),
+        ({"high": 10**400}, ValueError, r"params\['x'\]: high must be a number or one per element"),
     ],
 )
 def test_bad_shapes_and_bounds_are_refused_naming_the_parameter_and_value(

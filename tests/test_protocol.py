@@ -925,7 +925,8 @@ pool.close()
 """
 
 
-INTERRUPTED_WRITER = """
+INTERRUPTED_WRITER = (
+    """
 import os, signal, subprocess, sys, time
 import numpy as np
 import shmpool
@@ -963,7 +964,9 @@ while True:  # an interrupt can also land on the loop's back edge, outside the i
 os.waitpid(storm.pid, 0)
 storm.returncode = 0
 count = interrupts
-""" + AFTER_THE_STORM
+"""
+    + AFTER_THE_STORM
+)
 
 
 def test_ctrl_c_inside_the_writer_lock_never_leaves_it_held(pool_name: str, tmp_path: Path) -> None:
@@ -980,7 +983,8 @@ def test_ctrl_c_inside_the_writer_lock_never_leaves_it_held(pool_name: str, tmp_
     assert (other, quick, values) == ("0", "True", "[3.0, 3.0, 3.0, 3.0]")
 
 
-RAISING_HANDLERS = """
+RAISING_HANDLERS = (
+    """
 import os, signal, subprocess, sys, time
 import numpy as np
 import shmpool
@@ -1036,7 +1040,9 @@ if sys.argv[3] == "SIGTERM":
     os.waitpid(storm.pid, 0)
     storm.returncode = 0
 count = raised
-""" + AFTER_THE_STORM
+"""
+    + AFTER_THE_STORM
+)
 
 
 @pytest.mark.parametrize("signum", ["SIGALRM", "SIGTERM"])

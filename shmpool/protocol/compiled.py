@@ -1,7 +1,7 @@
 """A params write as one compiled call: ``write`` (numba).
 
 It validates the values, takes the writers' mutex, fills the undo journal, runs the seqlock's
-odd/even protocol and stores the values, then drops the mutex: the steps of ``WriterLock.hold``
+odd/even protocol and stores the values, then drops the mutex: the steps of ``WriterLock.run``
 plus ``Seqlock.write``, in the same order, on the same words, for writes of plain float64
 parameters to a range of envs. It gives up before changing anything, returning a code below, and
 the caller then takes the general path, which waits, recovers and names what is wrong:

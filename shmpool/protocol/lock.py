@@ -7,14 +7,16 @@ the writers need:
 * **Exclusion of processes, threads and forked children alike.** A mutex is owned by a thread, so
   two threads of one process exclude each other as two processes do, and a forked child is just
   another owner.
-* **No system call in the common case.** Taking a free mutex and dropping one nobody waits on are
-  atomic instructions in user space (takers poll with ``pthread_mutex_trylock``, so no waiter ever
-  sleeps in the kernel). Compiled code takes it too: ``shmpool.protocol.compiled``.
+* **Cheap when free.** Taking a free mutex and dropping one nobody waits on are atomic instructions
+  in user space (takers poll with ``pthread_mutex_trylock``, so no waiter ever sleeps in the
+  kernel). Compiled code takes it too: ``shmpool.protocol.compiled``.
 * **A dead holder never blocks.** The kernel marks a robust mutex whose owner dies; the next taker
   gets ``EOWNERDEAD``, marks it consistent and rolls back the dead holder's journals (the
   ``on_acquire`` recoveries, which run at every acquisition anyway).
 * **A stopped holder (Ctrl-Z) never hangs a waiter:** waits time out with an error naming it.
-* **No signal can leave it held** (``WriterLock.run``; ``docs/internals.md`` has the argument).
+* **No signal can leave it held** (``WriterLock.run``; ``docs/internals.md`` has the argument), as
+  long as no Python trace function runs (a debugger's ``sys.settrace`` runs Python code at every
+  line, where a handler could raise).
 
 Linux only (glibc's or musl's pthreads, through ``ctypes``), as the rest of shmpool.
 """
@@ -186,21 +188,26 @@ class WriterLock:
         self._closed = True
 
 
+#: The scratch mutex of ``_find_owner_word``, kept for the process's life: a robust mutex is linked
+#: into its holder thread's robust list while held, so its memory must outlive any hold.
+_SCRATCH = (ctypes.c_int32 * (MUTEX_BYTES // 4))()
+
+
 def _find_owner_word() -> int:
     """The index of the int32 word of a robust mutex that holds its owner's thread id (its lock word:
-    0 in glibc, 1 in musl), found on a scratch mutex held by this thread."""
-    scratch = (ctypes.c_int32 * (MUTEX_BYTES // 4))()
-    address = ctypes.addressof(scratch)
+    0 in glibc, 1 in musl): the word that a free scratch mutex's taking sets to this thread's id."""
+    address = ctypes.addressof(_SCRATCH)
     _init_mutex(address)
-    if MUTEX_TRYLOCK(address):
-        raise ShmpoolError("a fresh robust mutex could not be taken, which the writers' lock needs")
-    try:
-        tid = threading.get_native_id()
-        for index, word in enumerate(scratch):
-            if word & _TID_MASK == tid:
-                return index
+    free = list(_SCRATCH)
+    try:  # before the take, as in WriterLock.run; the unlock is EPERM where the take did not happen
+        if MUTEX_TRYLOCK(address):
+            raise ShmpoolError("a fresh robust mutex could not be taken, which the writers' lock needs")
+        held, tid = list(_SCRATCH), threading.get_native_id()
     finally:
         MUTEX_UNLOCK(address)
+    for index, (before, word) in enumerate(zip(free, held)):
+        if before != word and word & _TID_MASK == tid:
+            return index
     raise ShmpoolError("this C library keeps no thread id in a held robust mutex, which the writers' lock needs")
 
 

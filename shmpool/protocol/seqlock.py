@@ -19,12 +19,13 @@ class Seqlock:
     """Per-row sequence counters over a block of records, a generation counter over all of them, and
     the writer's undo journal.
 
-    Writer side (under the ``WriterLock``): ``write`` saves the rows to the journal, makes
-    the generation and the rows' counters odd, writes, makes them even. Reader side:
-    ``seqlock_read``, which needs the per-row counters only while a write is in flight (the
-    generation is odd or moved): otherwise one copy between two reads of one word. After a writer
-    dies or is interrupted, ``recover`` (run by the next acquisition) restores the odd rows from
-    the journal, so the half write is never published, not even by a later write of other fields.
+    Writer side (under the ``WriterLock``): ``write`` saves the rows to the journal, makes the
+    generation and the rows' counters odd, writes, makes them even. Reader side: ``seqlock_read``,
+    which needs the per-row counters only while a write is in flight (the generation is odd or
+    moved): otherwise one copy between two reads of one word. After a writer dies (or its own
+    rollback is cut short), ``recover`` (run by the next acquisition) restores the odd rows from the
+    journal; an interrupted writer runs it itself on its way out, so the half write is never
+    published, not even by a later write of other fields.
 
     The generation also counts the writes: half of it, rounded down, is how many were published
     (``version``). Every writer of the block advances it under the lock, so each write's count
