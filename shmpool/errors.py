@@ -131,8 +131,8 @@ def _rebuild_lock_timeout(message: str, holder_pid: int | None) -> WriterLockTim
 
 
 class WriterLockReentryError(ShmpoolError, RuntimeError):
-    """A write began on a thread that already holds the pool's writer lock: a signal handler wrote
-    while its thread was inside a write. Waiting would wait on itself."""
+    """A write began on a thread that already holds the pool's writer lock: a signal handler (or a
+    finalizer) wrote while its thread was inside a write. Waiting would wait on itself."""
 
 
 class KernelAttributeError(ShmpoolError, AttributeError):
