@@ -302,7 +302,8 @@ class Pool(Channels, VectorEnv):
                         f"pool {self._name!r} has async batches in flight (async_reset/send/recv): keep using "
                         f"send() and recv(), or call reset() to go back to step()"
                     )
-            self._resets.check_stepped(f"pool {self._name!r}: step()")
+            if not self._resets.all_reset:  # one attribute per step: the message only when refused
+                self._resets.refuse_step(f"pool {self._name!r}: step()")
             parts = self._check_actions(actions)
             ended = commands.ended
             if ended is not None and ended.any():

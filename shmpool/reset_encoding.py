@@ -36,7 +36,8 @@ class ResetEncoder:
         self._ended = ended
         #: Envs no reset has reached yet: the launch seed seeds each one's first reset.
         self._never_reset = np.ones(config.num_envs, dtype=np.bool_)
-        #: Whether every env has been reset (a step before that is refused: ``check_stepped``).
+        #: Whether every env has been reset (a step before that is refused: ``refuse_step``); kept,
+        #: not worked out from ``_never_reset``, because every step reads it.
         self.all_reset = False
 
     def write(self, seed: int | Sequence[int | None] | None, options: dict[str, Any] | None, global_step: int) -> None:
@@ -88,12 +89,12 @@ class ResetEncoder:
         self._never_reset[mask] = False  # before the command: a reset that Ctrl-C interrupts is still done later
         self.all_reset = not self._never_reset.any()
 
-    def check_stepped(self, where: str) -> None:
-        """Raises gymnasium's ``ResetNeeded`` in the trainer, before anything is sent, if an env was
-        never reset: a worker's env would raise it, and a failed worker breaks the pool."""
-        if not self.all_reset:
-            never = np.flatnonzero(self._never_reset).tolist()
-            raise ResetNeeded(f"{where}: envs {never!r:.80} were never reset; call reset() (or async_reset()) first")
+    def refuse_step(self, where: str) -> None:
+        """Raises gymnasium's ``ResetNeeded`` naming the envs never reset, for a step asked before
+        every env was (``all_reset``): in the trainer, before anything is sent, since an env raising
+        it in a worker would break the pool."""
+        never = np.flatnonzero(self._never_reset).tolist()
+        raise ResetNeeded(f"{where}: envs {never!r:.80} were never reset; call reset() (or async_reset()) first")
 
     def check_mask(self, mask: Any) -> np.ndarray:
         """``options["reset_mask"]`` if it is one gymnasium takes, else the error gymnasium raises."""
