@@ -146,7 +146,7 @@ class PoolConfig:
     pair ``(observation_space, single_observation_space)`` to use as given."""
     batch_size: int | None = None
     """Envs per ``recv()`` of the async API (``async_reset``/``send``/``recv``, EnvPool's); None:
-    ``num_envs``. A multiple of the slot size, with equal slots (see ``shmpool.batches``)."""
+    ``num_envs``. A multiple of the slot size, with equal slots (see ``shmpool.pool.batches``)."""
     recv_order: str = "finished"
     """Which envs a ``recv()`` of async batches returns: ``"finished"``, the first to finish their
     step (a slow or descheduled worker is passed over); ``"sent"``, those whose step was sent first

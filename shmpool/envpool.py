@@ -58,7 +58,7 @@ from gymnasium.vector import AutoresetMode
 
 from .config import check_env_ids, fixed_options
 from .pool import Pool, launch
-from .reset_encoding import check_reset_mask
+from .pool.commands import check_reset_mask
 from .system import usable_cores
 from .view import ChannelsOfPool
 

@@ -16,7 +16,7 @@ import pytest
 from helpers import CountingEnv, run_script
 
 import shmpool
-import shmpool.batches
+import shmpool.pool.batches
 import shmpool.hooks
 import shmpool.pool
 from shmpool.errors import PoolTimeoutError, WorkerDiedError, WorkerError
@@ -400,7 +400,7 @@ def test_a_ctrl_c_held_back_inside_recv_loses_no_batch(
     returns); either way no batch is lost, and every slot keeps coming back. A real SIGINT, sent
     from inside the block every time it runs."""
 
-    class CtrlCInside(shmpool.batches.interrupts_deferred):  # type: ignore[misc]
+    class CtrlCInside(shmpool.pool.batches.interrupts_deferred):  # type: ignore[misc]
         def __enter__(self) -> None:
             super().__enter__()
             # To this thread: a signal to the process may be taken by another thread, whose
@@ -410,7 +410,7 @@ def test_a_ctrl_c_held_back_inside_recv_loses_no_batch(
         hold = __enter__
 
     # batches marks workers ready; pool holds Ctrl-C back from the hand-out to recv's return.
-    module = shmpool.batches if where == "marking ready" else shmpool.pool
+    module = shmpool.pool.batches if where == "marking ready" else shmpool.pool.pool
     actions = np.zeros(2, dtype=np.int64)
     with shmpool.launch(CountingEnv, 4, num_workers=2, batch_size=2, recv_order=recv_order, name=pool_name) as pool:
         pool.async_reset(seed=0)

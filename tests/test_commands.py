@@ -1,4 +1,4 @@
-"""The command channel (:mod:`shmpool.commands`): a command that Ctrl-C cuts short stays pending and is
+"""The command channel (:mod:`shmpool.pool.commands`): a command that Ctrl-C cuts short stays pending and is
 finished by the next call, each worker runs it once, so under a storm of Ctrl-Cs the workers stay in
 lockstep and the global step counts exactly the steps they took.
 
@@ -18,7 +18,7 @@ import pytest
 from gymnasium.vector import SyncVectorEnv
 
 import shmpool
-from shmpool.reset_encoding import ResetEncoder
+from shmpool.pool.commands import ResetEncoder
 
 CTRL_C_STORM = """
 import os, random, signal, sys, threading, time

@@ -1,4 +1,4 @@
-"""A pool's life (:mod:`shmpool.lifecycle`): it belongs to the process that launched it, releases its
+"""A pool's life (:mod:`shmpool.pool.lifecycle`): it belongs to the process that launched it, releases its
 segment and workers exactly once (``close()`` from any thread, garbage collection, a launch stopped by
 Ctrl-C), and what a caller keeps past ``close()`` stays safe to touch.
 

@@ -70,7 +70,7 @@ def test_import_shmpool_is_cheap_and_still_offers_every_public_name() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["[]", "True", "True", "shmpool.errors", "shmpool.pool"]
+    assert result.stdout.split() == ["[]", "True", "True", "shmpool.errors", "shmpool.pool.pool"]
 
 
 def test_env_family_modules_are_attributes_of_shmpool() -> None:

@@ -15,17 +15,18 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import multiprocess
 import numpy as np
 
-from .bindings import initial_records
-from .config import LOCAL_SLOT_ENTRY_POINT, WORKER_ENTRY_POINT, PoolConfig, WorkerConfig, make_env
-from .episodes import episode_dtype
-from .events import event_dtype, mask_bytes
-from .infos import INFO_KEY_DTYPE
-from .layout import (
+from ..bindings import initial_records
+from ..config import LOCAL_SLOT_ENTRY_POINT, WORKER_ENTRY_POINT, PoolConfig, WorkerConfig, make_env
+from ..episodes import episode_dtype
+from ..events import event_dtype, mask_bytes
+from ..infos import INFO_KEY_DTYPE
+from ..layout import (
     CMD_CLOSE,
     CONTROL_WORDS,
     CTL_COMMAND,
@@ -39,11 +40,16 @@ from .layout import (
     command_word,
     header_words,
 )
-from .params import REFUSAL_TEXT_DTYPE, applied_dtype, block_dtype, constructor_defaults
-from .profiling import WORKER_PHASES
-from .protocol import WRITERS_WORDS, init_writer_mutex
-from .spaces import Leaf
-from .system import Doorbell, Segment, doorbell_path, monotonic, process_start_ticks, usable_cores
+from ..params import REFUSAL_TEXT_DTYPE, applied_dtype, block_dtype, constructor_defaults
+from ..profiling import WORKER_PHASES
+from ..protocol import WRITERS_WORDS, init_writer_mutex
+from ..spaces import Leaf
+from ..system import Doorbell, Segment, doorbell_path, monotonic, process_start_ticks, usable_cores
+
+if TYPE_CHECKING:
+    from .batches import Batches
+    from .results import Results
+    from .waiting import Waiter
 
 #: Polls a worker makes for its next command before sleeping; each poll yields the core. Only while
 #: every worker has a core of its own (``num_workers <= usable cores``): beyond that, idle workers
@@ -405,3 +411,23 @@ class Lifecycle:
             self.segment.unlink()
             self.segment.close()
             self.segment = None
+
+
+@dataclass(eq=False)
+class Parts:
+    """One pool's parts, handed whole to each room that works with the others. ``Pool.__init__``
+    builds the rooms in this order (each may use those before it). None of them holds the pool
+    itself: a pool that only its parts referred to would wait for the cyclic garbage collector
+    (see ``pool._weakly``)."""
+
+    config: PoolConfig
+    lifecycle: Lifecycle
+    #: Raises if the pool is closed or not this process's.
+    check_open: Callable[[], None]
+    #: Whether ``close()`` has begun (in another thread, maybe).
+    closing: Callable[[], bool]
+    #: Rolls back what a writer that died mid-write left (``PoolView.recover_writers``).
+    recover_writers: Callable[[], None]
+    waiter: Waiter = None  # type: ignore[assignment]
+    results: Results = None  # type: ignore[assignment]
+    batches: Batches = None  # type: ignore[assignment]

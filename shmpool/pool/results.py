@@ -1,7 +1,7 @@
 """What the trainer hands back after a step or reset, assembled from the segment: observations,
 rewards, flags and the infos (the env's own, ``final_obs``, ``episode``, ``params``), plus the one
 warning per parameter whose raw write a worker refused. An async batch's rows are a ``SlotSet``,
-which ``shmpool.batches`` makes and ``Results.batch`` reads."""
+which ``shmpool.pool.batches`` makes and ``Results.batch`` reads."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from .config import PoolConfig
-from .infos import InfoReader
-from .layout import CONTROL_WORDS, CTL_NUM_DONE, CTL_NUM_INFO, CTL_PARAM_REFUSALS
-from .spaces import Leaf, assemble, is_leaf
+from ..infos import InfoReader
+from ..layout import CONTROL_WORDS, CTL_NUM_DONE, CTL_NUM_INFO, CTL_PARAM_REFUSALS
+from ..spaces import Leaf, assemble, is_leaf
+from .lifecycle import Parts
 
 
 class SlotSet:
@@ -40,17 +40,10 @@ class SlotSet:
 class Results:
     """Reads one pool's results out of its segment's views."""
 
-    def __init__(
-        self,
-        config: PoolConfig,
-        views: dict[str, np.ndarray],
-        words: memoryview,
-        observation_space: Any,
-        observation_leaves: list[Leaf],
-    ) -> None:
-        self._config = config
-        self._views = views
-        self._words = words
+    def __init__(self, parts: Parts, observation_space: Any, observation_leaves: list[Leaf]) -> None:
+        config = self._config = parts.config
+        views = self._views = parts.lifecycle.views
+        self._words = parts.waiter.words
         self._space = observation_space
         self._is_leaf = is_leaf(observation_space)
         self._num_workers = len(config.slots)
@@ -102,7 +95,7 @@ class Results:
     def batch(
         self, slot_set: SlotSet, were_reset: list[bool]
     ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        """The results of a set of whole slots (an async batch: see ``shmpool.batches``), with
+        """The results of a set of whole slots (an async batch: see ``shmpool.pool.batches``), with
         ``infos["env_id"]``; a slot whose command was a reset has zero rewards and no flags."""
         views, words, slots = self._views, self._words, self._config.slots
         take = slot_set.take

@@ -34,14 +34,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .config import PoolConfig, check_env_ids
-from .interrupts import interrupts_deferred
-from .layout import CMD_RESET, CMD_STEP
-from .lifecycle import Lifecycle
-from .results import Results, SlotSet
-from .spaces import ActionChecker
-from .system import monotonic, usable_cores
-from .waiting import TRAINER_POLL_INTERVAL, TRAINER_SPIN, Waiter
+from ..config import check_env_ids
+from ..interrupts import interrupts_deferred
+from ..layout import CMD_RESET, CMD_STEP
+from ..spaces import ActionChecker
+from ..system import monotonic, usable_cores
+from .lifecycle import Parts
+from .results import SlotSet
+from .waiting import TRAINER_POLL_INTERVAL, TRAINER_SPIN
 
 IDLE, BUSY, READY, RETURNED = range(4)
 
@@ -58,19 +58,11 @@ class Handout(NamedTuple):
 class Batches:
     """The async state of one pool: which worker is where, and the calls that move them."""
 
-    def __init__(
-        self,
-        config: PoolConfig,
-        lifecycle: Lifecycle,
-        waiter: Waiter,
-        results: Results,
-        action_views: list[np.ndarray],
-        action_space: Any,
-    ) -> None:
-        self._config = config
-        self._lifecycle = lifecycle
-        self._waiter = waiter
-        self._results = results
+    def __init__(self, parts: Parts, action_views: list[np.ndarray], action_space: Any) -> None:
+        config = self._config = parts.config
+        self._lifecycle = parts.lifecycle
+        self._waiter = parts.waiter
+        self._results = parts.results
         self._action_views = action_views
         self._action_space = action_space
         self._slots = config.slots

@@ -16,11 +16,10 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .calls import IN_RESULT, Failure, decode_answer
-from .config import PoolConfig
-from .errors import PoolClosedError, PoolTimeoutError, WorkerDiedError, WorkerError
-from .interrupts import interrupts_deferred
-from .layout import (
+from ..calls import IN_RESULT, Failure, decode_answer
+from ..errors import PoolClosedError, PoolTimeoutError, WorkerDiedError, WorkerError
+from ..interrupts import interrupts_deferred
+from ..layout import (
     CONTROL_WORDS,
     CTL_DONE,
     CTL_ERROR_ENV,
@@ -31,8 +30,8 @@ from .layout import (
     WORKER_FAILED,
     WORKER_STARTING,
 )
-from .lifecycle import Lifecycle
-from .system import monotonic
+from ..system import monotonic
+from .lifecycle import Parts
 
 #: Polls while waiting for workers before sleeping; each poll yields the core (~1 us when idle).
 TRAINER_SPIN = 300
@@ -55,10 +54,10 @@ def describe_exit(exitcode: int | None) -> str:
 class Waiter:
     """Waits for the workers of one pool and raises what they report or what became of them."""
 
-    def __init__(self, config: PoolConfig, lifecycle: Lifecycle, closing: Callable[[], bool]) -> None:
-        self._config = config
-        self._closing = closing
-        self._lifecycle = lifecycle
+    def __init__(self, parts: Parts) -> None:
+        config = self._config = parts.config
+        self._closing = parts.closing
+        lifecycle = self._lifecycle = parts.lifecycle
         self._name = lifecycle.name
         self._slots = config.slots
         self.words = memoryview(lifecycle.views["control"].data).cast("B").cast("q")

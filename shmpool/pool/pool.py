@@ -1,12 +1,11 @@
 """The trainer's pool: a gymnasium ``VectorEnv`` whose envs run in worker processes.
 
-The pool is the public face: it builds its parts, steps and closes. Each room does one job:
-``shmpool.config`` (every option), ``shmpool.lifecycle`` (env probe, segment, workers,
-release), ``shmpool.commands`` (issuing commands through Ctrl-C and failures),
-``shmpool.waiting`` (the wait, crash decoding), ``shmpool.reset_encoding`` (seeds,
-options, masks), ``shmpool.results`` (what ``step`` and ``reset`` return),
-``shmpool.batches`` (async batches), ``shmpool.call_routing`` (control calls) and
-``shmpool.view`` (params, events, episodes, stats: the same view an attached handle has).
+The pool is the public face: it builds its parts (``lifecycle.Parts``), steps and closes. Its rooms:
+``lifecycle`` (env probe, segment, workers, release), ``commands`` (every command issued and
+waited for through Ctrl-C and failures; a reset's seeds and options; control calls),
+``waiting`` (the wait, crash decoding), ``results`` (what ``step``, ``reset`` and ``recv``
+return) and ``batches`` (async batches); ``shmpool.view`` holds params, events, episodes and
+stats, the same view an attached handle has.
 """
 
 from __future__ import annotations
@@ -22,24 +21,22 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_differing_spaces, batch_space
 
+from ..calls import Request
+from ..config import EnvSpec, PoolConfig
+from ..errors import ForeignProcessError, PoolClosedError, ShmpoolError, StepSentInterrupt
+from ..interrupts import interrupts_deferred
+from ..layout import CMD_RESET, CMD_STEP
+from ..params import Param
+from ..profiling import PhaseProfile
+from ..protocol import check_memory_model
+from ..registry import sweep_stale
+from ..spaces import ActionChecker, leaves
+from ..system import this_pid
+from ..view import Channels, PoolView
 from .batches import Batches
-from .call_routing import CallRouter
-from .calls import Request
-from .commands import CommandChannel
-from .config import EnvSpec, PoolConfig
-from .errors import ForeignProcessError, PoolClosedError, ShmpoolError, StepSentInterrupt
-from .interrupts import interrupts_deferred
-from .layout import CMD_RESET, CMD_STEP
-from .lifecycle import Lifecycle, plan_layout, probe_env
-from .params import Param
-from .profiling import PhaseProfile
-from .protocol import check_memory_model
-from .registry import sweep_stale
-from .reset_encoding import ResetEncoder
+from .commands import CallRouter, CommandChannel, ResetEncoder
+from .lifecycle import Lifecycle, Parts, plan_layout, probe_env
 from .results import Results
-from .spaces import ActionChecker, leaves
-from .system import this_pid
-from .view import Channels, PoolView
 from .waiting import Waiter
 
 #: How long close() waits for a reset or step in flight in another thread to give up.
@@ -158,15 +155,13 @@ class Pool(Channels, VectorEnv):
             check_open, closing = _weakly(self)
             self._channels = PoolView(self._name, fields, lifecycle.header, layout.meta, check_open)
             actions = self._action_fields = [fields[leaf.field_name("actions")] for leaf in action_leaves]
-            waiter = self._waiter = Waiter(config, lifecycle, closing)
-            results = Results(config, fields, waiter.words, self.single_observation_space, observation_leaves)
-            self._results = results
-            batches = self._batches = Batches(config, lifecycle, waiter, results, actions, self.single_action_space)
-            commands = self._commands = CommandChannel(
-                config, lifecycle, waiter, results, batches, check_open, closing, self._channels.recover_writers
-            )
-            self._resets = ResetEncoder(config, fields, commands.ended)
-            self._call_router = CallRouter(config, lifecycle, commands)
+            parts = Parts(config, lifecycle, check_open, closing, self._channels.recover_writers)
+            waiter = self._waiter = parts.waiter = Waiter(parts)
+            self._results = parts.results = Results(parts, self.single_observation_space, observation_leaves)
+            self._batches = parts.batches = Batches(parts, actions, self.single_action_space)
+            commands = self._commands = CommandChannel(parts)
+            self._resets = ResetEncoder(parts, commands.ended)
+            self._call_router = CallRouter(parts, commands)
             if config.profile:
                 self._profile = PhaseProfile(fields["profile"], self._timed_calls())
             _LIVE_POOLS.add(self)
@@ -317,7 +312,7 @@ class Pool(Channels, VectorEnv):
             commands.count_env_steps(self.num_envs)
             return self._results.step()
 
-    # -- async batches (EnvPool's API; see shmpool.batches) ----------------------------------------
+    # -- async batches (EnvPool's API; see shmpool.pool.batches) ----------------------------------------
 
     @property
     def batch_size(self) -> int:
