@@ -3,19 +3,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, TypedDict
+from typing import Any
 
 import gymnasium
 import multiprocess
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from .options import MAX_COUNT, autoreset_mode, count, mapping, seconds
 from .params import Param, ParamSpec, compile_specs
 from .system import POOL_NAME_PATTERN, usable_cores
 
@@ -202,11 +202,11 @@ class PoolConfig:
             )
         elif self.num_envs is None:
             raise TypeError("num_envs is required unless env is a sequence of env constructors")
-        settle("num_envs", _count("num_envs", self.num_envs, 1))
+        settle("num_envs", count("num_envs", self.num_envs, 1))
         workers = _default_workers(self) if self.num_workers is None else self.num_workers
-        settle("num_workers", _count("num_workers", workers, 1, self.num_envs))
+        settle("num_workers", count("num_workers", workers, 1, self.num_envs))
         try:
-            mode = _autoreset_mode(self.autoreset_mode)
+            mode = autoreset_mode(self.autoreset_mode)
         except (ValueError, KeyError):
             raise ValueError(
                 f"autoreset_mode must be an AutoresetMode or one of its values "
@@ -219,14 +219,14 @@ class PoolConfig:
         settle("name", name)
         if self.seed is not None:
             # Non-negative, as gymnasium's seeds: the first reset seeds env i with seed + i.
-            settle("seed", _count("seed", self.seed, 0, (1 << 63) - 1))
+            settle("seed", count("seed", self.seed, 0, (1 << 63) - 1))
         settle("param_seed", secrets.randbits(63) if self.seed is None else self.seed)
-        settle("env_kwargs", dict(_mapping("env_kwargs", self.env_kwargs)))
+        settle("env_kwargs", dict(mapping("env_kwargs", self.env_kwargs)))
         if self.timeout is not None:
-            settle("timeout", _seconds("timeout", self.timeout))
-        settle("launch_timeout", _seconds("launch_timeout", self.launch_timeout))
-        settle("info_keys", _count("info_keys", self.info_keys, 1, MAX_COUNT))
-        settle("info_bytes", _count("info_bytes", self.info_bytes, 8, MAX_COUNT))
+            settle("timeout", seconds("timeout", self.timeout))
+        settle("launch_timeout", seconds("launch_timeout", self.launch_timeout))
+        settle("info_keys", count("info_keys", self.info_keys, 1, MAX_COUNT))
+        settle("info_bytes", count("info_bytes", self.info_bytes, 8, MAX_COUNT))
         if self.info_bytes % 8:
             raise ValueError(f"info_bytes must be a multiple of 8, got {self.info_bytes}")
         methods = multiprocess.get_all_start_methods()
@@ -243,13 +243,13 @@ class PoolConfig:
         for hook in self.hooks:
             if not any(callable(getattr(hook, method, None)) for method in (*PHASES, "params")):
                 raise TypeError(f"hooks: {hook!r:.80} has none of {', '.join(PHASES)} or params(); see shmpool.hooks")
-        settle("event_capacity", _count("event_capacity", self.event_capacity, 1, MAX_COUNT))
-        settle("event_payload", _count("event_payload", self.event_payload, 0, MAX_COUNT))
-        metrics = _mapping("episode_metrics", self.episode_metrics)
+        settle("event_capacity", count("event_capacity", self.event_capacity, 1, MAX_COUNT))
+        settle("event_payload", count("event_payload", self.event_payload, 0, MAX_COUNT))
+        metrics = mapping("episode_metrics", self.episode_metrics)
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in metrics.items()):
             raise TypeError(f"episode_metrics maps names to info keys, both str, got {metrics!r:.80}")
         settle("episode_metrics", dict(metrics))
-        batch = self.num_envs if self.batch_size is None else _count("batch_size", self.batch_size, 1, self.num_envs)
+        batch = self.num_envs if self.batch_size is None else count("batch_size", self.batch_size, 1, self.num_envs)
         if batch != self.num_envs and (self.num_envs % workers or batch % (self.num_envs // workers)):
             raise ValueError(
                 f"batch_size={batch} must be a multiple of the slot size with equal slots (a worker steps its "
@@ -275,9 +275,9 @@ class PoolConfig:
                 f"observation_mode must be 'same', 'different' or a (batched, single) pair of spaces, "
                 f"got {self.observation_mode!r:.80}"
             )
-        settle("episode_capacity", _count("episode_capacity", self.episode_capacity, 1, MAX_COUNT))
+        settle("episode_capacity", count("episode_capacity", self.episode_capacity, 1, MAX_COUNT))
         if self.params is not None:
-            _mapping("params", self.params)
+            mapping("params", self.params)
         if self.worker_init is not None and not callable(self.worker_init):
             raise TypeError(f"worker_init must be a callable or None, got {self.worker_init!r}")
         names = self.hook_names
@@ -463,25 +463,6 @@ def _compiled_kernel(config: PoolConfig) -> Any:
     return found
 
 
-def check_env_ids(env_ids: Any, num_envs: int, where: str, *, unique: bool) -> np.ndarray:
-    """``env_ids`` as a 1-d int array, or an error naming ``where`` (the call) and the bad ids."""
-    ids = np.asarray(env_ids)
-    if ids.ndim != 1 or not (np.issubdtype(ids.dtype, np.integer) or ids.size == 0):
-        raise TypeError(f"{where}: env ids must be a 1-d sequence of ints, got {env_ids!r:.80}")
-    if ids.size and (ids.min() < 0 or ids.max() >= num_envs):
-        raise IndexError(f"{where}: env ids {ids.tolist()!r:.80} are outside 0..{num_envs - 1}")
-    if unique and len(np.unique(ids)) != len(ids):
-        raise ValueError(f"{where}: env ids repeat: {ids.tolist()!r:.80}")
-    return ids.astype(np.int64, copy=False)
-
-
-def _autoreset_mode(value: Any) -> AutoresetMode:
-    """An ``AutoresetMode`` from itself, its value (``"SameStep"``) or its name in any case (``"same_step"``)."""
-    if isinstance(value, str) and value not in {mode.value for mode in AutoresetMode}:
-        return AutoresetMode[value.upper()]
-    return AutoresetMode(value)
-
-
 def _env_fns(env_fns: Sequence[Any], num_envs: Any) -> tuple[Callable[..., gymnasium.Env], ...]:
     """``env_fns`` as a tuple of callables, checked against ``num_envs`` (None: its length)."""
     env_fns = tuple(env_fns)
@@ -493,124 +474,3 @@ def _env_fns(env_fns: Sequence[Any], num_envs: Any) -> tuple[Callable[..., gymna
     if num_envs is not None and num_envs != len(env_fns):
         raise ValueError(f"num_envs={num_envs!r} but env holds {len(env_fns)} env constructors; omit num_envs")
     return env_fns
-
-
-#: The largest count or size an option may ask for (ring lengths, info table sizes): far beyond any
-#: real need, and small enough that a typo fails here rather than as a numpy or mmap error.
-MAX_COUNT = 1 << 24
-
-
-def _mapping(option: str, value: Any) -> Mapping[Any, Any]:
-    """``value`` (None: empty) as a mapping, or a ``TypeError`` naming the option."""
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise TypeError(f"{option} must be a dict, got {value!r:.80}")
-    return value
-
-
-def _seconds(option: str, value: Any) -> float:
-    """``value`` as a positive number of seconds, or an error naming the option."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{option} must be a number of seconds, got {value!r:.80}")
-    if not value > 0:  # NaN fails too
-        raise ValueError(f"{option} must be a positive number of seconds, got {value!r}")
-    return float(value)
-
-
-def _count(option: str, value: Any, low: int, high: int | None = None) -> int:
-    """``value`` as an int within [low, high], or a ``ValueError`` naming the option."""
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise ValueError(f"{option} must be an int, got {value!r}")
-    number = int(value.__index__())
-    if number < low or (high is not None and number > high):
-        bounds = f"between {low} and {high}" if high is not None else f">= {low}"
-        raise ValueError(f"{option} must be {bounds}, got {number}")
-    return number
-
-
-def fixed_options(owner: str, options: Mapping[str, Any], **fixed: Any) -> dict[str, Any]:
-    """``options`` with the ``fixed`` ones set, for an integration that needs those values; a
-    ``ValueError`` naming ``owner``, the option and both values when ``options`` gives another."""
-    for option, needed in fixed.items():
-        if option not in options:
-            continue
-        given = options[option]
-        if option == "autoreset_mode":
-            with contextlib.suppress(KeyError, ValueError):
-                given = _autoreset_mode(given)  # any spelling PoolConfig takes
-        if given is not needed and given != needed:
-            raise ValueError(f"{owner} needs {option}={needed!r}, got {options[option]!r}")
-    return {**options, **fixed}
-
-
-class _Options(TypedDict, total=False):
-    """The options of ``shmpool.launch`` that every function forwarding them takes through."""
-
-    num_workers: int | None
-    autoreset_mode: AutoresetMode | str
-    env_kwargs: Mapping[str, Any] | None
-    copy: bool
-    timeout: float | None
-    launch_timeout: float
-    info_keys: int
-    info_bytes: int
-    params: Mapping[str, Param] | None
-    info_params: bool
-    hooks: Sequence[Any]
-    event_capacity: int
-    event_payload: int
-    episode_metrics: Mapping[str, str] | None
-    episode_capacity: int
-    observation_mode: str | tuple[gymnasium.Space[Any], gymnasium.Space[Any]]
-    recv_order: str
-    trainer_slot: bool | None
-    episode_statistics: bool
-    profile: bool
-    worker_init: Callable[[], Any] | None
-    engine: str
-
-
-# The options as the functions that forward them take them, written out for static tools (mypy,
-# pyright, IDEs: a misspelt option is an error before anything runs): each leaves out those its
-# function takes as its own parameters. tests/test_packaging.py checks them against PoolConfig.
-
-
-class LaunchOptions(_Options, total=False):
-    """Every option of ``shmpool.launch`` (``**options: Unpack[LaunchOptions]``)."""
-
-    seed: int | None
-    name: str | None
-    start_method: str | None
-    batch_size: int | None
-
-
-class OptionsButName(_Options, total=False):
-    """The options of ``shmpool.launch`` but ``name`` (the forwarder names the pool)."""
-
-    seed: int | None
-    start_method: str | None
-    batch_size: int | None
-
-
-class OptionsButStartMethod(_Options, total=False):
-    """The options of ``shmpool.launch`` but ``start_method`` (the forwarder takes it itself)."""
-
-    seed: int | None
-    name: str | None
-    batch_size: int | None
-
-
-class OptionsButSeedAndBatch(_Options, total=False):
-    """The options of ``shmpool.launch`` but ``seed`` and ``batch_size`` (the forwarder takes them)."""
-
-    name: str | None
-    start_method: str | None
-
-
-class OptionsButBatchSize(_Options, total=False):
-    """The options of ``shmpool.launch`` but ``batch_size`` (the forwarder steps every env at once)."""
-
-    seed: int | None
-    name: str | None
-    start_method: str | None

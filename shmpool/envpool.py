@@ -56,7 +56,7 @@ import numpy as np
 import numpy.typing as npt
 from gymnasium.vector import AutoresetMode
 
-from .config import check_env_ids, fixed_options
+from .options import check_env_ids, fixed_options
 from .pool import Pool, launch
 from .pool.commands import check_reset_mask
 from .system import usable_cores
@@ -65,7 +65,7 @@ from .view import ChannelsOfPool
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from .config import OptionsButSeedAndBatch
+    from .options import OptionsButSeedAndBatch
 
 #: The ``env_type`` values taken, and what each means here.
 ENV_TYPES = {"gymnasium": "gymnasium's API", "gym": "gymnasium's API (EnvPool 1.x's alias)"}

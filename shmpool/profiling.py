@@ -4,6 +4,10 @@ With ``launch(..., profile=True)`` the calls that make up a step are wrapped, on
 clock that adds each call's ``time.perf_counter_ns`` span to a table (the workers' tables live in the
 segment); ``pool.phase_profile()`` reads them as microseconds per step. Without it nothing is wrapped,
 so the step pays nothing: no flag is tested per call.
+
+The trainer's phases are per ``step()`` (in async mode per ``send()``, its wait and results those of
+``recv()``); the workers' are per step of each worker, averaged over the workers. Nested phases
+(``infos``, ``episode stats``, ``whole step``) overlap the others.
 """
 
 from __future__ import annotations

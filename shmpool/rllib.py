@@ -36,7 +36,7 @@ from .pool import Pool, launch
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from .config import OptionsButName
+    from .options import OptionsButName
 
 #: How many runner pools of one ``name`` a machine can hold (``name-0``, ``name-1``, ...).
 MAX_RUNNERS_PER_NAME = 1024

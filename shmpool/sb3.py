@@ -31,12 +31,12 @@ from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices,
 
 import shmpool
 
-from .config import fixed_options
+from .options import fixed_options
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from .config import OptionsButStartMethod
+    from .options import OptionsButStartMethod
 
 #: Infos that the pool adds itself, at the top level of a step's infos (``gymnasium``'s place for
 #: them). For an env that finished, SB3 wants them in the finished episode's info, not the reset's.

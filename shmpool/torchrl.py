@@ -28,14 +28,14 @@ from torchrl.envs.libs.gym import GymWrapper
 
 import shmpool
 
-from .config import fixed_options
+from .options import fixed_options
 from .pool import Pool
 from .view import ChannelsOfPool
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from .config import OptionsButBatchSize
+    from .options import OptionsButBatchSize
 
 
 #: The keyword under which the launch options pass GymWrapper's metaclass (see _LaunchOptionsKept).

@@ -133,9 +133,9 @@ def test_each_forwarders_typed_options_are_pool_configs_but_its_own(
 ) -> None:
     """The TypedDicts that forwarders unpack (``**options: Unpack[...]``) name PoolConfig's options
     with its annotations, less those the forwarder takes itself."""
-    import shmpool.config
+    import shmpool.options
 
-    typed = getattr(shmpool.config, options_type)
+    typed = getattr(shmpool.options, options_type)
     expected = {name: annotation for name, _, annotation in pool_config_options() if name not in taken_by_the_forwarder}
     assert typed.__optional_keys__ == set(expected) and not typed.__required_keys__
     declared = {}

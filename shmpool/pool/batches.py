@@ -34,9 +34,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..config import check_env_ids
 from ..interrupts import interrupts_deferred
 from ..layout import CMD_RESET, CMD_STEP
+from ..options import check_env_ids
 from ..spaces import ActionChecker
 from ..system import monotonic, usable_cores
 from .lifecycle import Parts

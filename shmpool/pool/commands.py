@@ -30,7 +30,6 @@ from gymnasium.error import ResetNeeded
 from gymnasium.vector import AutoresetMode
 
 from ..calls import Failure, Request, encode, set_wrapper_attribute
-from ..config import check_env_ids
 from ..errors import PoolBrokenError, RemoteTraceback, SeedError, ShmpoolError, WorkerError
 from ..interrupts import interrupts_deferred
 from ..layout import (
@@ -44,6 +43,7 @@ from ..layout import (
     SEED_WORDS,
     seed_words,
 )
+from ..options import check_env_ids
 from ..system import monotonic
 from .lifecycle import Parts
 

@@ -14,6 +14,7 @@ import os
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -24,6 +25,7 @@ import numpy as np
 from ..bindings import initial_records
 from ..config import LOCAL_SLOT_ENTRY_POINT, WORKER_ENTRY_POINT, PoolConfig, WorkerConfig, make_env
 from ..episodes import episode_dtype
+from ..errors import PoolClosedError
 from ..events import event_dtype, mask_bytes
 from ..infos import INFO_KEY_DTYPE
 from ..layout import (
@@ -418,7 +420,7 @@ class Parts:
     """One pool's parts, handed whole to each room that works with the others. ``Pool.__init__``
     builds the rooms in this order (each may use those before it). None of them holds the pool
     itself: a pool that only its parts referred to would wait for the cyclic garbage collector
-    (see ``pool._weakly``)."""
+    (see ``weak_checks``)."""
 
     config: PoolConfig
     lifecycle: Lifecycle
@@ -431,3 +433,24 @@ class Parts:
     waiter: Waiter = None  # type: ignore[assignment]
     results: Results = None  # type: ignore[assignment]
     batches: Batches = None  # type: ignore[assignment]
+
+
+def weak_checks(pool: Any) -> tuple[Callable[[], None], Callable[[], bool]]:
+    """``pool._check_open`` and whether it is closing, for its ``Parts``, through a weak
+    reference: a part that held the pool itself would make a cycle, and a pool that nothing else
+    refers to would then be released only by the cyclic garbage collector, some time later, instead
+    of at once (its name stays taken until then)."""
+    this = weakref.ref(pool)
+    name = pool._name
+
+    def check_open() -> None:
+        alive = this()
+        if alive is None:
+            raise PoolClosedError(f"pool {name!r} is closed (released when no reference to it was left)")
+        alive._check_open()
+
+    def closing() -> bool:
+        alive = this()
+        return alive is None or alive._closing
+
+    return check_open, closing

@@ -1,12 +1,6 @@
-"""The trainer's pool: a gymnasium ``VectorEnv`` whose envs run in worker processes.
-
-The pool is the public face: it builds its parts (``lifecycle.Parts``), steps and closes. Its rooms:
-``lifecycle`` (env probe, segment, workers, release), ``commands`` (every command issued and
-waited for through Ctrl-C and failures; a reset's seeds and options; control calls),
-``waiting`` (the wait, crash decoding), ``results`` (what ``step``, ``reset`` and ``recv``
-return) and ``batches`` (async batches); ``shmpool.view`` holds params, events, episodes and
-stats, the same view an attached handle has.
-"""
+"""The trainer's pool: a gymnasium ``VectorEnv`` whose envs run in worker processes. It builds its
+rooms (``shmpool.pool``'s modules, handed the pool's ``Parts``), steps and closes; ``shmpool.view``
+holds params, events, episodes and stats, the same view an attached handle has."""
 
 from __future__ import annotations
 
@@ -35,33 +29,12 @@ from ..system import this_pid
 from ..view import Channels, PoolView
 from .batches import Batches
 from .commands import CallRouter, CommandChannel, ResetEncoder
-from .lifecycle import Lifecycle, Parts, plan_layout, probe_env
+from .lifecycle import Lifecycle, Parts, plan_layout, probe_env, weak_checks
 from .results import Results
 from .waiting import Waiter
 
 #: How long close() waits for a reset or step in flight in another thread to give up.
 CLOSE_WAIT = 5.0
-
-
-def _weakly(pool: Pool) -> tuple[Callable[[], None], Callable[[], bool]]:
-    """``pool._check_open`` and whether it is closing, for the parts the pool holds, through a weak
-    reference: a part that held the pool itself would make a cycle, and a pool that nothing else
-    refers to would then be released only by the cyclic garbage collector, some time later, instead
-    of at once (its name stays taken until then)."""
-    this = weakref.ref(pool)
-    name = pool._name
-
-    def check_open() -> None:
-        alive = this()
-        if alive is None:
-            raise PoolClosedError(f"pool {name!r} is closed (released when no reference to it was left)")
-        alive._check_open()
-
-    def closing() -> bool:
-        alive = this()
-        return alive is None or alive._closing
-
-    return check_open, closing
 
 
 def launch(
@@ -152,7 +125,7 @@ class Pool(Channels, VectorEnv):
         try:
             fields = self._fields = lifecycle.create(layout, probe.initial_params)
             assert lifecycle.segment is not None
-            check_open, closing = _weakly(self)
+            check_open, closing = weak_checks(self)
             self._channels = PoolView(self._name, fields, lifecycle.header, layout.meta, check_open)
             actions = self._action_fields = [fields[leaf.field_name("actions")] for leaf in action_leaves]
             parts = Parts(config, lifecycle, check_open, closing, self._channels.recover_writers)
@@ -225,11 +198,8 @@ class Pool(Channels, VectorEnv):
             )
 
     def phase_profile(self) -> dict[str, dict[str, float]]:
-        """Microseconds per step of each phase, ``{"trainer": {...}, "workers": {...}}``, over the
-        steps since the last reset; needs ``launch(profile=True)``. The trainer's are per ``step()``
-        (in async mode per ``send()``, its wait and results those of ``recv()``); the workers' are
-        per step of each worker, averaged over the workers. Nested phases (``infos``, ``episode
-        stats``, ``whole step``) overlap the others, see ``shmpool.profiling``."""
+        """Microseconds per step of each phase, ``{"trainer": {...}, "workers": {...}}``, since the
+        last reset (``launch(profile=True)``); see ``shmpool.profiling`` for what each phase covers."""
         self._check_open()
         if self._profile is None:
             raise ValueError(f"pool {self._name!r} was launched without profile=True")

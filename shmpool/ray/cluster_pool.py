@@ -12,7 +12,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from shmpool.config import check_env_ids
+from shmpool.options import check_env_ids
 
 from .batching import concat, merge_infos, split_actions, take_rows
 from .channels import _ClusterChannels

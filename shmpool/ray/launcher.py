@@ -22,7 +22,7 @@ from .teardown import stop, sweep
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from shmpool.config import OptionsButName
+    from shmpool.options import OptionsButName
 
 
 def launch(
