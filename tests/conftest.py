@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import signal
@@ -53,6 +54,38 @@ def ctrl_c_as_in_a_terminal() -> Iterator[None]:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture(scope="session")
+def session_locks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
+    """Two lock files every process of the session (pytest-xdist's workers too) opens: a turnstile
+    and the run lock (see ``alone_when_marked``)."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the session's folder, above each worker's own
+    descriptors = tuple(os.open(shared / f"{name}.lock", os.O_RDWR | os.O_CREAT) for name in ("turnstile", "run"))
+    yield descriptors  # type: ignore[misc]
+    for descriptor in descriptors:
+        os.close(descriptor)
+
+
+@pytest.fixture(autouse=True)
+def alone_when_marked(request: pytest.FixtureRequest, session_locks: tuple[int, int]) -> Iterator[None]:
+    """Runs a test marked ``alone`` while no other test of the session runs (the suite runs on
+    pytest-xdist's workers): every launch removes stale pools, which such a test makes on purpose.
+    Other tests share the run lock; the turnstile keeps new ones from starving an ``alone`` one."""
+    turnstile, run = session_locks
+    alone = request.node.get_closest_marker("alone") is not None
+    fcntl.flock(turnstile, fcntl.LOCK_EX)
+    fcntl.flock(run, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+    if not alone:
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+    try:
+        yield
+    finally:
+        fcntl.flock(run, fcntl.LOCK_UN)
+        if alone:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
 
 
 @pytest.fixture

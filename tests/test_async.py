@@ -16,9 +16,9 @@ import pytest
 from helpers import CountingEnv, run_script
 
 import shmpool
-import shmpool.pool.batches
 import shmpool.hooks
 import shmpool.pool
+import shmpool.pool.batches
 from shmpool.errors import PoolTimeoutError, WorkerDiedError, WorkerError
 
 

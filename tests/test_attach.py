@@ -151,6 +151,7 @@ def test_owner_death_and_close_make_handles_dead_not_crash(pool_name: str) -> No
     handle.close()
 
 
+@pytest.mark.alone  # another test's launch would remove the stale pool
 def test_stale_pool_is_reported_as_stale(pool_name: str) -> None:
     child = subprocess.Popen(
         [sys.executable, "-c", OWNER, pool_name],

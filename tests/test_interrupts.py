@@ -26,7 +26,7 @@ def test_ctrl_c_tests_pass_when_the_suite_starts_with_ctrl_c_ignored() -> None:
     fixture gives each test Python's handler back, whatever ran before, in either order."""
     for order in (CTRL_C_TESTS, CTRL_C_TESTS[::-1]):
         result = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *order],
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", *order],  # in this order
             cwd=helpers.ROOT,
             capture_output=True,
             text=True,

@@ -29,7 +29,10 @@ from ray_support import cmdline, no_leftovers_but_rays, ray_environment, wait_fo
 import shmpool
 import shmpool.ray  # cheap: Ray itself is imported on first use
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason='needs Ray: pip install -e ".[ray]"')
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason='needs Ray: pip install -e ".[ray]"'),
+    pytest.mark.xdist_group("ray"),  # one cluster for the module
+]
 
 ROOT = Path(__file__).resolve().parents[1]
 NODES = 2

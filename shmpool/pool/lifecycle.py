@@ -231,7 +231,7 @@ class Lifecycle:
         if config.engine == "numba":
             # Compiled here, once, before the workers start: forked ones inherit the machine code,
             # the others load what this wrote to numba's cache.
-            from .kernels import load
+            from ..kernels import load
 
             load(config.kernel).warm_up()
         # Workers must ignore Ctrl-C (the trainer stops them); block SIGINT while they start so that
