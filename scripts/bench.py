@@ -38,6 +38,7 @@ import numpy as np
 
 import shmpool
 import shmpool.hooks
+from shmpool.params import compile_specs
 from shmpool.profiling import NESTED
 
 
@@ -928,6 +929,31 @@ def write_costs(settings: Settings) -> None:
                 }
                 for what, cost, raw in _write_floors(pool.params, values, kind):
                     print(f"{num_envs:>8}  {what:<28} {raw:>13.1f} {cost:>11.1f} {cost / raw:>6.1f}")
+    for num_envs in settings.num_envs:
+        print(_worker_apply_costs(num_envs))
+
+
+def _worker_apply_costs(num_envs: int) -> str:
+    """What a worker pays to set every env's parameters when a write changed all of them (a
+    curriculum's every step): with the store loop ``EnvTargets`` compiles for the parameters' names,
+    and with one ``setattr`` per value, spec by spec (what it falls back to)."""
+    from shmpool.workers.targets import EnvTargets, Targets
+
+    specs = compile_specs({name: shmpool.Param(low=0.01, high=100.0) for name in UPDATED})
+    targets = EnvTargets(specs, num_envs, "CartPole-v1")
+    envs = [gym.make("CartPole-v1") for _ in range(num_envs)]
+    for local, env in enumerate(envs):
+        targets.attach(local, env)
+    values = np.random.default_rng(0).uniform(0.5, 1.0, (num_envs, len(specs)))
+    compiled, each = _interleaved_costs(
+        [lambda: targets.write_every_row(specs, values), lambda: Targets.write_every_row(targets, specs, values)]
+    )
+    for env in envs:
+        env.close()
+    return (
+        f"workers: {len(specs)} params set on {num_envs} envs per sync: {compiled:.1f} us with the compiled store "
+        f"loop, {each:.1f} us with setattr per value ({each / compiled:.1f}x)"
+    )
 
 
 def _write_floors(block: Any, values: dict[str, Any], kind: str) -> list[tuple[str, float, float]]:

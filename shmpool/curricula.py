@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .param_block import ParamBlock
+from .interfaces import ParamsAPI
 
 
 def scores(records: np.ndarray, metric: str) -> np.ndarray:
@@ -50,7 +50,7 @@ class Threshold:
         self.changes = 0
         self._reapply = False
 
-    def update(self, records: np.ndarray, params: ParamBlock, log: list[str] | None = None) -> list[str]:
+    def update(self, records: np.ndarray, params: ParamsAPI, log: list[str] | None = None) -> list[str]:
         """Feeds finished episodes; moves the parameter when the window's mean reaches the target.
         Returns a line per move, appended to ``log`` if given (the caller keeps the lines of the
         moves made before an error, such as the pool closing midway)."""
@@ -155,7 +155,7 @@ class ADR:
 
     # -- setup -------------------------------------------------------------------------------------
 
-    def _start(self, params: ParamBlock) -> None:
+    def _start(self, params: ParamsAPI) -> None:
         names = self.names or [name for name, spec in params.specs.items() if spec.dist == "uniform"]
         for name in names:
             spec = params.specs.get(name)
@@ -177,7 +177,7 @@ class ADR:
         params.write(None, **self._unpinned())
         self._started = True
 
-    def _stored(self, params: ParamBlock, name: str, value: float) -> float:
+    def _stored(self, params: ParamsAPI, name: str, value: float) -> float:
         """``value`` as the block stores it (a float32 parameter rounds it): a pinned episode is
         recognised by its record's value, which is the stored one."""
         return float(params[name]["low"].dtype.type(value))
@@ -187,7 +187,7 @@ class ADR:
 
     # -- the loop ----------------------------------------------------------------------------------
 
-    def update(self, records: np.ndarray, params: ParamBlock, log: list[str] | None = None) -> list[str]:
+    def update(self, records: np.ndarray, params: ParamsAPI, log: list[str] | None = None) -> list[str]:
         """Feeds finished episodes: scores boundary episodes, moves boundaries, assigns next episodes.
         Returns a line per move, appended to ``log`` if given (the caller keeps the lines of the
         moves made before an error, such as the pool closing midway)."""
@@ -215,7 +215,7 @@ class ADR:
                 params.write(free, **self._unpinned())
         return log
 
-    def _score(self, name: str, side: str, score: float, log: list[str], params: ParamBlock) -> bool:
+    def _score(self, name: str, side: str, score: float, log: list[str], params: ParamsAPI) -> bool:
         buffer = self.buffers[f"{name}:{side}"]
         buffer.append(score)
         if len(buffer) < self.buffer:
@@ -245,7 +245,7 @@ class ADR:
         self.ranges[name] = [low, high]
         return True
 
-    def _assign(self, env_id: int, params: ParamBlock) -> None:
+    def _assign(self, env_id: int, params: ParamsAPI) -> None:
         values = self._unpinned()
         self.pinned.pop(env_id, None)
         if self.names and self._random.random() < self.p_boundary:

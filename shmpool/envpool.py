@@ -60,7 +60,7 @@ from .options import check_env_ids, fixed_options
 from .pool import Pool, launch
 from .pool.commands import check_reset_mask
 from .system import usable_cores
-from .view import ChannelsOfPool
+from .view import WrappedPoolChannels
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -95,7 +95,7 @@ class Spec:
     reward_threshold: float | None
 
 
-class EnvPoolAPI(ChannelsOfPool):
+class EnvPoolAPI(WrappedPoolChannels):
     """A pool behind EnvPool's Python API (see the module's docstring); made by ``make``."""
 
     def __init__(self, task_id: str, pool: Pool, seed: int, max_episode_steps: int | None) -> None:

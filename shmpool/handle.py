@@ -17,12 +17,12 @@ from .layout import CONTROL_WORDS, H_GLOBAL_STEP, H_STATE, STATE_CLOSING, Layout
 from .protocol import check_memory_model
 from .registry import list_pools
 from .system import ProcessWatch, Segment, pid_namespace, process_alive
-from .view import Channels, PoolStats, PoolView
+from .view import PoolStats, PoolView, SharedChannels
 
 __all__ = ["PoolHandle", "PoolStats", "attach"]
 
 
-class PoolHandle(Channels):
+class PoolHandle(SharedChannels):
     """A view of a running pool from another process: ``params`` (writable, ``write()`` included),
     ``applied`` (read-only), ``episodes`` (finished-episode records), ``events`` (when the pool has
     hooks), ``param_specs``, ``stats`` and ``alive``. Closing the handle never affects the pool.

@@ -13,9 +13,12 @@ called ``wait``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .params import ParamSpec
 
 #: Which envs a call concerns: an id, a sequence or array of ids, a slice, or None for every env.
 EnvIds = int | Sequence[int] | slice | np.ndarray | None
@@ -26,6 +29,18 @@ StepResult = tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
 @runtime_checkable
 class ParamsAPI(Protocol):
     """A pool's parameter block: a column per parameter, and validated atomic writes."""
+
+    #: Each parameter's compiled declaration (bounds, distribution, when it applies), by name.
+    specs: Mapping[str, ParamSpec]
+
+    @property
+    def names(self) -> list[str]:
+        """The parameters' names, in declaration order."""
+        ...
+
+    def __len__(self) -> int:
+        """How many envs (rows) the block has."""
+        ...
 
     def __getitem__(self, name: str) -> np.ndarray:
         """Parameter ``name``'s values, one row per env."""

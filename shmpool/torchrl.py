@@ -30,7 +30,7 @@ import shmpool
 
 from .options import fixed_options
 from .pool import Pool
-from .view import ChannelsOfPool
+from .view import WrappedPoolChannels
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -52,7 +52,7 @@ class _LaunchOptionsKept(type(GymWrapper)):  # type: ignore[misc]
         return super().__call__(*args, **named, **{_PACKED: kwargs})
 
 
-class ShmpoolEnv(ChannelsOfPool, GymWrapper, metaclass=_LaunchOptionsKept):
+class ShmpoolEnv(WrappedPoolChannels, GymWrapper, metaclass=_LaunchOptionsKept):
     """A TorchRL env (``batch_size=[num_envs]``) over ``shmpool.launch``.
 
     ``env`` is a registered gymnasium id, a callable returning an env, or one callable per env (as

@@ -2,7 +2,7 @@
 
 A ``PoolView`` turns a mapped segment's field views and metadata into the objects users touch:
 the parameter block and its ``applied`` values, the event sender, the episode reader and the stats.
-``Channels`` gives ``Pool`` and ``PoolHandle`` the same properties over it, each checking that
+``SharedChannels`` gives ``Pool`` and ``PoolHandle`` the same properties over it, each checking that
 its owner is still usable first. A new channel is added here, once.
 """
 
@@ -122,7 +122,7 @@ class PoolView:
         self.lock.close()
 
 
-class Channels:
+class SharedChannels:
     """The properties ``Pool`` and ``PoolHandle`` share: each checks that its owner is usable, then
     hands out the channel from its ``PoolView``, which subclasses set as ``_channels``; they
     define ``_check_open``."""
@@ -209,7 +209,7 @@ class Channels:
         checkpoints.load_state_dict(self._channels, state, same_draws=same_draws)
 
 
-class ChannelsOfPool:
+class WrappedPoolChannels:
     """``params``, ``applied``, ``events`` and ``episodes`` of ``self.pool``, for the wrappers that put
     another library's API around a pool (:mod:`shmpool.envpool`, :mod:`shmpool.torchrl`)."""
 

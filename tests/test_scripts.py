@@ -115,7 +115,8 @@ def bench_lines(*options: str) -> list[str]:
 def test_bench_writes_prints_write_costs_against_raw_numpy() -> None:
     lines = bench_lines("--writes")
     assert "raw numpy us" in lines[0] and "write() us" in lines[0]
-    rows = [line.split(maxsplit=1) for line in lines[2:]]
+    table, workers = lines[2:-1], lines[-1]
+    rows = [line.split(maxsplit=1) for line in table]
     whats = [what.rsplit(maxsplit=3)[0] for _, what in rows]
     compiled = importlib.util.find_spec("numba") is not None
     floors = [
@@ -133,6 +134,9 @@ def test_bench_writes_prints_write_costs_against_raw_numpy() -> None:
     for _, what in rows:
         raw, written, ratio = (float(number) for number in what.split()[-3:])
         assert raw > 0 and written > 0 and ratio > 0
+    # What a worker pays to apply them, with the store loop it compiles and without.
+    compiled_loop = r"workers: 3 params set on 8 envs per sync: [\d.]+ us with the compiled store loop, .*x\)"
+    assert re.fullmatch(compiled_loop, workers)
 
 
 def test_bench_quick_prints_a_table() -> None:

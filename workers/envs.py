@@ -25,8 +25,8 @@ from shmpool.workers.param_applier import ParamApplier
 class Slot:
     """What every kind of slot shares: its rows of the segment, the episode bookkeeping around a
     reset, the trainer's reset command and the episode records. The kinds differ in how their envs
-    are made, stepped and reset (``EnvSlice``: gymnasium envs one by one;
-    ``shmpool.workers.kernels.KernelSlice``: a compiled kernel over the slot).
+    are made, stepped and reset (``EnvSlot``: gymnasium envs one by one;
+    ``shmpool.workers.kernels.KernelSlot``: a compiled kernel over the slot).
 
     ``current_env`` is the env id that a failure happened in (or is being worked on), so that the
     failure can name it.
@@ -199,7 +199,7 @@ class Slot:
 
 class ArraySlot(Slot):
     """A slot whose per-env bookkeeping is numpy arrays and whose envs step in one call
-    (``KernelSlice``, ``MujocoSlice``): one observation and one action array (Box spaces), viewed
+    (``KernelSlot``, ``MujocoSlot``): one observation and one action array (Box spaces), viewed
     as the slot's rows."""
 
     def __init__(
@@ -222,7 +222,7 @@ class ArraySlot(Slot):
         return self._actions.copy()
 
 
-class EnvSlice(Slot):
+class EnvSlot(Slot):
     """A slot of gymnasium envs, stepped one by one, with numpy views of the slot's rows."""
 
     def __init__(
@@ -458,7 +458,7 @@ def inner_step(env: gymnasium.Env) -> tuple[Callable[[Any], Any], TimeLimit | No
     exact classes, with their own ``step``, are passed over: the walk stops at any other object (a
     subclass, another wrapper, a layer whose ``step`` was patched on the instance), whose ``step``
     is then called. The caller looks again after anything that may change the layers
-    (``EnvSlice.after_call``), and reads ``TimeLimit``'s limit at every step, so that a changed
+    (``EnvSlot.after_call``), and reads ``TimeLimit``'s limit at every step, so that a changed
     ``_max_episode_steps`` holds.
 
     The walk reads the wrappers' own state (``TimeLimit._elapsed_steps``, the checker's ``checked_*``

@@ -1,19 +1,19 @@
 """A worker's slot run by a compiled batch kernel (``engine="numba"``, ``shmpool.kernels``).
 
-``KernelSlice`` is the kernel engine's ``shmpool.workers.envs.EnvSlice``: the same
+``KernelSlot`` is the kernel engine's ``shmpool.workers.envs.EnvSlot``: the same
 commands, autoreset, episode accounting, hooks and results, but the slot's envs are rows of a state
 array, stepped by one call of the kernel, with the time limit and the episode accounting done over
 the slot's arrays at once. Resets run the kernel's Python reset per env, from each env's own
 ``np_random``; autoresets of a kernel with ``draw`` and ``start`` run compiled, from resets drawn
-ahead (``KernelSlice._restart_drawn``). ``KernelParams`` is
-``shmpool.workers.param_applier.ParamApplier`` (the same reads, validation, refusals, draws and
-``applied``), writing accepted values into the kernel's parameter matrix instead of env attributes,
-and running the kernel's ``refresh`` where the Python engine runs an env's adapter refresher.
+ahead (``KernelSlot._restart_drawn``). Parameters are
+applied by the same ``shmpool.workers.param_applier.ParamApplier`` as every engine's, landing in
+the kernel's parameter matrix (``KernelColumns``) instead of env attributes.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -24,143 +24,42 @@ from shmpool.kernels import NO_LIMIT, BatchKernel, KernelEnv, load
 from shmpool.params import ParamSpec, in_float64_words, is_plain_float64
 from shmpool.workers.envs import ArraySlot
 from shmpool.workers.param_applier import ParamApplier
+from shmpool.workers.targets import Targets
 
 #: Option-less resets each env draws ahead for compiled autoresets. The refill (a generator state
 #: saved, one ``draw`` call) is paid once per this many episodes of an env.
 RESETS_DRAWN_AHEAD = 16
 
 
-class KernelParams(ParamApplier):
-    """The slot's parameters for a kernel: an accepted value goes to its column of the parameter
-    matrix (parameters only hooks read, ``bind=False``, only to ``applied``); values the env caches
-    from its parameters are recomputed by the kernel's ``refresh`` where the Python engine's adapter
-    recomputes them (after one of its inputs changed, at per-episode values, at an env's (re)build)."""
+class KernelColumns(Targets):
+    """The numba engine's targets: a parameter's values go to its column of the kernel's parameter
+    matrix (one ``bind=False``, which only hooks read, nowhere); what the env caches from its
+    parameters is recomputed by the kernel's ``refresh`` where the Python engine's adapter recomputes
+    it. Its ``compiled_sync`` is ``shmpool.kernels.slot.sync_scalars``."""
 
-    _matrix: np.ndarray
-    _columns: dict[int, int]
-    _seen: np.ndarray
-    _seen_bytes: bytes
-    _kernel_refresh: Any = None
-    #: With only plain float64 parameters: ``slot.sync_scalars`` and its arguments after ``seen``,
-    #: else None (the general path).
-    _fast: tuple[Any, ...] | None = None
-    #: The float64 matrix view of ``_seen`` that ``_fast`` last used, and the array it views.
-    _seen_matrix: np.ndarray | None = None
-    _seen_viewed: np.ndarray | None = None
-
-    def use_matrix(self, matrix: np.ndarray, kernel: BatchKernel) -> None:
-        """Where values go: ``matrix[:, column]`` of the kernel parameter each parameter binds; which
-        parameters ``kernel.refresh`` follows."""
+    def __init__(self, specs: list[ParamSpec], matrix: np.ndarray, kernel: BatchKernel) -> None:
         self._matrix = matrix
-        columns = kernel.columns
-        targets = {
-            spec.index: spec.name if spec.bind is None else str(spec.bind)
-            for spec in self._specs
-            if spec.bind is not False
-        }
-        self._columns = {index: columns[target] for index, target in targets.items()}
         self._kernel_refresh = kernel.refresh
-        # As ParamApplier._inputs_of finds them for the Python engine's adapters.
-        self._refreshed_by = {
-            spec.index
-            for spec in self._specs
-            if spec.when != "rebuild" and targets.get(spec.index) in kernel.refresh_inputs
+        targets = {
+            spec.index: spec.name if spec.bind is None else str(spec.bind) for spec in specs if spec.bind is not False
         }
-        self._fast = self._compiled_sync()
+        self.columns = {index: kernel.columns[target] for index, target in targets.items()}
+        # As EnvTargets finds them for the Python engine's adapters.
+        self.refreshed_by = {
+            spec.index for spec in specs if spec.when != "rebuild" and targets.get(spec.index) in kernel.refresh_inputs
+        }
 
-    def _compiled_sync(self) -> tuple[Any, ...] | None:
-        """``slot.sync_scalars`` and its arguments but ``seen``, or None when the block's records are
-        not made of 8-byte fields or hold no plain float64 parameter."""
-        record, applied = self._block.dtype, self._applied.dtype
-        if not (in_float64_words(record) and in_float64_words(applied)):
-            return None
-        plain = [s for s in self._specs if is_plain_float64(s)]
-        if not plain:
-            return None
-        import numba
-
-        from shmpool.kernels.slot import sync_scalars
-        from shmpool.protocol.compiled import entry_point
-
-        words = np.full(record.itemsize // 8, -1, dtype=np.int64)
-        for p, spec in enumerate(plain):
-            words[record.fields[spec.name][1] // 8] = p  # type: ignore[index]
-        count = len(self._block)
-        block = self._block.view(np.float64).reshape(count, -1)  # the slot's rows of the shared block
-        fast = (
-            None,  # the compiled function, once its arguments' types are known (below)
-            block,
-            np.empty_like(block),  # the fresh copy
-            self._writers,
-            self._good.view(np.float64).reshape(count, -1),
-            words,
-            np.array([s.low.item() for s in plain]),
-            np.array([s.high.item() for s in plain]),
-            np.array([s.when == "step" for s in plain]),
-            np.array([self._columns.get(s.index, -1) for s in plain], dtype=np.int64),
-            np.array([applied.fields[s.name][1] // 8 for s in plain], dtype=np.int64),  # type: ignore[index]
-            self._matrix,
-            self._applied.view(np.float64).reshape(count, -1),
-            np.array([s.index in self._refreshed_by for s in plain], dtype=np.bool_),
-            np.zeros(count, dtype=np.bool_),  # the rows it touched, for the refresh
-        )
-        # The same arrays every call (``seen`` is another of the same type after the general path):
-        # typed once, not by numba's dispatcher at every step.
-        seen = self._seen.view(np.float64).reshape(count, -1)
-        arguments = (fast[1], fast[2], seen, *fast[3:])
-        return (entry_point(sync_scalars, tuple(numba.typeof(argument) for argument in arguments)), *fast[1:])
-
-    def sync(self) -> None:
-        """``ParamApplier.sync``, compiled for plain float64 parameters (the case of a curriculum
-        rewriting values every step): one call reads the slot's records and applies what changed,
-        unless a value is refused, another parameter changed or a write is in flight (the general
-        path handles those)."""
-        fast = self._fast
-        if fast is None:
-            super().sync()
-            return
-        if self._block.tobytes() == self._seen_bytes:  # nothing written: cheaper than the call's arguments
-            return
-        seen = self._seen
-        if seen is not self._seen_viewed:  # the general path made a new one
-            self._seen_matrix, self._seen_viewed = seen.view(np.float64).reshape(len(seen), -1), seen
-        function, block, fresh, *accepting = fast
-        result = function(block, fresh, self._seen_matrix, *accepting)
-        if result == 0:
-            return
-        if result < 0:
-            super().sync()
-            return
-        self._seen_bytes = seen.tobytes()  # ``seen`` now holds the fresh copy: the general path compares with it
-        touched = result - 1
-        if touched:  # as the general path refreshes the rows that changed an input
-            self._refresh(None if touched == len(seen) else np.flatnonzero(fast[-1]))
-
-    def apply_constructor(self, local: int) -> None:
-        """Puts the ``rebuild`` values of env ``local`` in the matrix, as its constructor would take
-        them (noted as built with, so that a later change rebuilds it)."""
-        values = self.constructor_kwargs(local)
-        for spec in self._rebuild:
-            self._matrix[local, self._columns[spec.index]] = values[spec.name]
-
-    def attach_env(self, local: int, env: Any) -> None:
-        """Applies the current step values (and publishes the rebuild ones) of a (re)built env, then
-        refreshes what it caches from them, as the Python engine does."""
-        self._apply_current(local)
-
-    def _apply(self, spec: ParamSpec, rows: np.ndarray, values: np.ndarray) -> None:
-        column = self._columns.get(spec.index)
+    def write(self, spec: ParamSpec, rows: np.ndarray, values: np.ndarray) -> None:
+        column = self.columns.get(spec.index)
         if column is not None:
             self._matrix[rows, column] = values
-        self._applied[spec.name][rows] = values
 
-    def _apply_all(self, spec: ParamSpec, values: np.ndarray) -> None:
-        column = self._columns.get(spec.index)
+    def write_all(self, spec: ParamSpec, values: np.ndarray) -> None:
+        column = self.columns.get(spec.index)
         if column is not None:
             self._matrix[:, column] = values
-        self._applied[spec.name][:] = values
 
-    def _refresh(self, rows: Any = None) -> None:
+    def refresh(self, rows: Any = None) -> None:
         """Runs the kernel's ``refresh`` over the matrix rows ``rows`` (None: all)."""
         refresh = self._kernel_refresh
         if refresh is None:
@@ -172,16 +71,76 @@ class KernelParams(ParamApplier):
             refresh(part)
             self._matrix[rows] = part
 
+    def compiled_sync(self, applier: ParamApplier) -> Callable[[], int] | None:
+        """``ParamApplier.sync`` as one call of ``sync_scalars``, or None when the block's records are
+        not made of 8-byte fields or hold no plain float64 parameter. The call returns 0 or more when
+        it synced (``seen`` is then the fresh copy), less than 0 when the general path must."""
+        block, applied = applier.block, applier.applied
+        if not (in_float64_words(block.dtype) and in_float64_words(applied.dtype)):
+            return None
+        plain = [s for s in applier.specs if is_plain_float64(s)]
+        if not plain:
+            return None
+        import numba
 
-class KernelSlice(ArraySlot):
+        from shmpool.kernels.slot import sync_scalars
+        from shmpool.protocol.compiled import entry_point
+
+        words = np.full(block.dtype.itemsize // 8, -1, dtype=np.int64)
+        for p, spec in enumerate(plain):
+            words[block.dtype.fields[spec.name][1] // 8] = p  # type: ignore[index]
+        count = len(block)
+        shared = block.view(np.float64).reshape(count, -1)  # the slot's rows of the shared block
+        touched = np.zeros(count, dtype=np.bool_)  # the rows it touched, for the refresh
+        accepting = (
+            applier.writers,
+            applier.good.view(np.float64).reshape(count, -1),
+            words,
+            np.array([s.low.item() for s in plain]),
+            np.array([s.high.item() for s in plain]),
+            np.array([s.when == "step" for s in plain]),
+            np.array([self.columns.get(s.index, -1) for s in plain], dtype=np.int64),
+            np.array([applied.dtype.fields[s.name][1] // 8 for s in plain], dtype=np.int64),  # type: ignore[index]
+            self._matrix,
+            applied.view(np.float64).reshape(count, -1),
+            np.array([s.index in self.refreshed_by for s in plain], dtype=np.bool_),
+            touched,
+        )
+        fresh = np.empty_like(shared)
+        viewed: list[Any] = [None, None]  # ``applier.seen`` as last viewed, and its float64 matrix view
+
+        def as_matrix(seen: np.ndarray) -> np.ndarray:
+            if viewed[0] is not seen:  # the general path made a new one
+                viewed[:] = seen, seen.view(np.float64).reshape(count, -1)
+            matrix: np.ndarray = viewed[1]
+            return matrix
+
+        # The same arrays every call (``seen`` is another of the same type after the general path):
+        # typed once, not by numba's dispatcher at every step.
+        arguments = (shared, fresh, as_matrix(applier.seen), *accepting)
+        function = entry_point(sync_scalars, tuple(numba.typeof(argument) for argument in arguments))
+
+        def sync() -> int:
+            seen = applier.seen
+            result: int = function(shared, fresh, as_matrix(seen), *accepting)
+            if result <= 0:
+                return result
+            applier.seen_bytes = seen.tobytes()  # ``seen`` now holds the fresh copy: the general path compares with it
+            rows = result - 1
+            if rows:  # as the general path refreshes the rows that changed an input
+                self.refresh(None if rows == count else np.flatnonzero(touched))
+            return result
+
+        return sync
+
+
+class KernelSlot(ArraySlot):
     """The envs of one slot as rows of a compiled kernel's arrays, with the interface the worker
     uses (``build``, ``step``, ``reset``, ``close``, ``envs``, ``hooks``, ``current_env``)."""
 
     def __init__(
         self, config: WorkerConfig, views: dict[str, np.ndarray], info: InfoWriter, params: ParamApplier | None
     ) -> None:
-        if params is not None and not isinstance(params, KernelParams):
-            raise TypeError("the numba engine needs KernelParams")
         super().__init__(config, views, info, params)
         self.kernel: BatchKernel = load(config.kernel)
 
@@ -233,7 +192,8 @@ class KernelSlice(ArraySlot):
         from numba's cache) by calling it over envs that do not step, so no step pays for it."""
         self._episode_index[:] = -1  # no episode until the first reset
         if self._params is not None:
-            self._params.use_matrix(self._matrix, self.kernel)
+            self._columns = KernelColumns(self._params.specs, self._matrix, self.kernel)
+            self._params.land_in(self._columns)
         for local in range(self.stop - self.start):
             self.current_env = self.start + local
             self.envs.append(self._make(local))
@@ -266,8 +226,10 @@ class KernelSlice(ArraySlot):
         constructor values in it, and the slot's time limit."""
         self._matrix[local] = self.kernel.nominal(1, self._constructor)[0]
         params = self._params
-        if params is not None:
-            params.apply_constructor(local)
+        if params is not None:  # its rebuild values, as its constructor would take them
+            constructed = params.constructor_kwargs(local)
+            for spec in params.rebuild:
+                self._columns.write(spec, np.array([local]), np.array([constructed[spec.name]]))
         env = KernelEnv(
             self.kernel, self.arrays, local, max_episode_steps=self._max_steps, env_label=self._config.env_label
         )

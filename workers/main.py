@@ -62,16 +62,18 @@ from shmpool.system import (
     set_parent_death_signal,
     unlink_if_same,
 )
-from shmpool.workers.envs import EnvSlice, Slot
+from shmpool.workers.envs import EnvSlot, Slot
 from shmpool.workers.hook_runner import HookError, HookRunner
-from shmpool.workers.kernels import KernelParams, KernelSlice
-from shmpool.workers.mujoco_batch import BatchParams, MujocoSlice
+from shmpool.workers.kernels import KernelSlot
+from shmpool.workers.mujoco_batch import BatchTargets, MujocoSlot
 from shmpool.workers.param_applier import ParamApplier
+from shmpool.workers.targets import EnvTargets
 
 #: The slot of each engine (``PoolConfig.engine``).
-_SLICES: dict[str, type[Slot]] = {"python": EnvSlice, "numba": KernelSlice, "mujoco": MujocoSlice}
-#: The parameter applier of each engine.
-_APPLIERS: dict[str, type[ParamApplier]] = {"python": ParamApplier, "numba": KernelParams, "mujoco": BatchParams}
+_SLICES: dict[str, type[Slot]] = {"python": EnvSlot, "numba": KernelSlot, "mujoco": MujocoSlot}
+#: Where each engine's parameter values land (the numba engine's, its kernel's columns, once the slot
+#: has made its matrix: ``KernelSlot.build``).
+_TARGETS: dict[str, type[EnvTargets] | None] = {"python": EnvTargets, "numba": None, "mujoco": BatchTargets}
 
 
 class OwnerGone(BaseException):
@@ -309,19 +311,22 @@ class Worker:
             if in_own_process and config.worker_init is not None:
                 config.worker_init()
                 ignore_interrupts()  # again: the user's setup must not make Ctrl-C kill workers
-            params = (
-                _APPLIERS[config.engine](
-                    list(config.params),
+            params = None
+            if config.params:
+                specs = list(config.params)
+                targets = _TARGETS[config.engine]
+                params = ParamApplier(
+                    specs,
                     self._views,
                     config.env_ids,
                     config.worker_id,
                     config.param_seed,
                     self._control,
                     config.env_label,
+                    None
+                    if targets is None
+                    else targets(specs, config.env_ids[1] - config.env_ids[0], config.env_label),
                 )
-                if config.params
-                else None
-            )
             self.envs = envs = _SLICES[config.engine](config, self._views, self._info, params)
             envs.build()
             if config.hooks:

@@ -38,6 +38,7 @@ from shmpool.mujoco_tasks import Infos, task_of
 from shmpool.params import ParamSpec
 from shmpool.workers.envs import ArraySlot
 from shmpool.workers.param_applier import ParamApplier
+from shmpool.workers.targets import EnvTargets
 
 
 def _time_limit(env: gymnasium.Env) -> TimeLimit | None:
@@ -49,35 +50,34 @@ def _time_limit(env: gymnasium.Env) -> TimeLimit | None:
     return None
 
 
-class BatchParams(ParamApplier):
-    """The slot's parameters under ``engine="mujoco"``: a parameter bound to a model field
-    (``shmpool.mujoco.ModelBinding``) is written for many simulations at once, one numpy
-    assignment into the batch's per-simulation field, instead of env by env; the others as the
-    Python engine writes them."""
+class BatchTargets(EnvTargets):
+    """The MuJoCo engine's targets: a parameter bound to a model field
+    (``shmpool.mujoco.ModelBinding``) is written for many simulations at once, one numpy assignment
+    into the batch's per-simulation field, instead of env by env; the others as the Python engine
+    writes them."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, specs: list[ParamSpec], count: int, env_label: str) -> None:
+        super().__init__(specs, count, env_label)
         self._simulations: dict[int, Simulation | None] = {}
         self._batch_writers: dict[int, Callable[[np.ndarray, np.ndarray], None]] = {}
         #: The batch index of every env of the slot, or None while one has no simulation: what a
         #: write to every env (a curriculum's, every step) passes without a lookup per env.
         self._every_index: np.ndarray | None = None
 
-    def attach_env(self, local: int, env: Any) -> None:
-        """Notes env ``local``'s simulation, then resolves and applies as the Python engine does."""
+    def attach(self, local: int, env: Any) -> None:
+        """Notes env ``local``'s simulation, then resolves its bindings as the Python engine does."""
         self._simulations[local] = simulation_of(env)
         every = [self._simulations.get(row) for row in range(len(self._all_rows))]
         self._every_index = None if None in every else np.array([one.index for one in every], dtype=np.intp)  # type: ignore[union-attr]
-        super().attach_env(local, env)
+        super().attach(local, env)
 
-    def _apply(self, spec: ParamSpec, rows: np.ndarray, values: np.ndarray) -> None:
+    def write(self, spec: ParamSpec, rows: np.ndarray, values: np.ndarray) -> None:
         simulations = [self._simulations.get(local) for local in rows.tolist()]
         if not _writes_many(spec) or not simulations or None in simulations:
-            super()._apply(spec, rows, values)
+            super().write(spec, rows, values)
             return
         indices = np.array([one.index for one in simulations], dtype=np.intp)  # type: ignore[union-attr]
         self._writer(spec, simulations[0])(indices, values)  # type: ignore[arg-type]
-        self._applied[spec.name][rows] = values
 
     def _writer(self, spec: ParamSpec, simulation: Simulation) -> Callable[[np.ndarray, np.ndarray], None]:
         """``spec``'s batch writer: one per parameter, every simulation of the slot sharing the batch."""
@@ -86,15 +86,14 @@ class BatchParams(ParamApplier):
             write = self._batch_writers[spec.index] = spec.bind.batch_writer(simulation)  # type: ignore[union-attr]
         return write
 
-    def _apply_all(self, spec: ParamSpec, values: np.ndarray) -> None:
+    def write_all(self, spec: ParamSpec, values: np.ndarray) -> None:
         indices = self._every_index
         if indices is not None and _writes_many(spec):
             self._writer(spec, self._simulations[0])(indices, values)  # type: ignore[arg-type]
-            self._applied[spec.name][:] = values
         elif _writes_many(spec):
-            self._apply(spec, self._all_rows, values)
+            self.write(spec, self._all_rows, values)
         else:
-            super()._apply_all(spec, values)
+            super().write_all(spec, values)
 
 
 def _writes_many(spec: ParamSpec) -> bool:
@@ -104,7 +103,7 @@ def _writes_many(spec: ParamSpec) -> bool:
     return isinstance(bind, ModelBinding) and type(bind).resolve_in_batch is ModelBinding.resolve_in_batch
 
 
-class MujocoSlice(ArraySlot):
+class MujocoSlot(ArraySlot):
     """The envs of one slot as the simulations of one ``mujoco.batch.Batch``."""
 
     current_env: int | None

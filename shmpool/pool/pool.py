@@ -26,7 +26,7 @@ from ..protocol import check_memory_model
 from ..registry import sweep_stale
 from ..spaces import ActionChecker, leaves
 from ..system import this_pid
-from ..view import Channels, PoolView
+from ..view import PoolView, SharedChannels
 from .batches import Batches
 from .commands import CallRouter, CommandChannel, ResetEncoder
 from .lifecycle import Lifecycle, Parts, plan_layout, probe_env, weak_checks
@@ -86,7 +86,7 @@ def launch(
     return Pool(PoolConfig(**locals()))  # every parameter is a PoolConfig field, and nothing else is local yet
 
 
-class Pool(Channels, VectorEnv):
+class Pool(SharedChannels, VectorEnv):
     """A gymnasium ``VectorEnv`` whose envs run in worker processes over one shared-memory segment.
 
     Made by ``launch``; use it as a context manager or call ``close``. ``params``,
@@ -441,7 +441,7 @@ class Pool(Channels, VectorEnv):
         return self._call_router.results(answers, what)
 
     def state_dict(self) -> Any:
-        """As on an attached handle (see ``shmpool.view.Channels.state_dict``), once no env is
+        """As on an attached handle (see ``shmpool.view.SharedChannels.state_dict``), once no env is
         stepping (an interrupted step finished, async batches in flight waited for)."""
         with self._calls:
             self._commands.enter()
@@ -449,7 +449,7 @@ class Pool(Channels, VectorEnv):
             return super().state_dict()
 
     def load_state_dict(self, state: Any, *, same_draws: bool = True) -> None:
-        """As on an attached handle (see ``shmpool.view.Channels.load_state_dict``), once no env is
+        """As on an attached handle (see ``shmpool.view.SharedChannels.load_state_dict``), once no env is
         stepping (an interrupted step finished, async batches in flight waited for), so that no env
         is resetting while the episode indices land."""
         with self._calls:

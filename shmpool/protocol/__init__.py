@@ -24,17 +24,17 @@ share one segment. Four rules make that safe, each implemented in one module her
   into each worker's ring and published by one store (the global ticket), so a sender killed in
   between delivers to no worker rather than to some (``EventRings``).
 
-The words these share live in the segment's ``writers`` field (``.words``); ``.channels``
+The words these share live in the segment's ``writers`` field (``.words``); ``.segment``
 builds the lock, the seqlock and the rings of a mapped segment from its fields. Holding back Ctrl-C
 is about signals, not shared memory: it is ``shmpool.interrupts``.
 """
 
 from __future__ import annotations
 
-from .channels import event_rings, params_seqlock, writer_lock
 from .lock import WriterLock, init_writer_mutex
 from .memory_model import TSO_MACHINES, check_memory_model
 from .rings import EventRings
+from .segment import event_rings, params_seqlock, writer_lock
 from .seqlock import SEQLOCK_RETRIES, Seqlock, seqlock_read
 from .words import (
     W_EVENTS_JOURNAL,
