@@ -15,6 +15,10 @@ from helpers import shm_entries
 
 from shmpool.system import descendants as all_descendants
 
+# Many processes share 2 cores while the suite runs: a numerical library's own thread pool (torch's, in
+# the trainer scripts and the docs' examples) would spin against them, not speed anything up.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # Long-lived helpers that multiprocess starts once per test session and keeps: not leaks.
 _HELPERS = ("forkserver import main", "resource_tracker import main")
 
@@ -31,6 +35,21 @@ def _is_helper(pid: int) -> bool:
     except OSError:
         return False
     return any(helper in command_line for helper in _HELPERS)
+
+
+#: The modules whose tests take longest (a Ray cluster's, scripts, the soak, other projects' suites),
+#: in the order pytest-xdist's workers start them: first, so that none is what the session ends
+#: waiting for. Tests marked ``alone`` go last, when little is left to wait for (see
+#: ``alone_when_marked``). Run in one process (``-n 0``), the suite keeps the order it was given.
+LONG_FIRST = ("test_ray.py", "test_e2e_soak.py", "test_scripts.py", "test_sb3.py", "test_docs.py", "test_interrupts.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        rank = {name: place for place, name in enumerate(LONG_FIRST)}
+        items.sort(
+            key=lambda item: (item.get_closest_marker("alone") is not None, rank.get(item.path.name, len(LONG_FIRST)))
+        )
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -76,7 +76,7 @@ def test_a_reset_cut_short_after_it_was_written_still_runs_with_the_launch_seed(
 
     def write_then_ctrl_c(self: ResetEncoder, *args: Any) -> None:
         write(self, *args)
-        signal.pthread_kill(threading.get_ident(), signal.SIGINT)  # to this thread: see test_async
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)  # to this thread: see test_batches
 
     reference = SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 4)
     with shmpool.launch("CartPole-v1", 4, num_workers=2, seed=10, name=pool_name) as pool:

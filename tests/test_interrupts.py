@@ -12,7 +12,7 @@ import helpers
 # In-process (a SIGINT to the test's own thread) and through a script that starts a helper it must
 # kill (a writer stopped while it holds the lock): each needs a Python handler for SIGINT.
 CTRL_C_TESTS = [
-    "tests/test_async.py::test_ctrl_c_in_recv_loses_no_batch",
+    "tests/test_batches.py::test_ctrl_c_in_recv_loses_no_batch",
     "tests/test_protocol.py::test_ctrl_c_while_waiting_for_the_writer_lock_interrupts_the_wait",
 ]
 

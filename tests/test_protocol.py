@@ -955,9 +955,18 @@ def work():
         except KeyboardInterrupt:
             interrupts += 1
 
-while True:  # an interrupt can also land on the loop's back edge, outside the inner try
+def until_done():  # an interrupt can also land outside work's try, as in this except clause
+    global interrupts
+    while True:
+        try:
+            work()
+            return
+        except KeyboardInterrupt:
+            interrupts += 1
+
+while True:  # and in that one: only one in two except clauses in a row gets past this one
     try:
-        work()
+        until_done()
         break
     except KeyboardInterrupt:
         interrupts += 1

@@ -7,7 +7,7 @@ import helpers
 import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
-from test_equivalence import assert_same
+from test_e2e_equivalence import assert_same
 
 import shmpool
 

@@ -77,6 +77,9 @@ def test_env_raising_in_reset_and_in_constructor(pool_name: str) -> None:
     assert caught.value.env_id in (0, 2)
 
 
+# Alone: on the loaded machine of a parallel session, the forked worker's report came back empty in 2
+# of 3 sessions (never alone, nor in 12 runs beside two busy loops); not understood yet.
+@pytest.mark.alone
 @pytest.mark.parametrize(
     ("how", "signal_name", "start_method"), [("segfault", "SIGSEGV", "fork"), ("abort", "SIGABRT", "spawn")]
 )
@@ -306,6 +309,7 @@ def test_ctrl_c_during_step_leaves_nothing(pool_name: str) -> None:
             child.communicate()
 
 
+@pytest.mark.alone  # another test's launch would remove the stale pool before gc
 def test_whole_group_killed_then_gc_removes_the_segment(pool_name: str) -> None:
     child = helpers.start_script(
         f"""
@@ -531,28 +535,3 @@ def test_late_worker_of_a_dead_owner_spares_a_new_pool_of_the_same_name(pool_nam
         assert _wait_no_entries(pool_name, 1.0) == []
     finally:
         _clean_up(child, family, pool_name)
-
-
-@pytest.mark.parametrize(
-    ("options", "error", "option"),
-    [
-        ({"timeout": "5"}, TypeError, "timeout"),
-        ({"timeout": True}, TypeError, "timeout"),
-        ({"launch_timeout": None}, TypeError, "launch_timeout"),
-        ({"hooks": 5}, TypeError, "hooks"),
-        ({"hooks": [None]}, TypeError, "hooks"),
-        ({"params": [1, 2]}, TypeError, "params"),
-        ({"env_kwargs": "ab"}, TypeError, "env_kwargs"),
-        ({"episode_metrics": {"a": 5}}, TypeError, "episode_metrics"),
-        ({"event_capacity": 1 << 62}, ValueError, "event_capacity"),
-        ({"info_bytes": 1 << 62}, ValueError, "info_bytes"),
-        ({"start_method": "fork-please"}, ValueError, "start_method"),
-        ({"copy": 1}, TypeError, "copy"),
-        ({"seed": -1}, ValueError, "seed must be between 0 and"),  # every unseeded reset would fail
-    ],
-)
-def test_bad_launch_options_are_refused_naming_the_option(
-    pool_name: str, options: dict, error: type, option: str
-) -> None:
-    with pytest.raises(error, match=option):
-        shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, **options)

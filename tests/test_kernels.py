@@ -1,6 +1,6 @@
 """The numba engine (``launch(engine="numba")``): compiled batch kernels give gymnasium's results bit for
 bit, with the parameters, hooks, calls and errors of the Python engine. Parameter, attach and CLI
-tests of both engines are in test_params.py and test_attach.py (parametrized over ``engine``)."""
+tests of both engines are in test_params.py, test_handle.py and test_cli.py (parametrized over ``engine``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from gymnasium.wrappers import TimeLimit
-from test_equivalence import ENVS, check_matches_sync_vector_env
+from test_e2e_equivalence import ENVS, check_matches_sync_vector_env
 from test_params import run_schedule
 
 import shmpool

@@ -51,7 +51,7 @@ NOT_SUPPORTED: dict[str, str] = {
     "AsyncVectorEnv's split calls (step_async/step_wait, reset_async/reset_wait, call_async/call_wait)": (
         "AsyncVectorEnv-only API, not part of gymnasium.vector.VectorEnv, which is what the pool is and "
         "what every vector wrapper uses; the per-call timeout= of the *_wait methods is launch(timeout=), "
-        "which raises PoolTimeoutError (a TimeoutError), tested in test_failures.py"
+        "which raises PoolTimeoutError (a TimeoutError), tested in test_e2e_failures.py"
     ),
     "infos that are not numbers, bools or numeric arrays (strings, None, objects)": (
         "infos cross shared memory as fixed-size numeric fields and are never pickled; other values are "
