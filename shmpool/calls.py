@@ -1,23 +1,7 @@
 """Control calls: gymnasium's ``call``/``get_attr``/``set_attr``/``render`` and ``Pool.env_apply``,
 which run arbitrary functions on the envs inside the workers and bring their results back.
 
-These are rare control calls, not the per-step path, and their arguments and results are arbitrary
-Python objects, so they travel pickled (with ``dill``, as ``multiprocess`` ships lambdas). They go
-through one private pipe per worker, made at launch and held only by the owner and that worker,
-never through the segment: nothing in shared memory is ever unpickled, and a pipe has no size to
-plan. The command word in the control row still orders them with steps and resets: the trainer
-writes the ``CALL`` command, rings, then sends the request on the pipe; the worker answers on the
-pipe, then publishes ``DONE``. Both sides read whole messages while they wait, so a large answer
-never stalls a writer.
-
-An answer is several pickles in one message: first a header of plain numbers and strings (the
-sequence number, the env ids, and where and how the call failed), then one pickle per result, or
-the exception. The header always unpickles, so an answer whose result or exception the trainer
-cannot rebuild is still recognised as this call's, and becomes a clear error naming the env,
-instead of a failure that leaves the call unfinished.
-
-Every message carries the command's sequence number, so an answer left unread by a call that
-Ctrl-C interrupted is recognised and dropped by the next one.
+Why and how: ``docs/internals.md``, "shmpool/calls.py".
 """
 
 from __future__ import annotations

@@ -1,25 +1,6 @@
 """Checkpoints of a pool's shared state: ``state_dict()`` / ``load_state_dict()`` of a pool or handle.
 
-A state is plain data (dicts, lists, str, int, None and numpy arrays of numbers), so ``pickle`` and
-``torch.save`` store it. It holds:
-
-* ``schema``: what must match for the state to fit a pool: env label, ``num_envs`` and each
-  parameter's name (in order: its index keys the draws), dtype, shape, bounds, ``when`` and ``dist``.
-* ``params``: the parameter block, every env's value (a dict of arrays per argument for a ``dist``
-  parameter, e.g. a curriculum's ranges). A value the workers refused (a raw store out of bounds)
-  is saved as what the env runs with instead (for a ``dist``, its drawn value as a distribution of
-  that one value), with a warning: the state loads, and it holds nothing the pool did not run. An
-  env that has drawn nothing yet is saved as NaN arguments, and loading keeps the pool's own value
-  there (its launch value, the same as the saved pool's).
-* ``episode_index``: each env's episode index (-1 before its first reset). A loaded one must lie in
-  ``[-1, MAX_EPISODE_INDEX)`` (2**62), whatever its dtype, so that the resets after a load cannot
-  overflow the int64 counter; a pool's own counters, counted from -1, never come near it.
-* ``param_seed``: the seed of the draws.
-
-Draws are a pure function of (seed, env id, episode index, parameter index, step in the episode;
-``shmpool.draws``), and the episode index lives in the segment, so nothing worker-private needs
-saving: a fresh pool with the same seed that loads the state draws at each env's next reset exactly
-what the saved pool would have drawn at its next one.
+Why and how: ``docs/internals.md``, "shmpool/checkpoints.py".
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
 """What shmpool knows about particular env families, found by the env's class.
 
-Generic code (parameter bindings, the workers, the built-in hooks) never names an env: it asks
-``adapter_for`` for the ``EnvAdapter`` of an env once, when the env is attached (made or
-re-made), keeps what the adapter hands back for that env, and calls only that on each step.
-
-An adapter handles the env classes it lists in ``classes`` (as ``"module:QualName"`` strings, so
-nothing is imported to match them) and their subclasses; the match is on ``type(env.unwrapped)``'s
-method resolution order, most derived class first, never on the gymnasium id. An env that no
-adapter handles gets ``GENERIC``, which knows nothing (no derived values, no default kick).
-
-shmpool's own families live one module each (``shmpool.classic_control``, ``shmpool.mujoco``), each
-declaring an ``ADAPTERS`` list; they are imported on the first lookup (not by ``import shmpool``)
-and import nothing heavy themselves: ``mujoco`` is imported only once a MuJoCo env is used. A family
-of your own: subclass ``EnvAdapter`` and ``register`` an instance in every process that
-makes the envs (in the module that defines the env, or with ``launch(..., worker_init=...)``).
+Why and how: ``docs/internals.md``, "shmpool/env_families.py".
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """One-shot events for hooks, through one ring per worker in the segment.
 
-A ring holds ``event_capacity`` fixed-size records (hook index, due step, payload, a bitmask of the
-worker's envs it concerns, and the ticket that publishes it). Senders (the trainer and attached
-processes, any of their threads) build each record's bytes before taking the writers' lock, then
-hand them to ``shmpool.protocol.EventRings``, which publishes an event to all the rings it
-touches with one store, so a sender killed mid-send delivers to no worker rather than to some. The
-worker alone advances its ring's ``tail`` after copying the records out, so it reads every event
-exactly once, in send order.
-
-Both ends read and write records with ``struct`` rather than numpy: a record is a few dozen
-bytes, for which one ``pack``/``unpack_from`` costs a fraction of one numpy call. Nothing read from
-the segment is unpickled: a record is numbers and a bitmask.
+Why and how: ``docs/internals.md``, "shmpool/events.py".
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
 """Env ``info`` dicts through shared memory, without pickling.
 
-Info keys are not known at launch, so each worker keeps a small *key table* in the segment: the first
-time one of its envs reports a key with a given numpy dtype and shape, the worker appends a record
-(the key's path as JSON, that dtype and shape) and then publishes the new table length in its control
-row. A key whose values change type (an int at reset, a float in steps) or shape has one record per
-kind. Values go into a fixed number of bytes per env and record, with a per-env presence mask. The
-trainer decodes a worker's new table entries once and rebuilds gymnasium's vector convention: one
-array per key, a ``_key`` mask, nested dicts for nested infos.
-
-As in gymnasium's vector envs, a key's array in one step has the dtype and shape of the value of the
-lowest env that reported it; other envs' values are assigned into it. A value that does not fit
-(gymnasium raises) is left out, and a float assigned into an int array (gymnasium truncates it) is
-kept truncated; the trainer warns once per key about either.
-
-Numbers, bools and numeric arrays of at most ``info_bytes`` bytes travel; a record's ``batch`` says
-how gymnasium batches them (numpy bools, which are no ``np.number``, into an object array) and marks
-an empty nested dict, of which only the mask travels. Other values (strings, objects) are left out,
-and the trainer warns once per key. Records beyond ``info_keys`` per worker are counted and warned
-about the same way.
+Why and how: ``docs/internals.md``, "shmpool/infos.py".
 """
 
 from __future__ import annotations

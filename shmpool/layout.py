@@ -1,67 +1,6 @@
 """The byte map of a pool's segment, described as plain data and validated before use.
 
-A segment is one named POSIX shared-memory object (mode 0600)::
-
-    offset 0    ┌────────────────────────────────────────────────────────────────────┐
-                │ header: 16 int64 words, native order (little-endian: x86-64 only)  │
-                │   0 magic b"SHMPOOL\\0" (written last: a half-made segment has none)│
-                │   1 layout version   2 total size   3 owner pid   4 owner start    │
-                │   5 state            6 table offset 7 table length                 │
-                │   8 global step (steps the trainer has issued)  9 env steps/s       │
-                │   10 owner pid namespace (pids are only comparable within one)      │
-    128         ├────────────────────────────────────────────────────────────────────┤
-                │ field table: UTF-8 JSON {"meta": {...}, "fields": [{"name",        │
-                │   "dtype", "shape", "offset"}, ...]}; dtypes are numpy type strings │
-                │   or [name, dtype, shape] lists, never anything that unpickles      │
-                ├────────────────────────────────────────────────────────────────────┤
-                │ fields, each 64-byte aligned (one cache line), in table order:      │
-                │   control        int64 (num_workers, 16)  one row per worker        │
-                │   errors         uint8 (num_workers, 8192) traceback text           │
-                │   writers        int64 (16,)  writer-lock holder, undo journals,    │
-                │                  published event ticket, the writers' mutex         │
-                │                  (see shmpool.protocol)                             │
-                │   actions[/leaf] (num_envs, *leaf shape)  one field per space leaf  │
-                │   observations[/leaf], final_observations[/leaf] (same_step only)   │
-                │   rewards f8, terminations b1, truncations b1        (num_envs,)    │
-                │   episode_return f8, episode_length i8, episode_time f8,            │
-                │   episode_index i8                                   (num_envs,)    │
-                │   reset_seed u8 (num_envs, 4): 256-bit seeds, little-endian words   │
-                │   reset_flags u1 (num_envs,), reset_options u1 (4096)               │
-                │   reset_options_length i8 (1,), reset_global_step i8 (1,)           │
-                │   info_keys  record (num_workers, info_keys)  key table per worker  │
-                │   info_values u1 (num_envs, info_keys, info_bytes), info_mask b1    │
-                │   episode_records record (num_workers, episode_capacity),           │
-                │     episode_heads i8 (num_workers,)   finished episodes per worker, │
-                │     episode_reserved i8 (num_workers,)  records being written up to │
-                │   with hooks: events record (num_workers, capacity), event_heads,   │
-                │     event_tails, event_undo_heads i8 (num_workers,)  ring per worker│
-                │   with params: params record (num_envs,), params_seq i8,            │
-                │     params_undo record (num_envs,)  the writers' undo journal,      │
-                │     applied record (num_envs,), param_refusals i8 and               │
-                │     param_refusal_text S240 (num_workers, num_params)               │
-                └────────────────────────────────────────────────────────────────────┘
-
-Each env belongs to one worker for the life of the pool; that worker's *slot* is a contiguous range
-of env ids, and it only ever writes its slot's rows (plus its own control row, error row and key
-table).
-
-The step handshake (control row of worker ``k``; words named ``CTL_*`` below)::
-
-    trainer                                      worker k
-    ───────                                      ────────
-    writes actions (all slots)                   waits until COMMAND changes
-    COMMAND = seq << 8 | STEP   (one store)  ──▶ reads actions of its slot, steps its envs,
-    rings worker k's doorbell                    writes observations, rewards, flags, episodes,
-                                                 infos, NUM_DONE, NUM_INFO (and STATUS, ERROR_*)
-    waits until DONE == seq for every k     ◀──  DONE = seq   (published last)
-    reads results                                rings the trainer's doorbell
-
-The command and its sequence number share one aligned 8-byte word, so a reader never pairs a new
-command with an old sequence number. Aligned 8-byte stores are atomic and, on x86-64, separate
-statements keep their store order, which is what "published last" relies on; a doorbell ring is a
-full barrier, so a waiter that sleeps is always ordered correctly. Other CPUs are refused at launch
-and attach (``shmpool.protocol.check_memory_model``). A send that Ctrl-C cuts short is repeated
-with the same sequence number before the next command: a worker runs each number once.
+Why and how: ``docs/internals.md``, "shmpool/layout.py".
 """
 
 from __future__ import annotations

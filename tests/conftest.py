@@ -37,11 +37,11 @@ def _is_helper(pid: int) -> bool:
     return any(helper in command_line for helper in _HELPERS)
 
 
-#: The modules whose tests take longest (a Ray cluster's, scripts, the soak, other projects' suites),
+#: The modules whose tests take longest (scripts, the soak, other projects' suites),
 #: in the order pytest-xdist's workers start them: first, so that none is what the session ends
 #: waiting for. Tests marked ``alone`` go last, when little is left to wait for (see
 #: ``alone_when_marked``). Run in one process (``-n 0``), the suite keeps the order it was given.
-LONG_FIRST = ("test_ray.py", "test_e2e_soak.py", "test_scripts.py", "test_sb3.py", "test_docs.py", "test_interrupts.py")
+LONG_FIRST = ("test_e2e_soak.py", "test_scripts.py", "test_sb3.py", "test_docs.py", "test_interrupts.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -23,7 +23,7 @@ from ray_support import no_leftovers_but_rays, ray_environment
 import shmpool
 from shmpool.rllib import pool_of, vector_env_creator, write_params
 
-pytestmark = [needs("rllib"), pytest.mark.xdist_group("ray")]  # one Ray runtime for the module
+pytestmark = [needs("rllib"), pytest.mark.xdist_group("ray"), pytest.mark.alone]  # one Ray runtime, by itself
 
 NUM_ENVS = 4
 

@@ -1,15 +1,6 @@
 """The entry point of a worker process: join the segment, build the slot's envs, serve commands.
 
-A worker never exits on its own while its owner lives: after a failure it reports the traceback and
-waits for the trainer's close command. When the owner dies it removes the pool's segment and doorbells
-so nothing outlives it, but only the very files it opened: a pool launched meanwhile under the same
-name has new ones, and they stay.
-
-The owner's death is noticed three ways: in every bounded wait, by the parent-death signal (which
-only fires when the worker is the owner's child: not with forkserver), and by a watchdog thread that
-blocks on the owner's pidfd. The watchdog is what works while the main thread is stuck in env code
-and for every start method: it interrupts the main thread so that it unwinds and closes its envs,
-and ends the process itself if that has not happened within a grace period.
+Why and how: ``docs/internals.md``, "workers/main.py".
 """
 
 from __future__ import annotations

@@ -1,22 +1,6 @@
 """A worker's slot of gymnasium MuJoCo envs stepped by ``mujoco.batch.Batch`` (``engine="mujoco"``).
 
-The slot's physics is one ``Batch`` of its envs, stepped on a C thread pool with the GIL released;
-what gymnasium's env computes around the physics is a ``shmpool.mujoco_tasks.Task``, over the
-slot's arrays at once. The slot still holds one gymnasium env per row, made by ``gymnasium.make``
-exactly as ``engine="python"`` makes it. It is what an "env" is under this engine:
-
-- resets run its own ``reset`` (its ``np_random``, its ``reset_model``, its reset info), and the state
-  it reset to is copied into its simulation's row of the batch;
-- the parameter bindings of ``shmpool.mujoco`` and its ``Push`` write the row's per-simulation
-  model fields (``Batch.expand``) and state through the env (``_shmpool_simulation``);
-- control calls (``get_attr``, ``call``, ``set_attr``, ``env_apply``, ``render``) see it
-  materialized: before the call its ``model``, ``data`` and time-limit count are copied from the
-  batch; after it, its state, count, limit and the expanded model fields come back.
-
-Results equal gymnasium's bit for bit. Two facts of ``Batch`` make that so: a persistent batch keeps
-every derived field of its simulations, and a state row carries ``qacc_warmstart``, so a simulation
-continues exactly as the env's own ``MjData`` would. ``cfrc_ext``, which gymnasium fills after the
-step with ``mj_rnePostConstraint``, is computed the same way on each env's materialized data.
+Why and how: ``docs/internals.md``, "workers/mujoco_batch.py".
 """
 
 from __future__ import annotations

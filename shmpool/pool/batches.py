@@ -1,29 +1,7 @@
 """EnvPool-style asynchronous batches over a pool: ``async_reset``, ``send(actions, env_ids)`` and
 ``recv()``, so that the trainer runs its policy on one batch while workers step the others.
 
-The rule for ``batch_size``: a batch is made of whole slots. A worker steps its whole slot at
-once (one command, its rows written together), so ``batch_size`` is ``num_envs`` (the default:
-every worker, slots equal or not), or a multiple of the slot size with equal slots
-(``num_envs % num_workers == 0``). PufferLib has the same rule;
-EnvPool lets any ``B`` through by stepping and returning single envs, which here would cost a
-command and a wait per env instead of per slot. With ``batch_size == num_envs`` every worker is
-one batch: the pool behaves as the synchronous one.
-
-Each worker is in one of four states, and moves through them in order::
-
-    IDLE ──send/async_reset──▶ BUSY ──DONE seen──▶ READY ──recv──▶ RETURNED ──send──▶ BUSY ...
-
-``recv`` waits until ``batch_size / slot size`` workers are READY, takes the first to have
-finished (whatever their ids) and returns their rows, in worker order, with ``infos["env_id"]``
-(with ``recv_order="sent"``: the workers whose commands went out first, waiting for them);
-``send`` takes actions for whole RETURNED slots. Each worker's command has its own sequence number,
-so one worker can start a step while another is still on its previous one.
-
-On 2 cores this does not beat synchronous steps (docs/guides/async.md has the arithmetic, ``bench.py
---loop`` the measurement): two half batches cost the policy more than one whole batch, and with
-both cores stepping envs the overlap has no idle core to fill, so its best case is a few percent,
-less than the wake-ups a third runnable process adds. ``trainer_slot=True`` with ``step`` is the
-faster choice there; batches pay where a core is free for the trainer.
+Why and how: ``docs/internals.md``, "shmpool/pool/batches.py".
 """
 
 from __future__ import annotations

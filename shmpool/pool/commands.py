@@ -2,21 +2,7 @@
 call) and knows it done, even when Ctrl-C or a failure cuts it short; what a reset writes before it
 goes out (``ResetEncoder``); and a control call's requests and answers (``CallRouter``).
 
-Every call of the pool goes through the states of ``CommandChannel``::
-
-    usable ──run()──▶ pending ──finish()──▶ usable
-                         │                     │
-                  Ctrl-C │                     │ a failure (ShmpoolError)
-                         ▼                     ▼
-                     pending: the next     broken: every later enter()
-                     enter() finishes it   raises PoolBrokenError from it
-
-A command is pending from before its first control word is written until every worker has done it:
-Ctrl-C anywhere in between leaves it pending, and the next call sends it again (same sequence
-number: a worker runs each once) and waits for it before issuing another. Async batches are
-commands too, each to some workers (``shmpool.pool.batches``): a command to all, or a checkpoint,
-first waits for those in flight. The channel also publishes what the commands did for attached
-processes (``stats``): the global step and the env steps per second.
+Why and how: ``docs/internals.md``, "shmpool/pool/commands.py".
 """
 
 from __future__ import annotations

@@ -1,26 +1,6 @@
 """A params write as one compiled call: ``write`` (numba).
 
-It validates the values, takes the writers' mutex, fills the undo journal, runs the seqlock's
-odd/even protocol and stores the values, then drops the mutex: the steps of ``WriterLock.run``
-plus ``Seqlock.write``, in the same order, on the same words, for writes of plain float64
-parameters to a range of envs. It gives up before changing anything, returning a code below, and
-the caller then takes the general path, which waits, recovers and names what is wrong:
-
-* ``BUSY``: the mutex is held by another thread or process (or its owner died: it is marked
-  consistent and dropped, and the general path's acquisition rolls back what that owner left);
-* ``RECOVER``: a journal is set (a writer died or was interrupted mid-write);
-* ``INVALID``: a value is out of bounds, not finite, or of the wrong length.
-
-Why it is safe without holding Ctrl-C back: nothing runs in Python between the mutex being taken
-and dropped (a signal's Python handler runs after the call returns), and a process killed inside
-the call leaves a robust mutex and a journal, exactly as a process killed in the general path.
-The seqlock's order of stores is kept by compiler fences (no instruction on x86-64, whose stores
-are seen in program order: ``shmpool.protocol.memory_model``).
-
-The mutex calls are libc's, declared by name (``ExternalFunction``) so that the functions cache
-to disk; their argument is the mutex's address as an integer (a pointer and a uint64 travel alike
-on 64-bit Linux). Importing this module imports numba: ``shmpool.param_block`` does it only for a
-process that writes often, and only where numba is installed.
+Why and how: ``docs/internals.md``, "shmpool/protocol/compiled.py".
 """
 
 from __future__ import annotations

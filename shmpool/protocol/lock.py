@@ -1,24 +1,6 @@
 """The writers' lock of a pool's shared records: ``WriterLock``, and ``init_writer_mutex``.
 
-The lock is a process-shared *robust* POSIX mutex kept in the segment's ``writers`` words (from
-``W_MUTEX`` on), made once by the pool's owner (``init_writer_mutex``). That one object gives what
-the writers need:
-
-* **Exclusion of processes, threads and forked children alike.** A mutex is owned by a thread, so
-  two threads of one process exclude each other as two processes do, and a forked child is just
-  another owner.
-* **Cheap when free.** Taking a free mutex and dropping one nobody waits on are atomic instructions
-  in user space (takers poll with ``pthread_mutex_trylock``, so no waiter ever sleeps in the
-  kernel). Compiled code takes it too: ``shmpool.protocol.compiled``.
-* **A dead holder never blocks.** The kernel marks a robust mutex whose owner dies; the next taker
-  gets ``EOWNERDEAD``, marks it consistent and rolls back the dead holder's journals (the
-  ``on_acquire`` recoveries, which run at every acquisition anyway).
-* **A stopped holder (Ctrl-Z) never hangs a waiter:** waits time out with an error naming it.
-* **No signal can leave it held** (``WriterLock.run``; ``docs/internals.md`` has the argument), as
-  long as no Python trace function runs (a debugger's ``sys.settrace`` runs Python code at every
-  line, where a handler could raise).
-
-Linux only (glibc's or musl's pthreads, through ``ctypes``), as the rest of shmpool.
+Why and how: ``docs/internals.md``, "shmpool/protocol/lock.py".
 """
 
 from __future__ import annotations
