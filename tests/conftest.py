@@ -44,8 +44,8 @@ def _is_helper(pid: int) -> bool:
 LONG_FIRST = ("test_e2e_soak.py", "test_scripts.py", "test_sb3.py", "test_docs.py", "test_interrupts.py")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker (not a pytest that a test runs)
         rank = {name: place for place, name in enumerate(LONG_FIRST)}
         items.sort(
             key=lambda item: (item.get_closest_marker("alone") is not None, rank.get(item.path.name, len(LONG_FIRST)))
@@ -76,11 +76,13 @@ def ctrl_c_as_in_a_terminal() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def session_locks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
+def session_locks(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[int, int]]:
     """Two lock files every process of the session (pytest-xdist's workers too) opens: a turnstile
     and the run lock (see ``alone_when_marked``)."""
     shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if hasattr(request.config, "workerinput"):
         shared = shared.parent  # the session's folder, above each worker's own
     descriptors = tuple(os.open(shared / f"{name}.lock", os.O_RDWR | os.O_CREAT) for name in ("turnstile", "run"))
     yield descriptors  # type: ignore[misc]
@@ -95,16 +97,15 @@ def alone_when_marked(request: pytest.FixtureRequest, session_locks: tuple[int, 
     Other tests share the run lock; the turnstile keeps new ones from starving an ``alone`` one."""
     turnstile, run = session_locks
     alone = request.node.get_closest_marker("alone") is not None
-    fcntl.flock(turnstile, fcntl.LOCK_EX)
-    fcntl.flock(run, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-    if not alone:
-        fcntl.flock(turnstile, fcntl.LOCK_UN)
-    try:
+    try:  # a timeout or Ctrl-C while waiting must not leave the turnstile held
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(run, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
         yield
     finally:
         fcntl.flock(run, fcntl.LOCK_UN)
-        if alone:
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
 
 
 @pytest.fixture

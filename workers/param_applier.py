@@ -173,7 +173,10 @@ class ParamApplier:
         if self._compiled is not None:
             if self.block.tobytes() == self.seen_bytes:  # nothing written: cheaper than the call
                 return
-            if self._compiled() >= 0:
+            synced = self._compiled()
+            if synced >= 0:
+                if synced and self._scalars is not None:
+                    self._scalars.forget_snapshot()  # the call rewrote ``seen`` in place
                 return
         changed = self.changed_block()
         if changed is None:
@@ -364,6 +367,10 @@ class _ScalarColumns:
             matrix = self.matrix(snapshot)
             self._snapshot = (snapshot, matrix)
         return matrix
+
+    def forget_snapshot(self) -> None:
+        """Drops the matrix ``snapshot_matrix`` made last, whose snapshot was changed in place."""
+        self._snapshot = (None, self.good)
 
     def within(self, matrix: np.ndarray) -> bool:
         """Whether every value of ``matrix`` is finite (where a bound is infinite) and within its

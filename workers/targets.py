@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import keyword
 from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,7 +23,7 @@ class Targets:
     local rows of the slot; ``values`` one per row (``write_every_row``: a column per spec)."""
 
     #: The indices of the parameters whose change some row must ``refresh`` after.
-    refreshed_by: set[int]
+    refreshed_by: AbstractSet[int] = frozenset()
 
     def attach(self, local: int, env: Any) -> None:
         """Notes a (re)built env at row ``local``."""
