@@ -373,3 +373,26 @@ def test_generators_held_elsewhere_give_the_python_engines_run(held_by: str, poo
     python, numba = run("python"), run("numba")
     assert numba[0] == python[0]
     assert numba[1] == python[1]
+
+
+@needs_numba
+def test_a_value_written_back_after_a_compiled_sync_is_applied(pool_name: str) -> None:
+    """The workers' compiled sync rewrites their last snapshot in place; the general path after it
+    (a distribution changed too) compares with that snapshot, not with a copy taken before it. With a
+    distribution between two plain parameters their columns are not adjacent, which is where a copy
+    was kept: a value written back to what it was two writes ago was never applied."""
+    params = {
+        "length": Param(0.5, low=0.1, high=2.0),
+        "noise": Param(dist="uniform", low=0.0, high=0.1, bind=False),
+        "masspole": Param(0.1, low=0.01, high=1.0),
+    }
+    with shmpool.launch("CartPole-v1", 4, num_workers=1, params=params, engine="numba", name=pool_name) as pool:
+        pool.reset(seed=0)
+        actions = np.zeros(4, dtype=np.int64)
+        for length, noise_high in ((0.6, 0.05), (0.7, None), (0.6, 0.08)):  # general, compiled, general
+            if noise_high is not None:
+                pool.params["noise"]["high"][:] = noise_high
+            pool.params["length"][:] = length
+            pool.step(actions)
+            assert pool.applied["length"].tolist() == [length] * 4
+            assert pool.get_attr("length") == (length,) * 4
