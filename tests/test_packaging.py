@@ -104,3 +104,67 @@ def test_every_package_folder_is_installed() -> None:
         if "__pycache__" not in init.parts
     }
     assert found | {"shmpool.workers"} == listed
+
+
+def _import_boxes() -> dict[str, set[str]]:
+    """The import graph of the library, its worker code and the scripts: each module a box, each
+    folder below ``shmpool`` (a package) one box, ``workers/`` one box per module; what each imports
+    at run time (imports under ``if TYPE_CHECKING:`` run nothing)."""
+    import ast
+
+    def box(module: str) -> str | None:
+        parts = module.split(".")
+        if parts[0] == "workers" or parts[:2] == ["shmpool", "workers"]:
+            rest = parts[1:] if parts[0] == "workers" else parts[2:]
+            return f"workers/{rest[0]}" if rest else "workers/__init__"
+        if parts[0] != "shmpool":
+            return None
+        if len(parts) == 1:
+            return "shmpool/__init__"
+        return f"shmpool/{parts[1]}/" if (ROOT / "shmpool" / parts[1]).is_dir() else f"shmpool/{parts[1]}"
+
+    graph: dict[str, set[str]] = {}
+    for path in [*ROOT.glob("shmpool/**/*.py"), *ROOT.glob("workers/*.py"), *ROOT.glob("scripts/*.py")]:
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ("shmpool.workers" if parts[0] == "workers" else parts[0]) + "".join(f".{p}" for p in parts[1:])
+        own = box(name) if parts[0] != "scripts" else f"scripts/{parts[1]}"
+        package = name.split(".") if parts[-1] == "__init__" else name.split(".")[:-1]
+        tree = ast.parse(path.read_text())
+        type_only = {
+            id(node)
+            for guard in ast.walk(tree)
+            if isinstance(guard, ast.If) and "TYPE_CHECKING" in ast.unparse(guard.test)
+            for node in ast.walk(guard)
+        }
+        imported = set()
+        for node in ast.walk(tree):
+            if id(node) in type_only:
+                continue
+            if isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+                imported.update(f"{base}.{alias.name}" for alias in node.names)
+        graph.setdefault(own, set()).update(b for b in map(box, imported) if b is not None and b != own)  # type: ignore[arg-type]
+    return graph
+
+
+def test_the_import_graph_is_at_most_eleven_boxes_tall() -> None:
+    """A box stands one above the tallest box it imports: the code stays a few rooms deep, so a
+    newcomer follows a call in a few hops. (Cycles between modules are import-linter's check.)"""
+    graph = _import_boxes()
+    heights: dict[str, int] = {}
+
+    def height(box: str, path: tuple[str, ...] = ()) -> int:
+        if box not in heights:
+            assert box not in path, f"import cycle: {' -> '.join((*path, box))}"
+            heights[box] = 1 + max((height(below, (*path, box)) for below in graph.get(box, ())), default=0)
+        return heights[box]
+
+    tallest = max(graph, key=height)
+    column = [tallest]
+    while graph.get(column[-1]):
+        column.append(max(graph[column[-1]], key=height))
+    assert height(tallest) <= 11, " -> ".join(column)
