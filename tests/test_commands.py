@@ -31,22 +31,36 @@ pool = shmpool.launch(lambda: helpers.CountingEnv(length=10**9), 6, num_workers=
 pool.reset(seed=0)
 main = threading.main_thread()
 
+go = threading.Event()
+
 def storm():
     rng = random.Random(int(sys.argv[2]))
+    go.wait()
     for _ in range(300):
         time.sleep(rng.uniform(0.0002, 0.004))
         os.kill(os.getpid(), signal.SIGINT)
 
 thread = threading.Thread(target=storm, daemon=True)
-thread.start()
+thread.start()  # waits for the thread: no Ctrl-C may come before it returns
 interrupts = violations = steps = 0
-while thread.is_alive() or steps < 10:
+
+def steps_through_the_storm():
+    global interrupts, violations, steps
+    while thread.is_alive() or steps < 10:
+        try:
+            observations, *_ = pool.step(np.ones(6, dtype=np.int64))
+            counts = observations[:, 0]  # steps each env took since the reset
+            steps += 1
+            if not (counts == pool.global_step).all():
+                violations += 1
+        except KeyboardInterrupt:
+            interrupts += 1
+
+while True:  # a Ctrl-C can also land outside the try above (the loop's test, its except clause)
     try:
-        observations, *_ = pool.step(np.ones(6, dtype=np.int64))
-        counts = observations[:, 0]  # steps each env took since the reset
-        steps += 1
-        if not (counts == pool.global_step).all():
-            violations += 1
+        go.set()
+        steps_through_the_storm()
+        break
     except KeyboardInterrupt:
         interrupts += 1
 observations, *_ = pool.step(np.ones(6, dtype=np.int64))
