@@ -112,6 +112,8 @@ def test_ci_runs_the_readmes_test_command() -> None:
     assert command in (ROOT / ".ci" / "run").read_text().splitlines()
 
 
+# One after another, on one test worker: examples name their pools as users would ("cl").
+@pytest.mark.xdist_group("docs examples")
 @pytest.mark.parametrize("where, code", BLOCKS, ids=[where for where, _ in BLOCKS])
 def test_python_block_runs(where: str, code: str, tmp_path: Path) -> None:
     missing = helpers.missing_extras(*(module for module in helpers.EXTRA_OF if re.search(NEEDS[module], code, re.M)))

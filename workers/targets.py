@@ -119,7 +119,8 @@ class EnvTargets(Targets):
 
     def write_every_row(self, specs: list[ParamSpec], values: np.ndarray) -> None:
         """One loop of attribute stores over the slot when every spec is a plain attribute of one
-        object per env, with the same names; else spec by spec."""
+        object per env, with the same names; else spec by spec. Made for the first ``specs`` given:
+        the applier passes the same ones (its scalar ``step`` parameters) every time."""
         if self._every_row_setter is None:
             targets = [self._plain_targets(spec) for spec in specs]
             owners = [env_targets[0][0] for env_targets in zip(*targets)] if all(targets) else []
