@@ -93,8 +93,9 @@ def session_locks(
 @pytest.fixture(autouse=True)
 def alone_when_marked(request: pytest.FixtureRequest, session_locks: tuple[int, int]) -> Iterator[None]:
     """Runs a test marked ``alone`` while no other test of the session runs (the suite runs on
-    pytest-xdist's workers): every launch removes stale pools, which such a test makes on purpose.
-    Other tests share the run lock; the turnstile keeps new ones from starving an ``alone`` one."""
+    pytest-xdist's workers): one that makes stale pools on purpose (every launch removes them), or
+    whose processes must not wait for the cores (a Ray cluster, the soak). Other tests share the run
+    lock; the turnstile keeps new ones from starving an ``alone`` one."""
     turnstile, run = session_locks
     alone = request.node.get_closest_marker("alone") is not None
     try:  # a timeout or Ctrl-C while waiting must not leave the turnstile held
