@@ -107,22 +107,19 @@ class KernelColumns(Targets):
             touched,
         )
         fresh = np.empty_like(shared)
-        viewed: list[Any] = [None, None]  # ``applier.seen`` as last viewed, and its float64 matrix view
-
-        def as_matrix(seen: np.ndarray) -> np.ndarray:
-            if viewed[0] is not seen:  # the general path made a new one
-                viewed[:] = seen, seen.view(np.float64).reshape(count, -1)
-            matrix: np.ndarray = viewed[1]
-            return matrix
-
+        # ``applier.seen`` as last viewed, and its float64 matrix view (the general path makes a new
+        # ``seen``; the call writes the fresh copy into it).
+        viewed: list[Any] = [applier.seen, applier.seen.view(np.float64).reshape(count, -1)]
         # The same arrays every call (``seen`` is another of the same type after the general path):
         # typed once, not by numba's dispatcher at every step.
-        arguments = (shared, fresh, as_matrix(applier.seen), *accepting)
+        arguments = (shared, fresh, viewed[1], *accepting)
         function = entry_point(sync_scalars, tuple(numba.typeof(argument) for argument in arguments))
 
         def sync() -> int:
             seen = applier.seen
-            result: int = function(shared, fresh, as_matrix(seen), *accepting)
+            if viewed[0] is not seen:
+                viewed[:] = seen, seen.view(np.float64).reshape(count, -1)
+            result: int = function(shared, fresh, viewed[1], *accepting)
             if result <= 0:
                 return result
             applier.seen_bytes = seen.tobytes()  # ``seen`` now holds the fresh copy: the general path compares with it

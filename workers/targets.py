@@ -69,9 +69,9 @@ class EnvTargets(Targets):
         #: Per parameter index: every env's (object, attribute) when all are plain attributes, else
         #: an empty list; filled on first use, emptied when an env is (re)built.
         self._plain: dict[int, list[Any]] = {}
-        #: Sets the scalar ``step`` parameters of every env in one loop, or None when one is not a
-        #: plain attribute of its env (``_attribute_setter``); made on first use, like ``_plain``.
-        self._every_row_setter: tuple[Callable[[list[Any], np.ndarray], None], list[Any]] | None = None
+        #: The store loop of ``write_every_row`` and the objects it stores into, or None when some
+        #: parameter is not a plain attribute of its env; False: not made since an env was attached.
+        self._store_loop: tuple[Callable[[list[Any], np.ndarray], None], list[Any]] | None | bool = False
 
     def attach(self, local: int, env: Any) -> None:
         """Resolves the bindings of a (re)built env, and which of its parameters its adapter follows."""
@@ -80,7 +80,7 @@ class EnvTargets(Targets):
                 binding = self._bindings[spec.index][local] = Binding(env, spec, self._label)
                 self._attributes[spec.index][local] = binding.attribute
         self._plain.clear()  # the env's bindings changed: recompute which parameters are plain
-        self._every_row_setter = None
+        self._store_loop = False
         adapter = adapter_for(env)
         refresher = self._refreshers[local] = adapter.refresher(env)  # what the env caches from its parameters
         self._adapters[local], self._refresh_every = (adapter, env), False
@@ -121,21 +121,28 @@ class EnvTargets(Targets):
         """One loop of attribute stores over the slot when every spec is a plain attribute of one
         object per env, with the same names; else spec by spec. Made for the first ``specs`` given:
         the applier passes the same ones (its scalar ``step`` parameters) every time."""
-        if self._every_row_setter is None:
-            targets = [self._plain_targets(spec) for spec in specs]
-            owners = [env_targets[0][0] for env_targets in zip(*targets)] if all(targets) else []
-            same_owner = owners and all(
-                target[0] is owner for env_targets, owner in zip(zip(*targets), owners) for target in env_targets
-            )
-            names = [target[1] for target in next(zip(*targets))] if same_owner else []
-            uniform = same_owner and all([t[1] for t in env_targets] == names for env_targets in zip(*targets))
-            setter = _attribute_setter(names) if uniform else None
-            self._every_row_setter = (setter, owners) if setter is not None else (self._write_each, specs)
-        setter, owners = self._every_row_setter
+        if self._store_loop is False:
+            self._store_loop = self._make_store_loop(specs)
+        if self._store_loop is None:
+            super().write_every_row(specs, values)
+            return
+        setter, owners = self._store_loop  # type: ignore[misc]
         setter(owners, values)
 
-    def _write_each(self, specs: list[ParamSpec], values: np.ndarray) -> None:
-        Targets.write_every_row(self, specs, values)
+    def _make_store_loop(
+        self, specs: list[ParamSpec]
+    ) -> tuple[Callable[[list[Any], np.ndarray], None], list[Any]] | None:
+        """``_attribute_setter`` for ``specs`` and every env's object, when each spec is a plain
+        attribute of the same object of its env, under the same name in every env; else None."""
+        targets = [self._plain_targets(spec) for spec in specs]
+        owners = [env_targets[0][0] for env_targets in zip(*targets)] if all(targets) else []
+        same_owner = owners and all(
+            target[0] is owner for env_targets, owner in zip(zip(*targets), owners) for target in env_targets
+        )
+        names = [target[1] for target in next(zip(*targets))] if same_owner else []
+        uniform = same_owner and all([t[1] for t in env_targets] == names for env_targets in zip(*targets))
+        setter = _attribute_setter(names) if uniform else None
+        return None if setter is None else (setter, owners)
 
     def _plain_targets(self, spec: ParamSpec) -> list[Any]:
         """Every env's ``(object, attribute)`` of ``spec`` when all are plain attributes, else []."""
