@@ -9,6 +9,7 @@ import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from importlib import metadata
 
 import pytest
 from helpers import shm_entries
@@ -42,6 +43,22 @@ def _is_helper(pid: int) -> bool:
 #: waiting for. Tests marked ``alone`` go last, when little is left to wait for (see
 #: ``alone_when_marked``). Run in one process (``-n 0``), the suite keeps the order it was given.
 LONG_FIRST = ("test_e2e_soak.py", "test_scripts.py", "test_sb3.py", "test_docs.py", "test_interrupts.py")
+
+
+#: The (major, minor) ranges of pytest and pytest-xdist on which ``--dist loadgroup`` silently
+#: ignores ``xdist_group`` (each test's id became structured; xdist still rewrites the old one).
+XDIST_1386 = {"pytest": ((9, 2), (99, 0)), "pytest-xdist": ((0, 0), (3, 8))}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    versions = {name: tuple(map(int, re.findall(r"\d+", metadata.version(name))[:2])) for name in XDIST_1386}
+    if config.getoption("dist", None) == "loadgroup" and all(
+        low <= versions[name] <= high for name, (low, high) in XDIST_1386.items()
+    ):
+        raise pytest.UsageError(
+            "pytest-xdist's --dist loadgroup ignores xdist_group marks on this pytest (pytest-dev/pytest-xdist#1386):"
+            " install the test tools with -c constraints.txt, as the README's test command does"
+        )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
