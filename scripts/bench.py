@@ -8,6 +8,7 @@ machine drifts between minutes, so only ratios from one run mean anything).
     python scripts/bench.py --quick         # a short run, for CI
     python scripts/bench.py --envs CartPole-v1 --num-envs 32 --workers 2
     python scripts/bench.py --loop          # the whole loop: a policy between steps, sync and async
+    python scripts/bench.py --ppo           # CleanRL's PPO (torch, default threads): rollouts and updates
     python scripts/bench.py --ray           # shmpool.ray's ClusterPool against a local pool (needs Ray)
 """
 
@@ -28,7 +29,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +65,12 @@ class Settings:
     num_envs / 2); --envs and --num-envs default to CartPole-v1 x32 and HalfCheetah-v5 x16."""
     hidden: int = 256
     """the width of the --loop policy's two hidden layers."""
+    ppo: bool = False
+    """instead of the table: CleanRL's PPO iteration (scripts/ppo.py's agent and update, torch with
+    its default threads) on gymnasium Sync, a default launch and engine="numba", timed in turns, an
+    iteration (a rollout of 128 steps per env, then 4 epochs of 4 minibatches) each; with the env
+    steps' share of Sync's iteration, and so the best ratio any vector env could reach; --envs and
+    --num-envs default to CartPole-v1 at 8 and 32."""
     profile: bool = False
     """instead of the table: where a step's time goes, phase by phase (us per step, trainer and
     workers), for the first of --envs at the first of --num-envs: plain, and for CartPole also with 3
@@ -89,6 +96,9 @@ class Settings:
 def parse_settings(argv: list[str] | None = None) -> Settings:
     """Builds Settings from the command line; each field is an option, documented by --help."""
     given = _settings.parse_given(Settings, argv, description=__doc__)
+    if given["ppo"]:
+        given.setdefault("envs", ["CartPole-v1"])
+        given.setdefault("num_envs", [8, 32])
     if given["loop"] and "envs" not in given and "num_envs" not in given:
         given.update(envs=["CartPole-v1", "HalfCheetah-v5"], num_envs=[32, 16])
     if given["quick"]:
@@ -839,6 +849,105 @@ def whole_loop(settings: Settings) -> None:
         print(best_cases(env_id, num_envs, settings.workers, settings.hidden))
 
 
+# -- --ppo: CleanRL's PPO iteration, as users run it -------------------------------------------
+
+
+class PpoIteration:
+    """CleanRL's PPO on one vector env (scripts/ppo.py's agent, rollout and update; same-step
+    autoreset, as CleanRL's layout assumes): each call runs one iteration, a rollout then an update,
+    and returns the env steps it took and the seconds spent in ``step``."""
+
+    def __init__(self, envs: Any, ppo: Any) -> None:
+        self.envs, self._ppo = envs, ppo
+        self.settings = ppo.Settings(num_envs=envs.num_envs)
+        self.num_envs, observation_shape = envs.num_envs, envs.single_observation_space.shape
+        self.agent = ppo.Agent(observation_shape[0], int(envs.single_action_space.n))
+        self.optimizer = ppo.torch.optim.Adam(self.agent.parameters(), lr=self.settings.learning_rate, eps=1e-5)
+        shape = (self.settings.num_steps, self.num_envs)
+        zeros = ppo.torch.zeros
+        self.rollout = ppo.Rollout(
+            zeros(shape + observation_shape), *(zeros(shape) for _ in range(5)), self.settings.gamma
+        )
+        self.stepping = 0.0
+        self.next_observations = ppo.torch.as_tensor(envs.reset(seed=0)[0], dtype=ppo.torch.float32)
+        self.next_dones = zeros(self.num_envs)
+
+    def step(self, actions: Any) -> Any:
+        """The env's step, timed."""
+        start = time.perf_counter()
+        try:
+            return self.envs.step(actions)
+        finally:
+            self.stepping += time.perf_counter() - start
+
+    def __call__(self) -> tuple[int, float]:
+        self.stepping = 0.0
+        self.next_observations, self.next_dones = self.rollout.collect(
+            self, self.agent, self.next_observations, self.next_dones
+        )
+        self._ppo.update(
+            self.agent, self.optimizer, self.rollout, self.next_observations, self.next_dones, self.settings
+        )
+        return self.settings.num_steps * self.num_envs, self.stepping
+
+
+def ppo_runners(env_id: str, num_envs: int) -> dict[str, Callable[[], Any]]:
+    """The vector envs that --ppo compares, same-step autoreset each: gymnasium Sync, a default
+    launch, and the numba engine where the env has a kernel."""
+    from shmpool import kernels
+
+    same_step = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+    fns = [lambda: gym.make(env_id) for _ in range(num_envs)]
+    runners = {
+        "gymnasium Sync": lambda: gym.vector.SyncVectorEnv(fns, **same_step),
+        "shmpool (defaults)": lambda: shmpool.launch(env_id, num_envs, seed=0, **same_step),
+    }
+    if env_id in kernels.compiled_ids() and importlib.util.find_spec("numba") is not None:
+        runners["shmpool numba"] = lambda: shmpool.launch(env_id, num_envs, seed=0, engine="numba", **same_step)
+    return runners
+
+
+def ppo_loops(settings: Settings) -> None:
+    """Prints CleanRL's PPO loop's env steps/s on each of ``ppo_runners`` (timed in turns, an
+    iteration each), as ratios to Sync, with the env steps' share of each loop."""
+    try:
+        import ppo
+    except SystemExit as exc:  # ppo.py names the missing extra
+        raise SystemExit(f"--ppo: {exc}") from None
+    from shmpool.system import usable_cores
+
+    ppo.torch.set_num_threads(usable_cores())  # torch's default, which OMP_NUM_THREADS=1 above hid
+    header = f"{'env':<12} {'num_envs':>8}  {'runner':<22} {'steps/s':>8} {'x Sync':>7} {'in step':>8}"
+    lines = [f"CleanRL's PPO iteration, torch with {ppo.torch.get_num_threads()} threads", header, "-" * len(header)]
+    for env_id in settings.envs:
+        for num_envs in settings.num_envs:
+            runners = ppo_runners(env_id, num_envs)
+            print(f"PPO {env_id} x{num_envs}: {', '.join(runners)}, in turns", file=sys.stderr, flush=True)
+            with ExitStack() as stack:
+                opened = {label: stack.enter_context(closing(make())) for label, make in runners.items()}
+                loops = {label: PpoIteration(envs, ppo) for label, envs in opened.items()}
+                timings: dict[str, list[tuple[float, float]]] = {label: [] for label in loops}
+                for window in range(settings.windows + 1):
+                    for label, iteration in loops.items():
+                        start = time.perf_counter()
+                        env_steps, stepping = iteration()
+                        seconds = time.perf_counter() - start
+                        if window:  # the first warms caches, JITs and torch
+                            timings[label].append((env_steps / seconds, stepping / seconds))
+            rates = {label: statistics.median(rate for rate, _ in runs) for label, runs in timings.items()}
+            shares = {label: statistics.median(share for _, share in runs) for label, runs in timings.items()}
+            sync = rates["gymnasium Sync"]
+            for label, rate in rates.items():
+                lines.append(
+                    f"{env_id:<12} {num_envs:>8}  {label:<22} {rate:>8,.0f} {rate / sync:>7.2f} {shares[label]:>8.0%}"
+                )
+            lines.append(
+                f"{'':<12} {'':>8}  env steps take {shares['gymnasium Sync']:.0%} of Sync's iteration: a vector env "
+                f"whose steps took no time would reach {1 / (1 - shares['gymnasium Sync']):.2f}x Sync"
+            )
+    print("\n".join(lines))
+
+
 def _microseconds_per_call(function: Callable[[], Any], seconds: float = 0.3, windows: int = 5) -> float:
     """The time of a call of ``function``: the median over ``windows`` windows of ``seconds`` in all
     of each window's mean, after a warm-up (a window the machine's noise slowed does not count)."""
@@ -1130,6 +1239,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     if settings.loop:
         whole_loop(settings)
+        return
+    if settings.ppo:
+        ppo_loops(settings)
         return
     if settings.ray:
         ray_overhead(settings)

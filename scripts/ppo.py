@@ -240,6 +240,60 @@ class Rollout:
         return next_observations, next_dones
 
 
+def update(
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    rollout: Rollout,
+    next_observations: Any,
+    next_dones: Any,
+    settings: Settings,
+) -> None:
+    """PPO's update from a full rollout: generalized advantage estimation, then ``update_epochs``
+    epochs of clipped policy and value losses over shuffled minibatches."""
+    rewards, dones, values = rollout.rewards, rollout.dones, rollout.values
+    num_steps, num_envs = rewards.shape
+    with torch.no_grad():  # generalized advantage estimation, backwards over the rollout
+        next_value = agent.value(next_observations)
+        advantages = torch.zeros_like(rewards)
+        running = torch.zeros(num_envs)
+        for t in reversed(range(num_steps)):
+            # dones[t + 1] (next_dones at the end) marks observation t + 1 as a new episode's first.
+            following_done, following_value = (
+                (next_dones, next_value) if t == num_steps - 1 else (dones[t + 1], values[t + 1])
+            )
+            delta = rewards[t] + settings.gamma * following_value * (1.0 - following_done) - values[t]
+            running = delta + settings.gamma * settings.gae_lambda * (1.0 - following_done) * running
+            advantages[t] = running
+        returns = advantages + values
+
+    continuous = agent.continuous
+    batch = {
+        "observations": rollout.observations.flatten(0, 1),
+        "actions": rollout.actions.flatten(0, 1) if continuous else rollout.actions.flatten(0, 1).long(),
+        "log_probs": rollout.log_probs.reshape(-1),
+        "advantages": advantages.reshape(-1),
+        "returns": returns.reshape(-1),
+        "values": values.reshape(-1),
+    }
+    batch_size = num_steps * num_envs
+    for _ in range(settings.update_epochs):
+        for indices in torch.randperm(batch_size).split(batch_size // settings.num_minibatches):
+            _, new_log_prob, entropy, new_value = agent.act(batch["observations"][indices], batch["actions"][indices])
+            ratio = (new_log_prob - batch["log_probs"][indices]).exp()
+            advantage = batch["advantages"][indices]
+            advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
+            clipped_ratio = ratio.clamp(1 - settings.clip_coef, 1 + settings.clip_coef)
+            policy_loss = torch.max(-advantage * ratio, -advantage * clipped_ratio).mean()
+            old_value, target = batch["values"][indices], batch["returns"][indices]
+            clipped_value = old_value + (new_value - old_value).clamp(-settings.clip_coef, settings.clip_coef)
+            value_loss = 0.5 * torch.max((new_value - target) ** 2, (clipped_value - target) ** 2).mean()
+            loss = policy_loss - settings.ent_coef * entropy.mean() + settings.vf_coef * value_loss
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(agent.parameters(), settings.max_grad_norm)
+            optimizer.step()
+
+
 def save_plot(path: str, episodes: np.ndarray, num_envs: int, env_id: str, param: str) -> str:
     """Plots each episode's return and parameter ``param`` against env steps; returns what happened."""
     try:
@@ -280,7 +334,6 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(settings.seed)
     torch.set_num_threads(settings.torch_threads)
     batch_size = settings.num_envs * settings.num_steps
-    minibatch_size = batch_size // settings.num_minibatches
     num_iterations = max(1, settings.total_timesteps // batch_size)
     cartpole = settings.env.startswith("CartPole")
     if cartpole:
@@ -345,47 +398,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 next_observations, next_dones = rollout.collect(pool, agent, next_observations, next_dones)
 
-            with torch.no_grad():  # generalized advantage estimation, backwards over the rollout
-                next_value = agent.value(next_observations)
-                advantages = torch.zeros_like(rewards)
-                running = torch.zeros(settings.num_envs)
-                for t in reversed(range(settings.num_steps)):
-                    # dones[t + 1] (next_dones at the end) marks observation t + 1 as a new episode's first.
-                    following_done, following_value = (
-                        (next_dones, next_value) if t == settings.num_steps - 1 else (dones[t + 1], values[t + 1])
-                    )
-                    delta = rewards[t] + settings.gamma * following_value * (1.0 - following_done) - values[t]
-                    running = delta + settings.gamma * settings.gae_lambda * (1.0 - following_done) * running
-                    advantages[t] = running
-                returns = advantages + values
-
-            batch = {
-                "observations": observations.reshape((-1,) + pool.single_observation_space.shape),
-                "actions": actions.reshape((-1,) + space.shape),
-                "log_probs": log_probs.reshape(-1),
-                "advantages": advantages.reshape(-1),
-                "returns": returns.reshape(-1),
-                "values": values.reshape(-1),
-            }
-            for _ in range(settings.update_epochs):
-                for indices in torch.randperm(batch_size).split(minibatch_size):
-                    _, new_log_prob, entropy, new_value = agent.act(
-                        batch["observations"][indices],
-                        batch["actions"][indices] if continuous else batch["actions"][indices].long(),
-                    )
-                    ratio = (new_log_prob - batch["log_probs"][indices]).exp()
-                    advantage = batch["advantages"][indices]
-                    advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
-                    clipped_ratio = ratio.clamp(1 - settings.clip_coef, 1 + settings.clip_coef)
-                    policy_loss = torch.max(-advantage * ratio, -advantage * clipped_ratio).mean()
-                    old_value, target = batch["values"][indices], batch["returns"][indices]
-                    clipped_value = old_value + (new_value - old_value).clamp(-settings.clip_coef, settings.clip_coef)
-                    value_loss = 0.5 * torch.max((new_value - target) ** 2, (clipped_value - target) ** 2).mean()
-                    loss = policy_loss - settings.ent_coef * entropy.mean() + settings.vf_coef * value_loss
-                    optimizer.zero_grad()
-                    loss.backward()
-                    nn.utils.clip_grad_norm_(agent.parameters(), settings.max_grad_norm)
-                    optimizer.step()
+            update(agent, optimizer, rollout, next_observations, next_dones, settings)
 
             # The curriculum sees every episode finished so far; each env picks up its change at its next reset.
             records = pool.episodes.read()

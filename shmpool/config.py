@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import secrets
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -98,7 +99,8 @@ class PoolConfig:
     num_envs: int = None  # type: ignore[assignment]  # settled to an int by __post_init__
     """How many envs the pool runs; None only when ``env`` is a sequence (its length)."""
     num_workers: int | None = None
-    """Worker processes; None: the usable cores, at most ``num_envs``."""
+    """Worker processes; None: the usable cores, at most ``num_envs`` (and one, the trainer's own
+    slot, where ``trainer_slot``'s default steps every env in the trainer)."""
     seed: int | None = None
     """Used by the first ``reset()`` that gets no seed (env ``i`` gets ``seed + i``) and by the
     parameter draws; None draws a random seed for those."""
@@ -161,7 +163,8 @@ class PoolConfig:
     ``batch_size``), and only library code would run there: gymnasium's
     pure-Python envs (classic control, toy text) on the python or numba engine, with shmpool's own
     hooks and bindings and no ``worker_init``. Your own code stays in worker processes, where a hang
-    or a crash is caught."""
+    or a crash is caught. On up to 2 cores, with torch loaded in the trainer on a thread per core
+    (its default) and ``num_workers`` not given, that slot takes every env: no worker process."""
     episode_statistics: bool = True
     """Add ``infos["episode"]`` (return ``r``, length ``l``, time ``t``) and ``infos["_episode"]`` at
     each episode's end. False leaves the key to a gymnasium ``RecordEpisodeStatistics`` wrapper
@@ -203,7 +206,8 @@ class PoolConfig:
         elif self.num_envs is None:
             raise TypeError("num_envs is required unless env is a sequence of env constructors")
         settle("num_envs", count("num_envs", self.num_envs, 1))
-        workers = _default_workers(self) if self.num_workers is None else self.num_workers
+        workers_by_default = self.num_workers is None
+        workers = _default_workers(self) if workers_by_default else self.num_workers
         settle("num_workers", count("num_workers", workers, 1, self.num_envs))
         try:
             mode = autoreset_mode(self.autoreset_mode)
@@ -263,6 +267,8 @@ class PoolConfig:
             raise ValueError("batch_size: async batches autoreset envs (NEXT_STEP or SAME_STEP), not DISABLED")
         if self.trainer_slot is None:
             settle("trainer_slot", _default_trainer_slot(self))  # after batch_size: see there
+            if self.trainer_slot and workers_by_default and _trainer_computes_on_every_core():
+                settle("num_workers", 1)  # every env in the trainer's own slot
         elif not isinstance(self.trainer_slot, (bool, np.bool_)):
             raise TypeError(f"trainer_slot must be True, False or None, got {self.trainer_slot!r}")
         mode_ok = (
@@ -408,6 +414,23 @@ def _default_trainer_slot(config: PoolConfig) -> bool:
         return False  # an unknown id fails later, with gymnasium's message
     module = entry_point if isinstance(entry_point, str) else getattr(entry_point, "__module__", None)
     return isinstance(module, str) and module.startswith(TRAINER_SAFE_ENVS)
+
+
+#: Up to how many usable cores a trainer that computes on all of them steps every env itself (measured
+#: on 2; with more, the workers' parallel steps may win: the default there is as before).
+TRAINER_ONLY_MAX_CORES = 2
+
+
+def _trainer_computes_on_every_core() -> bool:
+    """Whether the trainer computes on every core of a machine of few cores: torch loaded with as
+    many threads as cores (its default). Its OpenMP threads spin for a while after each parallel
+    region (a policy's forward), so a worker process stepping on one of those cores runs at about
+    half speed: a default pool ran CleanRL's PPO at 0.7-0.96x ``SyncVectorEnv`` on 2 cores, and with
+    every env in the trainer's slot at 1.07-1.1x (``docs/benchmarks.md``, "CleanRL's PPO loop")."""
+    torch = sys.modules.get("torch")
+    threads = getattr(torch, "get_num_threads", None)
+    cores = usable_cores()
+    return cores <= TRAINER_ONLY_MAX_CORES and callable(threads) and threads() >= cores
 
 
 def _library_code(thing: Any) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import os
 import signal
 import threading
@@ -16,7 +17,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
-from helpers import CountingEnv, InfoEnv
+from helpers import CountingEnv, InfoEnv, needs, run_script
 
 import shmpool
 import shmpool.hooks
@@ -106,6 +107,37 @@ def test_by_default_gymnasiums_envs_take_the_trainer_slot_when_no_core_is_spare(
     if usable_cores() > 2:
         with shmpool.launch("CartPole-v1", 4, num_workers=2, name=pool_name) as pool:
             assert not pool.config.trainer_slot  # a core is left for the trainer
+
+
+TORCH_PLACEMENT = """
+import json, sys, torch, shmpool
+from shmpool.system import usable_cores
+placements = []
+for threads in (usable_cores(), 1):  # torch's default (every core), and one thread
+    torch.set_num_threads(threads)
+    for options in ({}, {"num_workers": 2}, {"batch_size": 4}):
+        with shmpool.launch("CartPole-v1", 8, name=sys.argv[1], **options) as pool:
+            pool.reset(seed=0)
+            pool.step([0] * 8)
+            placements.append((pool.config.num_workers, bool(pool.config.trainer_slot), len(pool.worker_pids)))
+print(json.dumps(placements))
+"""
+
+
+@needs("torch")
+def test_a_trainer_computing_with_torch_on_every_core_steps_every_env_itself(pool_name: str) -> None:
+    """On a machine of few cores, torch's threads spin after each parallel region (a policy's forward)
+    on every core: a default launch then keeps every env in the trainer's slot, with no worker
+    process. With one torch thread, or a placement chosen by hand, the default is as before."""
+    result = run_script(TORCH_PLACEMENT, pool_name)
+    assert result.returncode == 0, result.stderr[-3000:]
+    placements = json.loads(result.stdout)  # (workers, trainer slot, worker processes) of each launch
+    with_torch, with_one_thread = placements[:3], placements[3:]
+    assert with_torch[1:] == with_one_thread[1:]  # num_workers given, or async batches: as chosen
+    if usable_cores() <= 2 and with_one_thread[0][1]:  # where the default took a trainer slot
+        assert with_torch[0] == [1, True, 0]
+    else:  # measured on 2 cores only: with more, the workers' parallel steps are kept
+        assert with_torch[0] == with_one_thread[0]
 
 
 def test_calls_infos_and_async_batches_reach_the_trainer_slot(pool_name: str) -> None:
