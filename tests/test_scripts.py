@@ -139,6 +139,18 @@ def test_bench_writes_prints_write_costs_against_raw_numpy() -> None:
     assert re.fullmatch(compiled_loop, workers)
 
 
+@helpers.needs("torch")
+def test_bench_ppo_times_cleanrls_loop_on_sync_and_the_pool() -> None:
+    lines = bench_lines("--ppo")
+    assert re.fullmatch(r"CleanRL's PPO iteration, torch with \d+ threads", lines[0])
+    row = re.compile(r"CartPole-v1 +8 +(.+?) +([\d,]+) +(\d+\.\d\d) +(\d+)%")
+    rows = {m[1]: (float(m[3]), int(m[4])) for m in map(row.fullmatch, lines[3:]) if m}
+    numba = ["shmpool numba"] if importlib.util.find_spec("numba") else []
+    assert list(rows) == ["gymnasium Sync", "shmpool (defaults)", *numba]
+    assert rows["gymnasium Sync"][0] == 1.0 and all(0 < share < 100 for _, share in rows.values())
+    assert re.search(r"env steps take \d+% of Sync's iteration: .* would reach \d+\.\d\dx Sync", lines[-1])
+
+
 def test_bench_quick_prints_a_table() -> None:
     lines = bench_lines()
     assert "x Async" in lines[0] and "x Sync" in lines[0]
