@@ -207,7 +207,7 @@ class PoolConfig:
             raise TypeError("num_envs is required unless env is a sequence of env constructors")
         settle("num_envs", count("num_envs", self.num_envs, 1))
         workers_by_default = self.num_workers is None
-        workers = _default_workers(self) if workers_by_default else self.num_workers
+        workers = _default_workers(self) if self.num_workers is None else self.num_workers
         settle("num_workers", count("num_workers", workers, 1, self.num_envs))
         try:
             mode = autoreset_mode(self.autoreset_mode)
