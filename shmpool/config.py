@@ -425,8 +425,8 @@ def _trainer_computes_on_every_core() -> bool:
     """Whether the trainer computes on every core of a machine of few cores: torch loaded with as
     many threads as cores (its default). Its OpenMP threads spin for a while after each parallel
     region (a policy's forward), so a worker process stepping on one of those cores runs at about
-    half speed: a default pool ran CleanRL's PPO at 0.7-0.96x ``SyncVectorEnv`` on 2 cores, and with
-    every env in the trainer's slot at 1.07-1.1x (``docs/benchmarks.md``, "CleanRL's PPO loop")."""
+    half speed, and a training loop on a default pool lost to ``SyncVectorEnv``; with every env in
+    the trainer's slot it does not (``docs/benchmarks.md``, "CleanRL's PPO loop")."""
     torch = sys.modules.get("torch")
     threads = getattr(torch, "get_num_threads", None)
     cores = usable_cores()
