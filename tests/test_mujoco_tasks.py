@@ -128,6 +128,33 @@ def test_constructor_arguments_hold(env_id: str, kwargs: dict[str, Any], pool_na
     run_against_sync(env_id, AutoresetMode.NEXT_STEP, pool_name, LIMIT + 5, **kwargs)
 
 
+def count_compiles() -> None:
+    """A worker's ``worker_init``: counts the compiles of model files (``MjModel.from_xml_path``)."""
+    import mujoco
+
+    compile_file = mujoco.MjModel.from_xml_path
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        counted.calls += 1  # type: ignore[attr-defined]
+        return compile_file(*args, **kwargs)
+
+    counted.calls = 0  # type: ignore[attr-defined]
+    mujoco.MjModel.from_xml_path = staticmethod(counted)
+
+
+def test_a_worker_compiles_a_model_file_once_and_gives_each_env_its_own_copy(pool_name: str) -> None:
+    with shmpool.launch(
+        "Ant-v5", 4, num_workers=2, engine="mujoco", seed=0, worker_init=count_compiles, name=pool_name
+    ) as pool:
+        import mujoco
+
+        assert pool.env_apply(lambda env: mujoco.MjModel.from_xml_path.calls) == [1] * 4
+        models = pool.env_apply(lambda env: (os.getpid(), id(env.unwrapped.model)))
+        assert len(set(models)) == 4  # each env its own model, in both workers
+        pool.reset(seed=0)
+        pool.step(np.zeros((4, 8)))
+
+
 def test_episode_statistics_are_the_summed_rewards(pool_name: str) -> None:
     with shmpool.launch("Hopper-v5", 2, engine="mujoco", name=pool_name, env_kwargs={"max_episode_steps": 25}) as pool:
         pool.reset(seed=0)

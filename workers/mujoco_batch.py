@@ -5,9 +5,11 @@ Why and how: ``docs/internals.md``, "workers/mujoco_batch.py".
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import gymnasium
@@ -23,6 +25,30 @@ from shmpool.params import ParamSpec
 from shmpool.workers.envs import ArraySlot
 from shmpool.workers.param_applier import ParamApplier
 from shmpool.workers.targets import EnvTargets
+
+
+@contextlib.contextmanager
+def _one_compile_per_file(mujoco: Any) -> Iterator[None]:
+    """While a slot's envs are made: ``MjModel.from_xml_path`` compiles each file once, and every env
+    gets its own copy of that model, as the batch copies a model for each simulation. Compiling is
+    deterministic, so the envs are as if each had compiled its own; the worker's launch no longer
+    grows with the slot's compiles, and MuJoCo's compiler warnings come once per worker, not per env."""
+    compile_file = mujoco.MjModel.from_xml_path
+    compiled: dict[str, Any] = {}
+
+    def from_xml_path(filename: str, assets: Any = None, vfs: Any = None) -> Any:
+        if assets is not None or vfs is not None:  # the files may differ from env to env
+            return compile_file(filename, assets, vfs)
+        path = os.path.realpath(filename)
+        if path not in compiled:
+            compiled[path] = compile_file(filename)
+        return copy.copy(compiled[path])
+
+    mujoco.MjModel.from_xml_path = staticmethod(from_xml_path)
+    try:
+        yield
+    finally:
+        mujoco.MjModel.from_xml_path = compile_file
 
 
 def _time_limit(env: gymnasium.Env) -> TimeLimit | None:
@@ -119,9 +145,10 @@ class MujocoSlot(ArraySlot):
         import mujoco.batch
 
         self._episode_index[:] = -1  # no episode until the first reset
-        for env_id in range(self.start, self.stop):
-            self.current_env = env_id
-            self.envs.append(self._make_env(env_id))
+        with _one_compile_per_file(mujoco):
+            for env_id in range(self.start, self.stop):
+                self.current_env = env_id
+                self.envs.append(self._make_env(env_id))
         self.current_env = None
         first = self.envs[0].unwrapped
         self._mujoco = mujoco
