@@ -9,7 +9,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import gymnasium as gym
 import helpers
@@ -186,19 +185,35 @@ def test_perturb_does_not_kick_an_env_whose_step_is_a_reset(every: int | None, p
         assert pool.get_attr("kicks") == (1, 2)
 
 
-def kick_context(envs: list, strength: float) -> SimpleNamespace:
-    """The parts of a HookContext that Perturb reads, for one step in which every env is kicked."""
+def test_due_every_gives_the_rows_at_positive_multiples_on_every_step() -> None:
+    """The schedule that lets ``every=`` hooks skip looking at the counts misses no due row: step
+    counts rising by one, episodes ending at random, checked against the counts on every step."""
+    rng = np.random.default_rng(0)
+    ctx = hooks.HookContext(lambda rows: None, lambda names, rows: None)
+    counts = np.zeros(6, dtype=np.int64)
+    skipped = 0
+    for step in range(3000):
+        ctx.begin_step(step)
+        ctx.begin_phase(counts.tolist(), [False] * 6, [False] * 6)
+        for every in (50, 7, 3, 1):
+            due = ctx.due_every(every)
+            assert due.tolist() == np.flatnonzero((counts > 0) & (counts % every == 0)).tolist(), (step, every)
+            if every == 50:
+                skipped += 0 not in ctx._arrays  # answered without making the counts an array
+        counts += 1
+        counts[rng.random(6) < 0.02] = 0  # episodes end at random
+    assert skipped  # steps where no row could be due were answered without reading the counts
+
+
+def kick_context(envs: list, strength: float) -> hooks.HookContext:
+    """A HookContext over ``envs`` alone (no worker), for one step in which every env is kicked."""
     count = len(envs)
-    return SimpleNamespace(
-        env_ids=np.arange(count),
-        envs=envs,
-        applied={"perturb_strength": np.full(count, strength)},
-        step_counts=np.full(count, 3),
-        events=[],
-        resetting=np.zeros(count, bool),
-        seed=0,
-        global_step=0,
-    )
+    ctx = hooks.HookContext(lambda rows: None, lambda names, rows: None)
+    ctx.env_ids, ctx.envs, ctx.seed = np.arange(count), envs, 0
+    ctx.applied = {"perturb_strength": np.full(count, strength)}  # type: ignore[assignment]
+    ctx.begin_step(0)
+    ctx.begin_phase([3] * count, [False] * count, [False] * count)
+    return ctx
 
 
 def test_perturb_finds_each_envs_kick_once_and_again_for_a_remade_env() -> None:

@@ -87,7 +87,7 @@ class HookRunner:
 
     def begin_step(self, global_step: int) -> None:
         """Takes the events due at this step out of the ring, grouped by hook."""
-        self.ctx.global_step = global_step
+        self.ctx.begin_step(global_step)
         due = None if self._events is None else self._events.due(global_step)
         if due is not None:
             self._due = due

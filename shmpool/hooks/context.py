@@ -71,6 +71,13 @@ class HookContext:
         self._resample = resample
         self.events = []
         self.begin_phase([], [], [])
+        self._steps = 0  # the slot's steps so far: what ``due_every``'s schedules count in
+        self._schedules: dict[int, tuple[int, int]] = {}  # every -> (step looked at, first step any can be due)
+
+    def begin_step(self, global_step: int) -> None:
+        """Called by the worker as each step of the slot begins."""
+        self.global_step = global_step
+        self._steps += 1
 
     def begin_phase(self, lengths: list[int], resetting: list[bool], stepped: list[bool]) -> None:
         """Sets the per-env flags of the coming phase; they become arrays only if a hook reads them."""
@@ -99,6 +106,19 @@ class HookContext:
         """In ``after_step``: which envs stepped (False: they reset this step instead)."""
         return self._array(2)
 
+    def due_every(self, every: int) -> np.ndarray:
+        """In ``before_step``: the rows whose step count is a positive multiple of ``every`` (those
+        resetting included). A count rises by at most one per step and restarts at 0, so once the
+        counts are looked at, no row can be due until the smallest ``every - count % every`` steps
+        later: the steps before that return no rows without looking."""
+        steps, seen = self._steps, self._schedules.get(every)
+        if seen is not None and seen[0] != steps and steps < seen[1]:
+            return _NO_ROWS
+        counts = self.step_counts
+        phases = counts % every
+        self._schedules[every] = (steps, steps + int((every - phases).min(initial=every)))
+        return np.flatnonzero((counts > 0) & (phases == 0))
+
     def rows(self, env_ids: np.ndarray) -> np.ndarray:
         """The rows of the slot's arrays that hold the given pool-wide env ids."""
         return np.asarray(env_ids) - self.env_ids[0]
@@ -114,6 +134,9 @@ class HookContext:
 
 
 PHASES = ("before_step", "after_step", "on_reset")
+
+_NO_ROWS = np.zeros(0, dtype=np.int64)
+_NO_ROWS.flags.writeable = False
 
 
 def hook_name(hook: Any) -> str:

@@ -152,10 +152,13 @@ class Perturb(ParamHook):
             return
         strength = self._sent(ctx)
         if self.every is not None:
-            counts = ctx.step_counts
-            default = ctx.applied[self.param]  # type: ignore[index]
-            for row in np.flatnonzero((counts > 0) & (counts % self.every == 0)).tolist():
-                strength.setdefault(row, default[row])
+            due = ctx.due_every(self.every)
+            if len(due):
+                default = ctx.applied[self.param]  # type: ignore[index]
+                for row in due.tolist():
+                    strength.setdefault(row, default[row])
+        if not strength:  # the common step: nothing due, no event
+            return
         resetting = ctx.resetting
         self._kick(ctx, [row for row in sorted(strength) if not resetting[row]], strength)
 

@@ -25,9 +25,11 @@ class Resample:
 
     def before_step(self, ctx: HookContext) -> None:
         """Redraws for the envs whose step count is a multiple of ``every``."""
-        due = (ctx.step_counts > 0) & (ctx.step_counts % self.every == 0) & ~ctx.resetting
-        if due.any():
-            ctx.resample(self.names, np.flatnonzero(due))
+        due = ctx.due_every(self.every)
+        if len(due):
+            due = due[~ctx.resetting[due]]
+            if len(due):
+                ctx.resample(self.names, due)
 
 
 class Reset:
