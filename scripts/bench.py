@@ -853,7 +853,8 @@ def whole_loop(settings: Settings) -> None:
 
 
 class PpoIteration:
-    """CleanRL's PPO on one vector env (scripts/ppo.py's agent, rollout and update; same-step
+    """CleanRL's PPO on one vector env (scripts/ppo.py's agent, rollout and update, with a Gaussian
+    policy for Box actions as its ppo_continuous_action.py; same-step
     autoreset, as CleanRL's layout assumes): each call runs one iteration, a rollout then an update,
     and returns the env steps it took and the seconds spent in ``step``."""
 
@@ -861,12 +862,18 @@ class PpoIteration:
         self.envs, self._ppo = envs, ppo
         self.settings = ppo.Settings(num_envs=envs.num_envs)
         self.num_envs, observation_shape = envs.num_envs, envs.single_observation_space.shape
-        self.agent = ppo.Agent(observation_shape[0], int(envs.single_action_space.n))
+        space = envs.single_action_space
+        continuous = isinstance(space, gym.spaces.Box)  # ppo.py's Gaussian policy, clipped to the bounds
+        self.agent = ppo.Agent(observation_shape[0], space.shape[0] if continuous else int(space.n), continuous)
         self.optimizer = ppo.torch.optim.Adam(self.agent.parameters(), lr=self.settings.learning_rate, eps=1e-5)
         shape = (self.settings.num_steps, self.num_envs)
         zeros = ppo.torch.zeros
         self.rollout = ppo.Rollout(
-            zeros(shape + observation_shape), *(zeros(shape) for _ in range(5)), self.settings.gamma
+            zeros(shape + observation_shape),
+            zeros(shape + space.shape),
+            *(zeros(shape) for _ in range(4)),
+            self.settings.gamma,
+            (space.low, space.high) if continuous else None,
         )
         self.stepping = 0.0
         self.next_observations = ppo.torch.as_tensor(envs.reset(seed=0)[0], dtype=ppo.torch.float32)

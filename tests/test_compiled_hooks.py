@@ -134,7 +134,7 @@ FUNCTIONS = [
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_which_version_runs_and_that_a_step_compiles_nothing(engine: str, pool_name: str) -> None:
-    """The trainer's slot runs the hook objects given to ``launch``: what they chose is visible here."""
+    """In the trainer's slot, the hooks it runs (its copies of those given to ``launch``) show what they chose."""
     chains = {compiled: pendulum_chain(compiled)[:5] for compiled in CHOICES}
     for compiled, chain in chains.items():
         with shmpool.launch(
@@ -147,7 +147,7 @@ def test_which_version_runs_and_that_a_step_compiles_nothing(engine: str, pool_n
             seed=0,
             name=f"{pool_name}{compiled}",
         ) as pool:
-            runs_compiled = [hook._compiled is not None for hook in chain]
+            runs_compiled = [hook._compiled is not None for hook in pool._lifecycle.local.hooks]
             signatures = [len(function.signatures) for function in FUNCTIONS]  # compiled as the slot built
             pool.reset()
             for _ in range(70):  # into the second block of random numbers

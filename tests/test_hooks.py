@@ -194,12 +194,15 @@ def test_due_every_gives_the_rows_at_positive_multiples_on_every_step() -> None:
     skipped = 0
     for step in range(3000):
         ctx.begin_step(step)
-        ctx.begin_phase(counts.tolist(), [False] * 6, [False] * 6)
+        ctx.begin_phase(counts.tolist(), [False] * 6, [False] * 6, "before_step")
         for every in (50, 7, 3, 1):
             due = ctx.due_every(every)
             assert due.tolist() == np.flatnonzero((counts > 0) & (counts % every == 0)).tolist(), (step, every)
             if every == 50:
                 skipped += 0 not in ctx._arrays  # answered without making the counts an array
+        # Another phase of the same step (an on_reset after the counts rose) leaves the schedule be.
+        ctx.begin_phase((counts + 1).tolist(), [False] * 6, [False] * 6, "on_reset")
+        assert ctx.due_every(7).tolist() == np.flatnonzero((counts + 1) % 7 == 0).tolist()
         counts += 1
         counts[rng.random(6) < 0.02] = 0  # episodes end at random
     assert skipped  # steps where no row could be due were answered without reading the counts
@@ -212,7 +215,7 @@ def kick_context(envs: list, strength: float) -> hooks.HookContext:
     ctx.env_ids, ctx.envs, ctx.seed = np.arange(count), envs, 0
     ctx.applied = {"perturb_strength": np.full(count, strength)}  # type: ignore[assignment]
     ctx.begin_step(0)
-    ctx.begin_phase([3] * count, [False] * count, [False] * count)
+    ctx.begin_phase([3] * count, [False] * count, [False] * count, "before_step")
     return ctx
 
 

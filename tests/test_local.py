@@ -140,6 +140,24 @@ def test_a_trainer_computing_with_torch_on_every_core_steps_every_env_itself(poo
         assert with_torch[0] == with_one_thread[0]
 
 
+def test_the_trainer_slot_runs_its_own_copies_of_the_hooks(pool_name: str) -> None:
+    """As a worker process does: a hook's per-slot state (its random streams, the rows it kicked)
+    stays with the pool, so one hook object serves pools of other sizes, one after another or side
+    by side, each as if it had its own."""
+    perturb = shmpool.hooks.Perturb(0.5, every=1)
+    results = {}
+    for count in (2, 4, 2):
+        with shmpool.launch(
+            "CartPole-v1", count, num_workers=1, trainer_slot=True, hooks=[perturb], seed=0, name=pool_name
+        ) as pool:
+            observations = [pool.reset(seed=0)[0]]
+            for _ in range(5):
+                observations.append(pool.step(np.zeros(count, dtype=np.int64))[0])
+            results.setdefault(count, []).append(np.array(observations))
+    np.testing.assert_array_equal(*results[2])  # the third pool as the first: nothing carried over
+    assert perturb.__dict__.get("_streams") is None and not perturb.__dict__.get("_kicked")  # untouched
+
+
 def test_calls_infos_and_async_batches_reach_the_trainer_slot(pool_name: str) -> None:
     with shmpool.launch(InfoEnv, 4, num_workers=2, batch_size=2, trainer_slot=True, name=pool_name) as pool:
         assert pool.env_apply(lambda env: os.getpid()) == [pool.worker_pids[0]] * 2 + [os.getpid()] * 2

@@ -100,7 +100,7 @@ class HookRunner:
             return
         ctx = self.ctx
         ctx.actions = actions
-        ctx.begin_phase(lengths, resetting, self._none)
+        ctx.begin_phase(lengths, resetting, self._none, "before_step")
         self._run("before_step")
         ctx.actions = None
 
@@ -109,7 +109,7 @@ class HookRunner:
         if not self._calls["after_step"]:
             return False
         ctx = self.ctx
-        ctx.begin_phase(lengths, self._none, stepped)
+        ctx.begin_phase(lengths, self._none, stepped, "after_step")
         self._run("after_step")
         return True
 
@@ -119,7 +119,7 @@ class HookRunner:
             return
         ctx = self.ctx
         ctx.reset_rows = np.array(rows)
-        ctx.begin_phase(lengths, self._none, self._none)
+        ctx.begin_phase(lengths, self._none, self._none, "on_reset")
         self._run("on_reset")
 
     def _run(self, phase: str) -> None:

@@ -37,6 +37,11 @@ class LocalSlot:
         self._worker.build(in_own_process=False)
         self._last_seq = 0
 
+    @property
+    def hooks(self) -> tuple[Any, ...]:
+        """The hook objects this slot runs: its own copies of the pool's, as a worker process has."""
+        return self._worker._config.hooks
+
     def run(self, seq: int, command: int) -> None:
         """Runs command ``seq`` (again: nothing, so that a send repeated after Ctrl-C is harmless).
         A call's requests come through ``call`` instead."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -26,6 +27,9 @@ from shmpool.workers.envs import ArraySlot
 from shmpool.workers.param_applier import ParamApplier
 from shmpool.workers.targets import EnvTargets
 
+#: One slot's envs made at a time per process (a trainer's slot may be built beside another pool's).
+_COMPILING = threading.Lock()
+
 
 @contextlib.contextmanager
 def _one_compile_per_file(mujoco: Any) -> Iterator[None]:
@@ -33,22 +37,24 @@ def _one_compile_per_file(mujoco: Any) -> Iterator[None]:
     gets its own copy of that model, as the batch copies a model for each simulation. Compiling is
     deterministic, so the envs are as if each had compiled its own; the worker's launch no longer
     grows with the slot's compiles, and MuJoCo's compiler warnings come once per worker, not per env."""
-    compile_file = mujoco.MjModel.from_xml_path
-    compiled: dict[str, Any] = {}
+    with _COMPILING:
+        original = mujoco.MjModel.__dict__["from_xml_path"]  # put back exactly as it was
+        compile_file = mujoco.MjModel.from_xml_path
+        compiled: dict[str, Any] = {}
 
-    def from_xml_path(filename: str, assets: Any = None, vfs: Any = None) -> Any:
-        if assets is not None or vfs is not None:  # the files may differ from env to env
-            return compile_file(filename, assets, vfs)
-        path = os.path.realpath(filename)
-        if path not in compiled:
-            compiled[path] = compile_file(filename)
-        return copy.copy(compiled[path])
+        def from_xml_path(filename: str, assets: Any = None, vfs: Any = None) -> Any:
+            if assets is not None or vfs is not None:  # the files may differ from env to env
+                return compile_file(filename, assets, vfs)
+            path = os.path.realpath(filename)
+            if path not in compiled:
+                compiled[path] = compile_file(filename)
+            return copy.copy(compiled[path])
 
-    mujoco.MjModel.from_xml_path = staticmethod(from_xml_path)
-    try:
-        yield
-    finally:
-        mujoco.MjModel.from_xml_path = compile_file
+        mujoco.MjModel.from_xml_path = staticmethod(from_xml_path)
+        try:
+            yield
+        finally:
+            mujoco.MjModel.from_xml_path = original
 
 
 def _time_limit(env: gymnasium.Env) -> TimeLimit | None:

@@ -79,10 +79,12 @@ class HookContext:
         self.global_step = global_step
         self._steps += 1
 
-    def begin_phase(self, lengths: list[int], resetting: list[bool], stepped: list[bool]) -> None:
-        """Sets the per-env flags of the coming phase; they become arrays only if a hook reads them."""
+    def begin_phase(self, lengths: list[int], resetting: list[bool], stepped: list[bool], phase: str = "") -> None:
+        """Sets the per-env flags of the coming phase (one of ``PHASES``); they become arrays only if
+        a hook reads them."""
         self._lists = (lengths, resetting, stepped)
         self._arrays: dict[int, np.ndarray] = {}
+        self._phase = phase
 
     def _array(self, which: int) -> np.ndarray:
         array = self._arrays.get(which)
@@ -107,16 +109,19 @@ class HookContext:
         return self._array(2)
 
     def due_every(self, every: int) -> np.ndarray:
-        """In ``before_step``: the rows whose step count is a positive multiple of ``every`` (those
-        resetting included). A count rises by at most one per step and restarts at 0, so once the
-        counts are looked at, no row can be due until the smallest ``every - count % every`` steps
-        later: the steps before that return no rows without looking."""
+        """The rows whose step count is a positive multiple of ``every`` (those resetting included).
+        In ``before_step`` it keeps a schedule: a count rises by at most one per step and restarts at
+        0, so once the counts are looked at, no row can be due until the smallest
+        ``every - count % every`` steps later, and the steps before that return no rows without
+        looking. In the other phases it looks every time."""
         steps, seen = self._steps, self._schedules.get(every)
-        if seen is not None and seen[0] != steps and steps < seen[1]:
+        scheduled = self._phase == "before_step"  # other phases see counts the step already raised
+        if scheduled and seen is not None and seen[0] != steps and steps < seen[1]:
             return _NO_ROWS
         counts = self.step_counts
         phases = counts % every
-        self._schedules[every] = (steps, steps + int((every - phases).min(initial=every)))
+        if scheduled:
+            self._schedules[every] = (steps, steps + int((every - phases).min(initial=every)))
         return np.flatnonzero((counts > 0) & (phases == 0))
 
     def rows(self, env_ids: np.ndarray) -> np.ndarray:

@@ -8,6 +8,7 @@ the pool is garbage collected.
 
 from __future__ import annotations
 
+import copy
 import gc
 import importlib
 import os
@@ -16,7 +17,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import multiprocess
@@ -63,6 +64,17 @@ WORKER_SPIN = 300
 WORKER_POLL_INTERVAL = 0.2
 #: How long close() waits for workers to leave by themselves before terminating, then killing, them.
 CLOSE_GRACE = 2.0
+
+
+def own_copies(hooks: Sequence[Any]) -> tuple[Any, ...]:
+    """The trainer's slot's own copies of the pool's hooks, as a worker process gets its own (pickled
+    or forked): a hook keeps per-slot state (random streams, compiled arrays, the rows it kicked),
+    which the user's object, reused for another pool or shared by two, must not carry over. A hook
+    that cannot be copied is used as given."""
+    try:
+        return tuple(copy.deepcopy(list(hooks)))
+    except Exception:  # noqa: BLE001 - an uncopyable hook (a lock, a handle) is shared, as before
+        return tuple(hooks)
 
 
 class EnvProbe(NamedTuple):
@@ -279,7 +291,7 @@ class Lifecycle:
                     threads=max(1, usable_cores() // len(config.slots)),
                 )
                 if worker_id == self.local_id:
-                    local_config = worker_config
+                    local_config = replace(worker_config, hooks=own_copies(config.hooks))
                     continue
                 owner_end, worker_end = context.Pipe(duplex=True)
                 self.call_pipes.append(owner_end)
