@@ -853,10 +853,10 @@ def whole_loop(settings: Settings) -> None:
 
 
 class PpoIteration:
-    """CleanRL's PPO on one vector env (scripts/ppo.py's agent, rollout and update, with a Gaussian
-    policy for Box actions as its ppo_continuous_action.py; same-step
-    autoreset, as CleanRL's layout assumes): each call runs one iteration, a rollout then an update,
-    and returns the env steps it took and the seconds spent in ``step``."""
+    """CleanRL's PPO on one vector env (scripts/ppo.py's agent, rollout and update; a Gaussian policy
+    for Box actions, as CleanRL's ppo_continuous_action.py; same-step autoreset, as CleanRL's layout
+    assumes): each call runs one iteration, a rollout then an update, and returns the env steps it
+    took and the seconds spent in ``step``."""
 
     def __init__(self, envs: Any, ppo: Any) -> None:
         self.envs, self._ppo = envs, ppo
