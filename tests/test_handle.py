@@ -8,8 +8,6 @@ import mmap
 import os
 import signal
 import struct
-import subprocess
-import sys
 import time
 
 import helpers
@@ -117,13 +115,7 @@ time.sleep(60)
 
 
 def test_owner_death_and_close_make_handles_dead_not_crash(pool_name: str) -> None:
-    owner = subprocess.Popen(
-        [sys.executable, "-c", OWNER, pool_name],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=helpers.ENV,
-        start_new_session=True,
-    )
+    owner = helpers.start_script(OWNER, pool_name, start_new_session=True)
     try:
         pids = json.loads(owner.stdout.readline())
         with shmpool.attach(pool_name) as handle:
@@ -154,13 +146,7 @@ def test_owner_death_and_close_make_handles_dead_not_crash(pool_name: str) -> No
 
 @pytest.mark.alone  # another test's launch would remove the stale pool
 def test_stale_pool_is_reported_as_stale(pool_name: str) -> None:
-    child = subprocess.Popen(
-        [sys.executable, "-c", OWNER, pool_name],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=helpers.ENV,
-        start_new_session=True,
-    )
+    child = helpers.start_script(OWNER, pool_name, start_new_session=True)
     pids = json.loads(child.stdout.readline())
     os.killpg(child.pid, signal.SIGKILL)  # owner and workers at once: the segment stays behind
     child.wait(5)
@@ -218,9 +204,7 @@ def test_attach_with_a_timeout_waits_for_the_pool_to_appear(pool_name: str) -> N
         assert time.monotonic() - started < 5.0
     finally:
         posix_ipc.unlink_shared_memory(f"/shmpool-{pool_name}")
-    attacher = subprocess.Popen(
-        [sys.executable, "-c", WAITING_ATTACHER, pool_name], stdout=subprocess.PIPE, text=True, env=helpers.ENV
-    )
+    attacher = helpers.start_script(WAITING_ATTACHER, pool_name)
     try:
         assert attacher.stdout.readline().strip() == "attaching"
         time.sleep(0.5)

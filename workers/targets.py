@@ -135,14 +135,14 @@ class EnvTargets(Targets):
         """``_attribute_setter`` for ``specs`` and every env's object, when each spec is a plain
         attribute of the same object of its env, under the same name in every env; else None."""
         targets = [self._plain_targets(spec) for spec in specs]
-        owners = [env_targets[0][0] for env_targets in zip(*targets)] if all(targets) else []
-        same_owner = owners and all(
-            target[0] is owner for env_targets, owner in zip(zip(*targets), owners) for target in env_targets
-        )
-        names = [target[1] for target in next(zip(*targets))] if same_owner else []
-        uniform = same_owner and all([t[1] for t in env_targets] == names for env_targets in zip(*targets))
-        setter = _attribute_setter(names) if uniform else None
-        return None if setter is None else (setter, owners)
+        per_env = list(zip(*targets)) if all(targets) else []  # each env's (object, attribute) per spec
+        names = [name for _, name in per_env[0]] if per_env else []
+        if not per_env or any(
+            [name for _, name in env] != names or any(owner is not env[0][0] for owner, _ in env) for env in per_env
+        ):
+            return None
+        setter = _attribute_setter(names)
+        return None if setter is None else (setter, [env[0][0] for env in per_env])
 
     def _plain_targets(self, spec: ParamSpec) -> list[Any]:
         """Every env's ``(object, attribute)`` of ``spec`` when all are plain attributes, else []."""
