@@ -1,38 +1,14 @@
-"""EnvPool's Python API over a pool: ``make`` and ``make_gymnasium``.
+"""EnvPool's Python API over a pool: code written for EnvPool runs with one import changed.
 
-Code written for EnvPool (``envpool.make(task_id, env_type="gymnasium", num_envs=..., batch_size=...)``,
-then ``reset``/``step`` or ``async_reset``/``send``/``recv`` with ``info["env_id"]``) runs on shmpool
-with one import changed, and gains live parameters: ``env.params``, ``env.applied``, ``env.events``
-and ``env.episodes`` are the pool's. The envs are gymnasium's own, not EnvPool's C++ rewrites: given
-the same seeds and actions, every env follows what gymnasium's ``SyncVectorEnv`` gives.
+``import shmpool.envpool as envpool`` (or ``from shmpool.envpool import make_gym``) gives ``make``,
+``make_gym``, ``make_gymnasium``, ``make_spec`` and ``list_all_envs``, as EnvPool 1.2 has them. The
+object they make is a ``gymnasium.vector.VectorEnv`` (and a ``gymnasium.Env``, as EnvPool's is)
+over a ``shmpool.Pool``, and gains live parameters: ``params``, ``applied``, ``events`` and
+``episodes`` are the pool's. The envs are gymnasium's own, not EnvPool's C++ rewrites: given the
+same seeds and actions, every env follows what gymnasium's ``SyncVectorEnv`` gives.
 
-What differs from EnvPool, and why:
-
-- ``observation_space`` and ``action_space`` are one env's spaces, as in EnvPool (a pool's own are
-  batched, as in gymnasium); ``env.pool`` is the ``shmpool.Pool`` underneath.
-- ``env_type``: ``"gymnasium"``, and ``"gym"``, which EnvPool 1.x also takes to mean gymnasium's API.
-  ``"dm"`` (dm_env ``TimeStep``s) is refused: shmpool's pools speak gymnasium's API only.
-- Envs autoreset on the step after their episode ends (gymnasium's ``NEXT_STEP``, EnvPool's rule):
-  that step returns the reset observation, reward 0 and no flags, and ``elapsed_step`` 0.
-- Rewards are float32, EnvPool's dtype (gymnasium's envs return Python floats, which its vector envs
-  gather as float64): each is gymnasium's reward rounded to float32.
-- A ``recv`` returns the envs whose step was sent first (``recv_order="sent"``), waiting for them:
-  EnvPool's queue gives that order when steps cost the same, and code written for it expects every
-  env once per ``num_envs / batch_size`` recvs. shmpool's workers are processes that the OS may
-  deschedule; first-finished order (``recv_order="finished"``, the pool's default) would then return
-  one slot twice before another.
-- A batch is made of whole slots (a worker process steps its slot at once): ``batch_size`` must be
-  a multiple of ``num_envs / num_workers``. Without ``num_workers``, ``make`` picks the most
-  workers (up to the usable cores) for which it is. A synchronous pool (``batch_size=num_envs``)
-  steps every env at once: ``step(action, env_id)`` with some of them is refused.
-- ``reset(env_id)`` resets some envs of a synchronous pool (or ``options={"reset_mask": ...}``,
-  not both); an async pool resets every env, as ``async_reset()``.
-- ``batch_size=0`` (EnvPool's "every env"), ``num_threads`` and ``recv(reset, return_info)`` are not
-  taken: say ``batch_size=None``, ``num_workers``, and ``recv()``.
-- A Ctrl-C inside ``recv`` after the pool handed the batch out loses that batch here (the pool's
-  own ``recv`` never does: its batches are queued again); ``pool.recv()`` has the guarantee.
-- ``seed`` defaults to EnvPool's 42; env ``i`` gets ``seed + i`` on its first reset, as gymnasium's
-  vector envs seed them.
+Every name of EnvPool's API, and what differs here: the EnvPool guide's compatibility table
+(``docs/guides/envpool.md``).
 
 Example:
     >>> import numpy as np
@@ -47,14 +23,13 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
 import numpy.typing as npt
-from gymnasium.vector import AutoresetMode
+from gymnasium.vector import AutoresetMode, VectorEnv
 
 from .options import check_env_ids, fixed_options
 from .pool import Pool, launch
@@ -67,11 +42,17 @@ if TYPE_CHECKING:
 
     from .options import OptionsButSeedAndBatch
 
+#: The EnvPool API this module follows (shmpool's own version is ``shmpool.__version__``).
+__version__ = "1.2.0"
+
 #: The ``env_type`` values taken, and what each means here.
 ENV_TYPES = {"gymnasium": "gymnasium's API", "gym": "gymnasium's API (EnvPool 1.x's alias)"}
 
 #: EnvPool's default seed.
 DEFAULT_SEED = 42
+
+#: What ``render_mode`` may be (EnvPool's): frames from ``render()``, or a window the envs draw.
+RENDER_MODES = (None, "rgb_array", "human")
 
 
 class Config(NamedTuple):
@@ -85,34 +66,37 @@ class Config(NamedTuple):
     reward_threshold: float | None
 
 
-@dataclass(frozen=True)
+@dataclass
 class Spec:
-    """``env.spec``: the config and one env's spaces, as EnvPool's spec gives them."""
+    """``env.spec`` and ``make_spec``'s result: the config and one env's spaces, as EnvPool's spec
+    gives them; its fields may be assigned (EnvPool code sets ``spec.id``)."""
 
+    id: str
     config: Config
     observation_space: gym.Space[Any]
     action_space: gym.Space[Any]
     reward_threshold: float | None
 
 
-class EnvPoolAPI(WrappedPoolChannels):
+class EnvPoolAPI(WrappedPoolChannels, VectorEnv, gym.Env):  # type: ignore[misc]
     """A pool behind EnvPool's Python API (see the module's docstring); made by ``make``."""
 
-    def __init__(self, task_id: str, pool: Pool, seed: int, max_episode_steps: int | None) -> None:
+    metadata: dict[str, Any] = {"render_modes": ["rgb_array", "human"], "autoreset_mode": AutoresetMode.NEXT_STEP}
+
+    def __init__(self, task_id: str, pool: Pool, spec: Spec, render_mode: str | None, render_env_id: int) -> None:
         self.pool = pool
         self.task_id = task_id
-        registered = gym.spec(task_id) if isinstance(task_id, str) else None
-        reward_threshold = None if registered is None else registered.reward_threshold
-        if max_episode_steps is None and registered is not None:
-            max_episode_steps = registered.max_episode_steps
-        config = Config(pool.num_envs, pool.batch_size, pool.num_workers, seed, max_episode_steps, reward_threshold)
-        self.spec = Spec(config, pool.single_observation_space, pool.single_action_space, reward_threshold)
+        self.spec = spec  # type: ignore[assignment]  # EnvPool's spec, not gymnasium's EnvSpec
+        self._spec = spec
+        self.render_mode = render_mode
+        self._render_env_id = render_env_id
         self.all_env_ids: npt.NDArray[np.int32] = np.arange(pool.num_envs, dtype=np.int32)
         self.all_env_ids.flags.writeable = False
         # EnvPool counts each episode's steps (``info["elapsed_step"]``); gymnasium envs do not say.
         self._elapsed = np.zeros(pool.num_envs, dtype=np.int32)
         self._ended = np.zeros(pool.num_envs, dtype=np.bool_)  # autoresets on its next step
         self._resetting = np.zeros(pool.num_envs, dtype=np.bool_)  # an async reset not yet received
+        self._never_reset = np.ones(pool.num_envs, dtype=np.bool_)  # its first step resets it
         self._async = False  # async_reset/send used since the last reset(): step() goes through them
 
     # -- what EnvPool code reads ---------------------------------------------------------------------
@@ -120,10 +104,10 @@ class EnvPoolAPI(WrappedPoolChannels):
     @property
     def config(self) -> dict[str, Any]:
         """``spec.config`` as a dict."""
-        return self.spec.config._asdict()
+        return self._spec.config._asdict()
 
     @property
-    def num_envs(self) -> int:
+    def num_envs(self) -> int:  # type: ignore[override]
         return self.pool.num_envs
 
     @property
@@ -132,28 +116,33 @@ class EnvPoolAPI(WrappedPoolChannels):
         return self.pool.batch_size < self.pool.num_envs
 
     @property
-    def observation_space(self) -> gym.Space[Any]:
+    def is_vector_env(self) -> bool:
+        """Always True: the flag older vector-aware wrappers read."""
+        return True
+
+    @property
+    def observation_space(self) -> gym.Space[Any]:  # type: ignore[override]
         """One env's observation space (EnvPool's convention)."""
         return self.pool.single_observation_space
 
     @property
-    def action_space(self) -> gym.Space[Any]:
+    def action_space(self) -> gym.Space[Any]:  # type: ignore[override]
         """One env's action space (EnvPool's convention)."""
         return self.pool.single_action_space
 
     @property
-    def single_observation_space(self) -> gym.Space[Any]:
-        """One env's observation space (the same as ``observation_space``, as in EnvPool)."""
+    def single_observation_space(self) -> gym.Space[Any]:  # type: ignore[override]
+        """One env's observation space (the same object as ``observation_space``, as in EnvPool)."""
         return self.pool.single_observation_space
 
     @property
-    def single_action_space(self) -> gym.Space[Any]:
-        """One env's action space (the same as ``action_space``, as in EnvPool)."""
+    def single_action_space(self) -> gym.Space[Any]:  # type: ignore[override]
+        """One env's action space (the same object as ``action_space``, as in EnvPool)."""
         return self.pool.single_action_space
 
     # -- EnvPool's calls -----------------------------------------------------------------------------
 
-    def reset(
+    def reset(  # type: ignore[override]
         self, env_id: npt.ArrayLike | None = None, *, seed: Any = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         """Resets the envs ``env_id`` (None: all) and returns their observations and info; an async
@@ -172,7 +161,7 @@ class EnvPoolAPI(WrappedPoolChannels):
                 raise ValueError(f"{self.task_id}: pass either env_id or options['reset_mask'], not both")
             ids = np.flatnonzero(check_reset_mask(options["reset_mask"], self.num_envs))
         else:
-            ids = self._ids(env_id)
+            ids = self._ids(env_id, "reset")
         if len(ids) < self.num_envs:
             mask = np.zeros(self.num_envs, dtype=np.bool_)
             mask[ids] = True
@@ -182,36 +171,44 @@ class EnvPoolAPI(WrappedPoolChannels):
         self._elapsed[ids] = 0
         self._ended[ids] = False
         self._resetting[:] = False
+        self._never_reset[ids] = False
         # The pool returns every env's rows after a masked reset: EnvPool returns those reset only.
-        return self._rows(observations, ids), self._info(self._rows(infos, ids), ids)
+        return _rows(observations, ids, self.num_envs), self._info(_rows(infos, ids, self.num_envs), ids)
 
-    def step(self, action: Any, env_id: npt.ArrayLike | None = None) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
-        """Steps the envs ``env_id`` (None: all) and returns a batch: ``send`` then ``recv``, or one
-        synchronous step of every env when nothing is in flight."""
-        everyone = env_id is None or np.array_equal(np.asarray(env_id), self.all_env_ids)
-        if not self.is_async and not everyone:
-            raise ValueError(
-                f"{self.task_id}: env_id={np.asarray(env_id).tolist()}: a synchronous pool (batch_size = num_envs) "
-                f"steps every env at once; launch with a batch_size of whole slots to step some of them"
-            )
-        if everyone and not self._async and not self.is_async:
+    def step(  # type: ignore[override]
+        self, action: Any, env_id: npt.ArrayLike | None = None
+    ) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+        """Steps the envs ``env_id`` (None: all) and returns their results in that order; an env never
+        reset is reset instead (its row: the reset's observation, reward 0, no flags), as in EnvPool."""
+        if self.is_async or self._async:
+            self.send(action, env_id)
+            return self.recv()
+        ids = self.all_env_ids if env_id is None else self._ids(env_id, "step")
+        everyone = len(ids) == self.num_envs and np.array_equal(ids, self.all_env_ids)
+        fresh = self._never_reset[ids]
+        if fresh.any():
+            return self._reset_by_step(action, ids, fresh, everyone)
+        if everyone:
             observations, rewards, terminations, truncations, infos = self.pool.step(action)
-            ids = self.all_env_ids
-            self._count_steps(ids, terminations | truncations)
-            return observations, rewards.astype(np.float32), terminations, truncations, self._info(infos, ids)
-        self.send(action, env_id)
-        return self.recv()
+        else:
+            observations, rewards, terminations, truncations, infos = self.pool.step(action, ids)
+        self._count_steps(ids, terminations | truncations)
+        return observations, rewards.astype(np.float32), terminations, truncations, self._info(infos, ids)
 
     def async_reset(self, *, seed: Any = None, options: dict[str, Any] | None = None) -> None:
         """Starts resetting every env; each ``recv()`` then returns ``batch_size`` of them."""
         self.pool.async_reset(seed=seed, options=options)
         self._async = True
         self._resetting[:] = True
+        self._never_reset[:] = False
 
     def send(self, action: Any, env_id: npt.ArrayLike | None = None) -> None:
-        """Starts stepping the envs ``env_id`` (None: every env) with ``action``, one row each."""
-        ids = self.all_env_ids if env_id is None else env_id
-        self.pool.send(action, ids)
+        """Starts stepping the envs ``env_id`` (None: every env) with ``action``, one row each; before
+        any reset, starts resetting every env instead (EnvPool resets an env on its first step)."""
+        if self._never_reset.all():
+            self.async_reset()
+            return
+        self.pool.send(action, self.all_env_ids if env_id is None else env_id)
         self._async = True
 
     def recv(self) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
@@ -225,31 +222,71 @@ class EnvPoolAPI(WrappedPoolChannels):
         # The pool's infos of a batch hold the batch's rows only: nothing to select.
         return observations, rewards.astype(np.float32), terminations, truncations, self._info(infos, ids)
 
-    def close(self) -> None:
-        """Closes the pool (idempotent)."""
+    def render(self, env_ids: npt.ArrayLike | None = None, camera_id: int | None = None) -> np.ndarray | None:  # type: ignore[override]
+        """Frames of the envs ``env_ids`` (None: ``render_env_id``, 0 by default), stacked, with
+        ``render_mode="rgb_array"``; with ``"human"``, the env draws its own window and this returns None."""
+        if self.render_mode not in ("rgb_array", "human"):
+            raise RuntimeError(
+                f"{self.task_id}: render() needs render_mode='rgb_array' or 'human' when the env is made; "
+                f"it was made with render_mode={self.render_mode!r}"
+            )
+        if camera_id is not None:
+            raise ValueError(
+                f"{self.task_id}: render(camera_id={camera_id}): a gymnasium env picks its camera when made; "
+                f"pass env_kwargs={{'camera_id': {camera_id}}} to make"
+            )
+        ids = check_env_ids(
+            np.atleast_1d(self._render_env_id if env_ids is None else env_ids), self.num_envs, "render", unique=False
+        )
+        frames = self.pool.env_apply("render", ids.tolist())
+        if self.render_mode == "human":
+            if len(ids) != 1:
+                raise ValueError(f"{self.task_id}: render_mode='human' renders one env; got env_ids={ids.tolist()}")
+            return None
+        return np.stack(frames)
+
+    def close(self, **kwargs: Any) -> None:
+        """Closes the pool (idempotent); takes gymnasium's ``VectorEnv.close`` keywords."""
         self.pool.close()
+        self.closed = True
 
     def __enter__(self) -> EnvPoolAPI:
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, *exc_info: Any) -> bool:
         self.close()
+        return False
 
     def __len__(self) -> int:
         return self.num_envs
 
     def __repr__(self) -> str:
-        return f"shmpool.envpool.EnvPoolAPI({self.task_id!r}, {self.spec.config})"
+        return f"shmpool.envpool.EnvPoolAPI({self.task_id!r}, {self._spec.config})"
+
+    __str__ = __repr__
 
     # -- bookkeeping ---------------------------------------------------------------------------------
 
-    def _ids(self, env_id: npt.ArrayLike | None) -> np.ndarray:
+    def _ids(self, env_id: npt.ArrayLike | None, what: str) -> np.ndarray:
         if env_id is None:
             return self.all_env_ids
-        ids = check_env_ids(np.atleast_1d(env_id), self.num_envs, f"{self.task_id}: reset", unique=True)
+        ids = check_env_ids(np.atleast_1d(env_id), self.num_envs, f"{self.task_id}: {what}", unique=True)
         if not len(ids):
-            raise ValueError(f"{self.task_id}: reset: no env ids")
+            raise ValueError(f"{self.task_id}: {what}: no env ids")
         return ids
+
+    def _reset_by_step(
+        self, action: Any, ids: np.ndarray, fresh: np.ndarray, everyone: bool
+    ) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+        """A synchronous step of ``ids`` some of which (``fresh``) were never reset: those reset, the
+        others step, and the rows come back in the order of ``ids``."""
+        observations, info = self.reset(None if everyone and fresh.all() else ids[fresh])
+        count = int(fresh.sum())
+        reset_part = (observations, np.zeros(count, np.float32), np.zeros(count, np.bool_), np.zeros(count, np.bool_))
+        if fresh.all():
+            return (*reset_part, info)
+        step_part = self.step(np.asarray(action)[~fresh], ids[~fresh])
+        return _interleave((*reset_part, info), step_part, fresh)  # type: ignore[no-any-return]
 
     def _count_steps(self, ids: np.ndarray, done: np.ndarray, reset: np.ndarray | None = None) -> None:
         """Advances ``elapsed_step`` of ``ids``: 0 for a reset, or a step that autoreset an ended env."""
@@ -257,23 +294,42 @@ class EnvPoolAPI(WrappedPoolChannels):
         self._elapsed[ids] = np.where(fresh, 0, self._elapsed[ids] + 1)
         self._ended[ids] = done  # a reset's row has no flags
 
-    def _rows(self, values: Any, ids: np.ndarray) -> Any:
-        if len(ids) == self.num_envs and np.array_equal(ids, self.all_env_ids):
-            return values
-        if isinstance(values, dict):
-            return {key: self._rows(value, ids) for key, value in values.items()}
-        if isinstance(values, tuple):
-            return tuple(self._rows(value, ids) for value in values)
-        return values[ids]
-
     def _info(self, infos: dict[str, Any], ids: np.ndarray) -> dict[str, Any]:
-        """EnvPool's info for the rows ``ids`` of ``infos`` (which holds those rows only)."""
+        """EnvPool's info for the rows ``ids`` of ``infos`` (which holds those rows only); every array
+        is the caller's to write (Tianshou writes into ``env_id``)."""
         info = {key: value for key, value in infos.items() if key != "env_id"}
-        env_id = infos.get("env_id", ids if ids.dtype == np.int32 else ids.astype(np.int32))
-        info["env_id"] = env_id
-        info["players"] = {"env_id": env_id}
+        info["env_id"] = np.array(ids, dtype=np.int32)
+        info["players"] = {"env_id": info["env_id"].copy()}
         info["elapsed_step"] = self._elapsed[ids]  # a copy: fancy indexing
         return info
+
+
+def _rows(values: Any, ids: np.ndarray, num_envs: int) -> Any:
+    """The rows ``ids`` of every per-env array in ``values`` (nested dicts and tuples followed)."""
+    if len(ids) == num_envs and np.array_equal(ids, np.arange(num_envs)):
+        return values
+    if isinstance(values, dict):
+        return {key: _rows(value, ids, num_envs) for key, value in values.items()}
+    if isinstance(values, tuple):
+        return tuple(_rows(value, ids, num_envs) for value in values)
+    return values[ids]
+
+
+def _interleave(first: Any, second: Any, in_first: np.ndarray) -> Any:
+    """Rows ``in_first`` from ``first`` and the others from ``second``, in order; a key of only one
+    of two dicts gets zeros in the other's rows."""
+    if isinstance(first, tuple):
+        return tuple(_interleave(a, b, in_first) for a, b in zip(first, second))
+    if isinstance(first, dict) or isinstance(second, dict):
+        first, second = first or {}, second or {}
+        return {key: _interleave(first.get(key), second.get(key), in_first) for key in {**first, **second}}
+    like = np.asarray(first if first is not None else second)
+    merged = np.zeros((len(in_first), *like.shape[1:]), dtype=like.dtype)
+    if first is not None:
+        merged[in_first] = first
+    if second is not None:
+        merged[~in_first] = second
+    return merged
 
 
 def make(
@@ -283,36 +339,109 @@ def make(
     batch_size: int | None = None,
     seed: int = DEFAULT_SEED,
     max_episode_steps: int | None = None,
+    render_mode: str | None = None,
+    render_env_id: int = 0,
+    gym_reset_return_info: bool = True,
     **launch_options: Unpack[OptionsButSeedAndBatch],
 ) -> EnvPoolAPI:
     """A pool of ``num_envs`` gymnasium ``task_id`` envs behind EnvPool's API.
 
-    ``batch_size`` (None: ``num_envs``) envs per ``recv``; ``max_episode_steps`` overrides the
-    registered limit. Further options go to ``shmpool.launch`` (``num_workers``, ``params``,
-    ``hooks``, ``name``, ``engine``, ...); ``episode_statistics`` is off unless given (EnvPool's
-    info has no ``episode`` key), ``recv_order`` is ``"sent"`` unless given, and ``autoreset_mode``
-    is ``NEXT_STEP``.
+    ``batch_size`` (None or 0: ``num_envs``) envs per ``recv``; ``max_episode_steps`` overrides the
+    registered limit; ``render_mode`` is the envs'. Further options go to ``shmpool.launch``
+    (``num_workers``, ``params``, ``hooks``, ``name``, ``engine``, ...); ``episode_statistics`` is off
+    unless given (EnvPool's info has no ``episode`` key), ``recv_order`` is ``"sent"`` unless given,
+    and ``autoreset_mode`` is ``NEXT_STEP``.
     """
     if env_type not in ENV_TYPES:
         raise ValueError(
             f"{task_id}: env_type={env_type!r} is not supported; shmpool.envpool takes {list(ENV_TYPES)} "
             f"(pools speak gymnasium's API; dm_env's TimeStep is not offered)"
         )
+    if not gym_reset_return_info:
+        raise ValueError(f"{task_id}: gym_reset_return_info=False: reset() always returns (observations, info)")
+    if render_mode not in RENDER_MODES:
+        raise ValueError(f"{task_id}: render_mode={render_mode!r}; it is one of {list(RENDER_MODES)}")
     # EnvPool's API autoresets on the next step
     options = fixed_options(f"shmpool.envpool ({task_id})", launch_options, autoreset_mode=AutoresetMode.NEXT_STEP)
-    env_kwargs = dict(options.pop("env_kwargs", None) or {})
-    if max_episode_steps is not None:
-        env_kwargs["max_episode_steps"] = max_episode_steps
+    env_kwargs = _env_kwargs(options.pop("env_kwargs", None), max_episode_steps, render_mode)
+    batch_size = batch_size or None  # EnvPool's 0: every env
     if options.get("num_workers") is None:
         options["num_workers"] = _workers_for_batches(num_envs, batch_size)
     options.setdefault("episode_statistics", False)
     options.setdefault("recv_order", "sent")
     pool = launch(task_id, num_envs, batch_size=batch_size, seed=seed, env_kwargs=env_kwargs or None, **options)
     try:
-        return EnvPoolAPI(task_id, pool, seed, max_episode_steps)
+        config = Config(pool.num_envs, pool.batch_size, pool.num_workers, seed, *_limits(task_id, max_episode_steps))
+        spec = Spec(task_id, config, pool.single_observation_space, pool.single_action_space, config.reward_threshold)
+        return EnvPoolAPI(task_id, pool, spec, render_mode, render_env_id)
     except BaseException:
         pool.close()
         raise
+
+
+def make_gymnasium(task_id: str, **kwargs: Any) -> EnvPoolAPI:
+    """``make`` with ``env_type="gymnasium"``."""
+    return make(task_id, env_type="gymnasium", **kwargs)
+
+
+def make_gym(task_id: str, **kwargs: Any) -> EnvPoolAPI:
+    """``make`` with ``env_type="gymnasium"`` (EnvPool 1.x's ``make_gym`` makes gymnasium's API too)."""
+    return make(task_id, env_type="gymnasium", **kwargs)
+
+
+def make_dm(task_id: str, **kwargs: Any) -> Any:
+    """Refused: pools speak gymnasium's API, not dm_env's ``TimeStep``."""
+    return make(task_id, env_type="dm", **kwargs)
+
+
+def make_spec(
+    task_id: str,
+    num_envs: int = 1,
+    batch_size: int | None = None,
+    seed: int = DEFAULT_SEED,
+    max_episode_steps: int | None = None,
+    render_mode: str | None = None,
+    num_workers: int | None = None,
+    env_kwargs: dict[str, Any] | None = None,
+    **make_options: Any,
+) -> Spec:
+    """The ``Spec`` that ``make`` with these arguments gives its env, without starting a pool: one
+    env is made and closed to read its spaces."""
+    batch_size = batch_size or num_envs
+    if num_workers is None:
+        num_workers = _workers_for_batches(num_envs, batch_size)
+    env = gym.make(task_id, **_env_kwargs(env_kwargs, max_episode_steps, render_mode))
+    try:
+        observation_space, action_space = env.observation_space, env.action_space
+    finally:
+        env.close()
+    config = Config(num_envs, batch_size, num_workers, seed, *_limits(task_id, max_episode_steps))
+    return Spec(task_id, config, observation_space, action_space, config.reward_threshold)
+
+
+def list_all_envs() -> list[str]:
+    """Every registered gymnasium id (each can be made here, as gymnasium makes it)."""
+    return sorted(gym.registry)
+
+
+def _env_kwargs(
+    env_kwargs: dict[str, Any] | None, max_episode_steps: int | None, render_mode: str | None
+) -> dict[str, Any]:
+    """The envs' keyword arguments: the user's, with EnvPool's ``max_episode_steps`` and ``render_mode``."""
+    kwargs = dict(env_kwargs or {})
+    if max_episode_steps is not None:
+        kwargs["max_episode_steps"] = max_episode_steps
+    if render_mode is not None:
+        kwargs["render_mode"] = render_mode
+    return kwargs
+
+
+def _limits(task_id: str, max_episode_steps: int | None) -> tuple[int | None, float | None]:
+    """``max_episode_steps`` (or the registered one) and the registered ``reward_threshold``."""
+    registered = gym.spec(task_id) if isinstance(task_id, str) else None
+    if registered is None:
+        return max_episode_steps, None
+    return max_episode_steps or registered.max_episode_steps, registered.reward_threshold
 
 
 def _workers_for_batches(num_envs: int, batch_size: int | None) -> int:
@@ -322,13 +451,3 @@ def _workers_for_batches(num_envs: int, batch_size: int | None) -> int:
     batch = num_envs if batch_size is None else batch_size
     fitting = [w for w in range(1, cores + 1) if num_envs % w == 0 and batch % (num_envs // w) == 0]
     return cores if batch == num_envs else max(fitting, default=cores)  # none: launch names the problem
-
-
-def make_gymnasium(task_id: str, **kwargs: Any) -> EnvPoolAPI:
-    """``make`` with ``env_type="gymnasium"``."""
-    return make(task_id, env_type="gymnasium", **kwargs)
-
-
-def list_all_envs() -> Sequence[str]:
-    """Every registered gymnasium id (each can be made here, as gymnasium makes it)."""
-    return sorted(gym.registry)

@@ -131,26 +131,36 @@ class Slot:
             raise KeyError(f"the pool has no parameters to resample ({names})")
         self._params.resample(names, rows, self._lengths)
 
-    def step(self) -> int:
+    def step(self, rows: list[int] | None = None) -> int:
         """Steps every env of the slot with its action; returns how many episodes ended.
 
         Envs whose previous step ended an episode (next-step autoreset) or that a hook asked to
         reset are reset instead. Hooks see the results before the episode accounting, so their
-        changes to rewards and terminations count.
+        changes to rewards and terminations count. ``rows``: a partial step (``Pool.step(actions,
+        env_ids)``, which the trainer allows without hooks), where only the envs at these rows
+        step, sync their parameters and count; the others stay exactly as they are.
         """
         info, params, hooks = self._info, self._params, self.hooks
         info.begin()
         needs_reset, lengths = self._needs_reset, self._lengths
+        if rows is not None:
+            if not rows:
+                return 0  # none of the slot's envs steps: not even the slot's step count moves
+            stepping = np.zeros(len(self.envs), dtype=np.bool_)
+            stepping[rows] = True
         if params is not None:
-            params.sync()
+            params.sync(None if rows is None else stepping)
         batch = self._read_actions()
         if hooks is not None:
             hooks.begin_step(self.global_step)
             hooks.before_step(batch, needs_reset, lengths)
         actions = self._per_env_actions(batch)
         if params is not None:
-            params.before_step(needs_reset, lengths)
-        self._run_envs(actions)
+            params.before_step(needs_reset if rows is None else np.asarray(needs_reset) | ~stepping, lengths)
+        if rows is None:
+            self._run_envs(actions)
+        else:
+            self._run_some(actions, rows)
         changed = hooks is not None and hooks.after_step(self._stepped, lengths)
         episodes_ended = self._account(changed)
         self.global_step += 1
@@ -167,6 +177,10 @@ class Slot:
     def _run_envs(self, actions: Any) -> None:
         """Steps (or resets, where due) every env and writes its results to the slot's rows."""
         raise NotImplementedError
+
+    def _run_some(self, actions: Any, rows: list[int]) -> None:
+        """``_run_envs`` for the envs at ``rows`` only (a partial step)."""
+        raise NotImplementedError(f"engine {self._config.engine!r} steps whole slots only")
 
     def _account(self, changed: bool) -> int:
         """Adds the step to each env's episode, ends the finished ones and runs ``on_reset`` hooks;
@@ -346,9 +360,15 @@ class EnvSlot(Slot):
         for row in np.atleast_1d(rows).tolist():
             self._needs_reset[row] = True
 
-    def _run_envs(self, actions: Any) -> None:
-        """Steps (or resets, where due) every env and writes its results to the slot's rows."""
-        info, needs_reset = self._info, self._needs_reset
+    def _run_some(self, actions: Any, rows: list[int]) -> None:
+        """``_run_envs`` for the envs at ``rows`` only: the others are neither stepped nor counted."""
+        self._stepped[:] = [False] * len(self.envs)
+        self._run_envs(actions, rows)
+
+    def _run_envs(self, actions: Any, rows: list[int] | None = None) -> None:
+        """Steps (or resets, where due) every env (or those at ``rows``) and writes its results to
+        the slot's rows."""
+        info, needs_reset, envs = self._info, self._needs_reset, self.envs
         rewards, terminations, truncations = self._reward_row, self._termination_row, self._truncation_row
         stepped, step_infos, steppers, limits = self._stepped, self._step_infos, self._steppers, self._limits
         write_observation = self._obs_writer.write
@@ -358,7 +378,7 @@ class EnvSlot(Slot):
         env_info: dict[str, Any] | None
         index = 0
         try:  # the failing env is named from the loop's index: a store per env would cost more
-            for index, env in enumerate(self.envs):
+            for index, env in enumerate(envs) if rows is None else ((row, envs[row]) for row in rows):
                 if needs_reset[index]:
                     env, seed = self._begin_episode(index)
                     observation, env_info = env.reset(seed=seed)

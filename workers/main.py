@@ -26,6 +26,7 @@ from shmpool.layout import (
     CMD_CLOSE,
     CMD_RESET,
     CMD_STEP,
+    CMD_STEP_SOME,
     CTL_COMMAND,
     CTL_DONE,
     CTL_ERROR_ENV,
@@ -47,6 +48,7 @@ from shmpool.system import (
     ProcessWatch,
     Segment,
     doorbell_file,
+    drop_inherited_signal_handlers,
     file_identity,
     ignore_interrupts,
     segment_file,
@@ -85,6 +87,7 @@ def run(config: WorkerConfig, call_pipe: Any, fault_pipe: Any) -> None:
     # A segmentation fault or abort kills the worker before any except clause runs: faulthandler,
     # from its signal handler, is what can still tell the trainer where each thread was.
     # Non-blocking: a dump larger than the pipe is cut short instead of blocking the dying worker.
+    drop_inherited_signal_handlers()
     os.set_blocking(fault_pipe.fileno(), False)
     faulthandler.enable(file=fault_pipe.fileno(), all_threads=True)
     # A forked worker starts with the collector off (Lifecycle.start_workers): what it inherited is
@@ -261,6 +264,7 @@ class Worker:
         self._failed = False
         self.envs: Slot | None = None
         start, stop = config.env_ids
+        self._step_mask = views["step_mask"][start:stop]
         self._info = InfoWriter(
             views["info_keys"][config.worker_id],
             views["info_values"][start:stop],
@@ -349,6 +353,8 @@ class Worker:
             try:
                 if command == CMD_STEP:
                     words[CTL_NUM_DONE] = self.envs.step()
+                elif command == CMD_STEP_SOME:
+                    words[CTL_NUM_DONE] = self.envs.step(np.flatnonzero(self._step_mask).tolist())
                 elif command == CMD_RESET:
                     self.envs.reset()
                     words[CTL_NUM_DONE] = 0

@@ -164,13 +164,14 @@ class ParamApplier:
         snapshot_bytes = snapshot.tobytes()
         return None if snapshot_bytes == self.seen_bytes else (snapshot, snapshot_bytes)
 
-    def sync(self) -> None:
+    def sync(self, stepping: np.ndarray | None = None) -> None:
         """Reads the block; validates what changed; applies changed ``step`` values now.
 
         An engine's compiled sync (the numba engine's, for plain float64 parameters) goes first: one
         call reads the records and applies what changed, unless a value is refused, another
-        parameter changed or a write is in flight, which it leaves to the path below."""
-        if self._compiled is not None:
+        parameter changed or a write is in flight, which it leaves to the path below.
+        ``stepping``: a partial step's rows (a mask); the other envs' changes wait for their step."""
+        if self._compiled is not None and stepping is None:
             if self.block.tobytes() == self.seen_bytes:  # nothing written: cheaper than the call
                 return
             synced = self._compiled()
@@ -182,6 +183,9 @@ class ParamApplier:
         if changed is None:
             return
         snapshot, snapshot_bytes = changed
+        if stepping is not None:  # as if the others' records had not changed: the next sync sees them
+            snapshot = np.where(stepping, snapshot, self.seen)
+            snapshot_bytes = snapshot.tobytes()
         touched = np.zeros(len(self._env_ids), dtype=np.bool_)
         refreshed_by = self._targets.refreshed_by
         general = self.specs

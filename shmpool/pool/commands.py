@@ -21,6 +21,7 @@ from ..interrupts import interrupts_deferred
 from ..layout import (
     CMD_CALL,
     CMD_STEP,
+    CMD_STEP_SOME,
     H_GLOBAL_STEP,
     H_STEPS_PER_SECOND,
     RESET_OPTION_BYTES,
@@ -30,6 +31,7 @@ from ..layout import (
     seed_words,
 )
 from ..options import check_env_ids
+from ..spaces import ActionChecker
 from ..system import monotonic
 from .lifecycle import Parts
 
@@ -93,7 +95,7 @@ class CommandChannel:
         """Makes ``command`` pending, and returns its sequence number: from here on, it is sent and
         waited for by ``finish``, or by the next ``enter`` if Ctrl-C comes first."""
         self.usable = False
-        steps = self.global_step + (command == CMD_STEP)
+        steps = self.global_step + (command in (CMD_STEP, CMD_STEP_SOME))
         seq = self._lifecycle.next_seq() if seq is None else seq
         self.pending = (seq, command, steps)
         return seq
@@ -118,8 +120,9 @@ class CommandChannel:
             if command == CMD_CALL:
                 answers = self._waiter.receive_calls(seq, phase)
             self._waiter.wait_done(seq, phase)
-            if command == CMD_STEP and self.ended is not None:  # here: an interrupted step counts too
-                self.ended |= self._fields["terminations"] | self._fields["truncations"]
+            if command in (CMD_STEP, CMD_STEP_SOME) and self.ended is not None:  # here: an interrupted step counts too
+                ended = self._fields["terminations"] | self._fields["truncations"]
+                self.ended |= ended if command == CMD_STEP else ended & self._fields["step_mask"]
             self.global_step = steps  # before clearing pending: a repeat after Ctrl-C here is harmless
             self._header[H_GLOBAL_STEP] = steps
             self.pending = None
@@ -132,6 +135,13 @@ class CommandChannel:
         if self._config.param_specs and command != CMD_CALL:
             self._results.warn_refusals()
         return answers
+
+    def refuse_ended(self, ended: np.ndarray) -> None:
+        """Raises for a step of envs whose episode ended (autoreset DISABLED): ``ended`` says which."""
+        raise RuntimeError(
+            f"pool {self._name!r}: the episodes of envs {np.flatnonzero(ended).tolist()} ended; with "
+            f"autoreset_mode DISABLED, reset them with reset(options={{'reset_mask': mask}}) before stepping"
+        )
 
     def count_send(self) -> None:
         """Counts an async send that went out as one step of the pool, and publishes the count."""
@@ -154,6 +164,56 @@ class CommandChannel:
             rate = (self.env_steps - self._rate_since[1]) / elapsed
             self._header[H_STEPS_PER_SECOND] = int(rate)
             self._rate_since = (now, self.env_steps)
+
+
+class PartialSteps:
+    """The steps of some envs of a synchronous pool (``Pool.step(actions, env_ids)``): only those
+    envs step, sync their parameters and count; they come back in the order asked."""
+
+    def __init__(
+        self,
+        parts: Parts,
+        commands: CommandChannel,
+        resets: ResetEncoder,
+        action_fields: list[np.ndarray],
+        action_space: Any,
+    ) -> None:
+        config = parts.config
+        self._where = f"pool {parts.lifecycle.name!r}: step(actions, env_ids)"
+        self._refused = f"engine={config.engine!r}" if config.engine != "python" else "hooks" if config.hooks else None
+        self._num_envs = config.num_envs
+        self._label = config.env_label
+        self._commands, self._resets, self._results = commands, resets, parts.results
+        self._action_fields, self._action_space = action_fields, action_space
+        self._mask = parts.lifecycle.views["step_mask"]
+        self._checkers: dict[int, ActionChecker] = {}
+
+    def step(self, actions: Any, env_ids: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+        """Steps the envs ``env_ids`` with ``actions`` (a row each); returns their results in that
+        order. Call it holding the pool's call lock, entered, with no async batch in flight."""
+        if self._refused is not None:
+            raise ValueError(f"{self._where}: a pool with {self._refused} steps whole slots; pass env_ids=None")
+        ids = check_env_ids(np.atleast_1d(env_ids), self._num_envs, self._where, unique=True)
+        if not len(ids):
+            raise ValueError(f"{self._where}: no env ids")
+        if self._resets.never_reset[ids].any():
+            self._resets.refuse_step(self._where)
+        checker = self._checkers.get(len(ids))
+        if checker is None:
+            checker = self._checkers[len(ids)] = ActionChecker(self._action_space, len(ids), self._label)
+        parts = checker(actions, ids)
+        ended = self._commands.ended
+        if ended is not None and ended[ids].any():
+            asked = np.zeros_like(ended)
+            asked[ids] = True
+            self._commands.refuse_ended(ended & asked)
+        for field, part in zip(self._action_fields, parts):
+            field[ids] = part
+        self._mask[:] = False
+        self._mask[ids] = True
+        self._commands.run(CMD_STEP_SOME, "step")
+        self._commands.count_env_steps(len(ids))
+        return self._results.rows(self._results.step(), ids)
 
 
 class Answers(NamedTuple):
@@ -327,6 +387,13 @@ class ResetEncoder:
         fields["reset_global_step"][0] = global_step
         self._never_reset[mask] = False  # before the command: a reset that Ctrl-C interrupts is still done later
         self.all_reset = not self._never_reset.any()
+
+    @property
+    def never_reset(self) -> np.ndarray:
+        """Per env: whether no reset has reached it yet (read-only)."""
+        view = self._never_reset.view()
+        view.flags.writeable = False
+        return view
 
     def refuse_step(self, where: str) -> None:
         """Raises gymnasium's ``ResetNeeded`` naming the envs never reset, for a step asked before

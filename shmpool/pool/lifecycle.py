@@ -132,6 +132,7 @@ def plan_layout(config: PoolConfig, observation_leaves: Sequence[Leaf], action_l
         ("reset_options", np.uint8, (RESET_OPTION_BYTES,)),
         ("reset_options_length", np.int64, (1,)),
         ("reset_global_step", np.int64, (1,)),
+        ("step_mask", np.bool_, (n,)),
         ("info_keys", INFO_KEY_DTYPE, (w, config.info_keys)),
         ("info_values", np.uint8, (n, config.info_keys, config.info_bytes)),
         ("info_mask", np.bool_, (n, config.info_keys)),

@@ -28,7 +28,7 @@ from ..spaces import ActionChecker, leaves
 from ..system import this_pid
 from ..view import PoolView, SharedChannels
 from .batches import Batches
-from .commands import CallRouter, CommandChannel, ResetEncoder
+from .commands import CallRouter, CommandChannel, PartialSteps, ResetEncoder
 from .lifecycle import Lifecycle, Parts, plan_layout, probe_env, weak_checks
 from .results import Results
 from .waiting import Waiter
@@ -135,6 +135,7 @@ class Pool(SharedChannels, VectorEnv):
             commands = self._commands = CommandChannel(parts)
             self._resets = ResetEncoder(parts, commands.ended)
             self._call_router = CallRouter(parts, commands)
+            self._partial_steps = PartialSteps(parts, commands, self._resets, actions, self.single_action_space)
             if config.profile:
                 self._profile = PhaseProfile(fields["profile"], self._timed_calls())
             _LIVE_POOLS.add(self)
@@ -256,8 +257,10 @@ class Pool(SharedChannels, VectorEnv):
             self._profile.restart(self._commands.global_step)
         return observations, infos
 
-    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        """Steps every env with its action; returns observations, rewards, terminations, truncations, infos."""
+    def step(self, actions: Any, env_ids: Any = None) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Steps every env with its action; returns observations, rewards, terminations, truncations, infos.
+        ``env_ids``: only these envs step (a row each; python engine, no hooks) and come back in that
+        order, as in EnvPool; the others stay as they are, parameter changes waiting for their step."""
         with self._calls:
             commands = self._commands
             if not commands.usable or self._batches.in_flight:
@@ -267,15 +270,14 @@ class Pool(SharedChannels, VectorEnv):
                         f"pool {self._name!r} has async batches in flight (async_reset/send/recv): keep using "
                         f"send() and recv(), or call reset() to go back to step()"
                     )
+            if env_ids is not None:
+                return self._partial_steps.step(actions, env_ids)
             if not self._resets.all_reset:  # one attribute per step: the message only when refused
                 self._resets.refuse_step(f"pool {self._name!r}: step()")
             parts = self._check_actions(actions)
             ended = commands.ended
             if ended is not None and ended.any():
-                raise RuntimeError(
-                    f"pool {self._name!r}: the episodes of envs {np.flatnonzero(ended).tolist()} ended; with "
-                    f"autoreset_mode DISABLED, reset them with reset(options={{'reset_mask': mask}}) before stepping"
-                )
+                commands.refuse_ended(ended)
             for field, part in zip(self._action_fields, parts):
                 field[...] = part
             commands.run(CMD_STEP, "step")

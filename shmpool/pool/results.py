@@ -127,6 +127,16 @@ class Results:
         observations = arrays[0] if self._is_leaf else assemble(self._space, iter(arrays))
         return observations, rewards, terminations, truncations, infos
 
+    def rows(self, results: Any, ids: np.ndarray) -> Any:
+        """The rows ``ids`` of every array (one row per env) in ``results``, nested as they are."""
+        if isinstance(results, np.ndarray) and results.ndim and len(results) == self._num_envs:
+            return results[ids]
+        if isinstance(results, dict):
+            return {key: self.rows(value, ids) for key, value in results.items()}
+        if isinstance(results, tuple):
+            return tuple(self.rows(value, ids) for value in results)
+        return results
+
     def reset(self) -> tuple[Any, dict[str, Any]]:
         """Observations and infos of the reset just done."""
         infos: dict[str, Any] = {}
