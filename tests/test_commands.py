@@ -1,6 +1,7 @@
 """The command channel (:mod:`shmpool.pool.commands`): a command that Ctrl-C cuts short stays pending and is
 finished by the next call, each worker runs it once, so under a storm of Ctrl-Cs the workers stay in
-lockstep and the global step counts exactly the steps they took.
+lockstep and the global step counts exactly the steps they took. A partial step
+(``Pool.step(actions, env_ids)``, ``PartialSteps``) steps, syncs and counts only the envs asked.
 
 The storm runs in a subprocess: its SIGINTs go to that interpreter, not to the test run.
 """
@@ -101,3 +102,69 @@ def test_a_reset_cut_short_after_it_was_written_still_runs_with_the_launch_seed(
         reference.reset(seed=10)  # the interrupted reset, finished by the next call
         np.testing.assert_array_equal(pool.reset()[0], reference.reset()[0])
     reference.close()
+
+
+@pytest.mark.parametrize("trainer_slot", [False, True])
+def test_a_partial_step_moves_only_the_envs_asked_and_their_parameters(pool_name: str, trainer_slot: bool) -> None:
+    """The envs left out neither step, nor count a step, nor take a parameter change, until their
+    own next step; the envs asked follow their gymnasium trajectories and come back in that order."""
+    spec = {"length": shmpool.Param(0.5, low=0.1, high=2.0)}
+    singles = [gym.make("CartPole-v1") for _ in range(4)]
+    launched = shmpool.launch(
+        "CartPole-v1", 4, num_workers=2, seed=0, params=spec, trainer_slot=trainer_slot, name=pool_name
+    )
+    with launched as pool:
+        pool.reset()
+        for i, single in enumerate(singles):
+            single.reset(seed=i)
+        pool.params["length"][:] = 0.8
+        observations, rewards, _, _, infos = pool.step(np.array([1, 0]), env_ids=[3, 0])
+        np.testing.assert_array_equal(pool.applied["length"], [0.8, 0.5, 0.5, 0.8])
+        for row, (i, action) in enumerate([(3, 1), (0, 0)]):
+            set_length(singles[i], 0.8)
+            np.testing.assert_array_equal(observations[row], singles[i].step(action)[0])
+        assert rewards.shape == (2,) and infos == {}
+        assert pool.global_step == 1
+        observations = pool.step(np.ones(4, dtype=np.int64))[0]
+        np.testing.assert_array_equal(pool.applied["length"], [0.8] * 4)
+        for i, single in enumerate(singles):
+            set_length(single, 0.8)
+            np.testing.assert_array_equal(observations[i], single.step(1)[0])
+        for _ in range(200):  # episodes end for env 1 only
+            pool.step([0], env_ids=[1])
+        lengths = {record["env_id"]: record["length"] for record in pool.episodes.read()}
+        assert set(lengths) == {1}  # the others took 2 steps, far from any episode's end
+
+
+def set_length(env: gym.Env, length: float) -> None:
+    """CartPole's pole ``length``, with what its ``__init__`` derives from it (as the pool sets it)."""
+    env.unwrapped.length = length
+    env.unwrapped.polemass_length = env.unwrapped.masspole * length
+
+
+def test_a_partial_step_is_refused_where_it_cannot_run(pool_name: str) -> None:
+    with shmpool.launch("CartPole-v1", 4, num_workers=2, seed=0, name=pool_name) as pool:
+        pool.reset(options={"reset_mask": np.array([True, True, False, False])})
+        with pytest.raises(gym.error.ResetNeeded, match="never reset"):
+            pool.step([0], env_ids=[2])
+        pool.step([0, 1], env_ids=[1, 0])  # those were reset
+        with pytest.raises(ValueError, match="env ids repeat"):
+            pool.step([0, 0], env_ids=[1, 1])
+        with pytest.raises(IndexError, match="outside 0..3"):
+            pool.step([0], env_ids=[4])
+    with shmpool.launch(
+        "CartPole-v1", 4, num_workers=2, hooks=[shmpool.hooks.RewardScale(2.0)], name=pool_name
+    ) as pool:
+        pool.reset(seed=0)
+        with pytest.raises(ValueError, match="a pool with hooks steps whole slots"):
+            pool.step([0], env_ids=[2])
+        pool.step([0] * 4)  # still usable
+    autoreset = gym.vector.AutoresetMode.DISABLED
+    with shmpool.launch("CartPole-v1", 2, num_workers=2, autoreset_mode=autoreset, name=pool_name) as pool:
+        pool.reset(seed=0)
+        terminated = False
+        while not terminated:
+            terminated = pool.step([1], env_ids=[0])[2][0]
+        with pytest.raises(RuntimeError, match=r"the episodes of envs \[0\] ended"):
+            pool.step([1], env_ids=[0])
+        pool.step([1], env_ids=[1])  # env 1 did not end

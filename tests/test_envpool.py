@@ -203,8 +203,8 @@ def test_partial_resets_and_steps_are_checked_as_envpool_checks_them(pool_name: 
             env.reset(np.array([1]), options={"reset_mask": mask})
         with pytest.raises(ValueError, match="env ids repeat"):
             env.reset(np.array([2, 2]))
-        with pytest.raises(ValueError, match="env_id=\\[1, 2\\]: a synchronous pool .* steps every env at once"):
-            env.step(np.zeros(2, dtype=np.int64), np.array([1, 2]))
+        with pytest.raises(ValueError, match="env ids repeat"):
+            env.step(np.zeros(2, dtype=np.int64), np.array([1, 1]))
 
 
 def test_without_num_workers_the_batches_decide_the_workers() -> None:
@@ -262,21 +262,170 @@ def test_an_async_pool_refuses_a_partial_reset_and_closes_cleanly(pool_name: str
     env.close()  # idempotent
 
 
-@pytest.mark.parametrize("batch_size", [None, 2])
-def test_a_step_before_reset_is_refused_and_the_pool_stays_usable(batch_size: int | None) -> None:
-    """A usage mistake is refused in the trainer; it never breaks the pool as an env failure would."""
-    options = {} if batch_size is None else {"batch_size": batch_size}
-    with closing(shm_envpool.make("CartPole-v1", env_type="gymnasium", num_envs=4, seed=0, **options)) as env:
-        if batch_size is None:
-            with pytest.raises(gym.error.ResetNeeded, match="never reset"):
-                env.step(np.zeros(4, dtype=np.int64))
+@needs("envpool")
+@pytest.mark.filterwarnings("ignore:.*precision lowered by casting")  # envpool's own spaces
+@pytest.mark.parametrize("batch_size", [4, 2])
+def test_a_step_before_any_reset_resets_the_envs_as_envpool_does(pool_name: str, batch_size: int) -> None:
+    """EnvPool code steps a fresh pool: that step is the reset (gymnasium's reset observations,
+    reward 0, no flags, elapsed_step 0), sync or async, and the next one a step."""
+    import envpool
+
+    kwargs = {"num_envs": 4, "batch_size": batch_size, "seed": 7}
+    reference = envpool.make_gym("CartPole-v1", **kwargs)
+    expected, _ = gym.make_vec("CartPole-v1", 4, vectorization_mode="sync").reset(seed=7)
+    with closing(reference), shm_envpool.make_gym("CartPole-v1", **kwargs, num_workers=2, name=pool_name) as env:
+        first, reference_first = env.step(np.ones(batch_size, dtype=np.int64)), reference.step(np.ones(batch_size))
+        assert shapes(first) == shapes(reference_first)
+        for got in (first, reference_first):
+            assert not got[1].any() and not got[2].any() and not got[3].any()
+            assert not got[4]["elapsed_step"].any()
+        np.testing.assert_array_equal(first[0], expected[first[4]["env_id"]])
+        second = env.step(np.ones(batch_size, dtype=np.int64), first[4]["env_id"])
+        reference_second = reference.step(np.ones(batch_size), reference_first[4]["env_id"])
+        assert shapes(second) == shapes(reference_second)
+        if batch_size == 4:  # the second step steps them
+            for got in (second, reference_second):
+                np.testing.assert_array_equal(got[1], np.ones(4))
+                np.testing.assert_array_equal(got[4]["elapsed_step"], np.ones(4))
+
+
+@needs("envpool")
+@pytest.mark.filterwarnings("ignore:.*precision lowered by casting")  # envpool's own spaces
+def test_a_partial_synchronous_step_steps_only_those_envs_as_envpool_does(pool_name: str) -> None:
+    """``step(action, env_id)`` on a synchronous pool: the rows of those envs in that order, each
+    env following its own gymnasium trajectory; the others do not move (Tianshou's collector)."""
+    import envpool
+
+    schedule = [[2, 0], [1], None, [3, 1, 0], [0], None, [2, 3]]
+    reference = envpool.make_gym("CartPole-v1", num_envs=4, seed=0)
+    singles = [gym.make("CartPole-v1") for _ in range(4)]
+    with (
+        closing(reference),
+        shm_envpool.make_gym("CartPole-v1", num_envs=4, seed=3, num_workers=2, name=pool_name) as env,
+    ):
+        for pool in (env, reference):
+            pool.reset()
+        observations = [single.reset(seed=3 + i)[0] for i, single in enumerate(singles)]
+        for ids in schedule:
+            chosen = list(range(4)) if ids is None else ids
+            actions = np.array([(step + i) % 2 for step, i in enumerate(chosen)])
+            env_id = None if ids is None else np.array(ids)
+            got, want = env.step(actions, env_id), reference.step(actions.astype(np.int32), env_id)
+            assert shapes(got) == shapes(want)
+            np.testing.assert_array_equal(got[4]["env_id"], want[4]["env_id"])
+            np.testing.assert_array_equal(got[4]["elapsed_step"], want[4]["elapsed_step"])
+            np.testing.assert_array_equal(got[1], want[1])  # no episode ends this early
+            for row, (i, action) in enumerate(zip(chosen, actions)):
+                observations[i] = singles[i].step(int(action))[0]
+                np.testing.assert_array_equal(got[0][row], observations[i])
+        with pytest.raises(ValueError, match="env ids repeat"):
+            env.step(np.zeros(2, dtype=np.int64), np.array([1, 1]))
+
+
+def test_infos_are_the_callers_to_write(pool_name: str) -> None:
+    """Tianshou writes into ``info["env_id"]``; EnvPool's arrays are the caller's."""
+    with shm_envpool.make_gym("CartPole-v1", num_envs=4, batch_size=2, num_workers=2, name=pool_name) as env:
+        *_, info = env.reset()
+        for _ in range(4):
+            ids = info["env_id"].copy()
+            for array in (info["env_id"], info["players"]["env_id"], info["elapsed_step"]):
+                array[:] = 0  # would raise on a read-only array
+            *_, info = env.step(np.zeros(2, dtype=np.int64), ids)
+            assert sorted(info["env_id"].tolist()) in ([0, 1], [2, 3])
+
+
+def test_gymnasiums_vector_wrappers_take_it(pool_name: str) -> None:
+    with shm_envpool.make_gym("CartPole-v1", num_envs=4, num_workers=2, name=pool_name) as env:
+        assert isinstance(env, gym.vector.VectorEnv) and isinstance(env, gym.Env) and env.is_vector_env
+        assert env.single_observation_space is env.observation_space
+        assert env.single_action_space is env.action_space
+        assert env.metadata["autoreset_mode"] == gym.vector.AutoresetMode.NEXT_STEP
+        wrapped = gym.wrappers.vector.NormalizeObservation(env)
+        observations, _ = wrapped.reset(seed=0)
+        assert observations.shape == (4, 4) and abs(observations.mean()) < 1.5
+        observations, rewards, terminations, truncations, _ = wrapped.step(np.zeros(4, dtype=np.int64))
+        assert observations.shape == (4, 4) and rewards.shape == terminations.shape == truncations.shape == (4,)
+        wrapped.close()
+        assert env.closed and env.pool.closed
+
+
+@pytest.mark.parametrize(
+    "task_id", ["CartPole-v1", "Pendulum-v1", "MountainCar-v0", "MountainCarContinuous-v0", "Acrobot-v1"]
+)
+def test_seeds_decide_the_trajectories_within_the_observation_bounds(task_id: str) -> None:
+    """EnvPool's own deterministic check: two pools with one seed agree at every step, a pool with
+    another seed differs, and every observation lies within the space (episodes end and autoreset)."""
+    pools = [shm_envpool.make_gym(task_id, num_envs=4, seed=seed, num_workers=2) for seed in (0, 0, 1)]
+    space = pools[0].observation_space
+    eps = np.finfo(np.float32).eps
+    try:
+        for _ in range(300):
+            actions = np.array([space.sample() for space in [pools[0].action_space] * 4])
+            first, again, other = (pool.step(actions)[0] for pool in pools)
+            np.testing.assert_array_equal(first, again)
+            assert not np.allclose(first, other)
+            for observations in (first, other):
+                assert np.all(space.low - eps <= observations) and np.all(observations <= space.high + eps)
+    finally:
+        for pool in pools:
+            pool.close()
+
+
+@pytest.mark.parametrize("task_id", ["MountainCar-v0", "MountainCarContinuous-v0"])
+def test_one_env_steps_as_a_gymnasium_env_set_to_its_state(pool_name: str, task_id: str) -> None:
+    """EnvPool's alignment check: a gymnasium env put in the state of the pool's first reset
+    observation then steps as the pool's env does, episode by episode (step with env_id=[0])."""
+    reference = gym.make(task_id)
+    with closing(reference), shm_envpool.make_gym(task_id, name=pool_name) as env:
+        for episode in range(3):
+            reference.reset()
+            reference.action_space.seed(episode)
             observations, _ = env.reset()
-            assert observations.shape == (4, 4)
-            assert env.step(np.zeros(4, dtype=np.int64))[0].shape == (4, 4)
-        else:
-            with pytest.raises(RuntimeError, match=r"send: envs 0..1 \(worker 0\) have no results"):
-                env.send(np.zeros(2, dtype=np.int64), np.array([0, 1]))
-            env.async_reset()
-            *_, infos = env.recv()
-            env.send(np.zeros(2, dtype=np.int64), infos["env_id"])
-            assert env.recv()[0].shape == (2, 4)
+            reference.unwrapped.state = observations[0].astype(np.float64)
+            done = False
+            while not done:
+                action = reference.action_space.sample()
+                want = reference.step(action)
+                got = env.step(np.array([action]), np.array([0]))
+                np.testing.assert_allclose(got[0][0], want[0], atol=1e-4)
+                np.testing.assert_allclose(got[1][0], want[1], rtol=1e-6)
+                assert (got[2][0], got[3][0]) == (want[2], want[3])
+                done = want[2] or want[3]
+
+
+@needs("envpool")
+@pytest.mark.filterwarnings("ignore:.*precision lowered by casting")  # envpool's own spaces
+def test_spec_version_listing_and_render_as_envpool_has_them(pool_name: str) -> None:
+    import envpool
+
+    spec, reference_spec = (
+        shm_envpool.make_spec("CartPole-v1", num_envs=3),
+        envpool.make_spec("CartPole-v1", num_envs=3),
+    )
+    assert spec.config.num_envs == reference_spec.config.num_envs == 3
+    assert spec.config.max_episode_steps == reference_spec.config.max_episode_steps
+    assert spec.reward_threshold == reference_spec.reward_threshold
+    assert (
+        spec.observation_space == reference_spec.observation_space and spec.action_space == reference_spec.action_space
+    )
+    spec.id = "CartPole-v1"  # the SB3 example sets it
+    assert tuple(int(part) for part in shm_envpool.__version__.split(".")[:2]) >= (1, 2)
+    assert "CartPole-v1" in shm_envpool.list_all_envs() and "CartPole-v1" in envpool.list_all_envs()
+    with pytest.raises(ValueError, match="env_type='dm' is not supported"):
+        shm_envpool.make_dm("CartPole-v1")
+    reference = envpool.make_gym("CartPole-v1", num_envs=2, render_mode="rgb_array")
+    with (
+        closing(reference),
+        shm_envpool.make_gym("CartPole-v1", num_envs=2, render_mode="rgb_array", name=pool_name) as env,
+    ):
+        env.spec.id = "mine"
+        assert env.render_mode == reference.render_mode == "rgb_array"
+        env.reset()
+        reference.reset()
+        for env_ids in (None, np.array([0, 1])):
+            frames, reference_frames = env.render(env_ids), reference.render(env_ids)
+            assert frames.shape == reference_frames.shape and frames.dtype == reference_frames.dtype == np.uint8
+    with shm_envpool.make_gym("CartPole-v1", num_envs=2, name=pool_name) as env:
+        env.reset()
+        with pytest.raises(RuntimeError, match="render\\(\\) needs render_mode='rgb_array' or 'human'"):
+            env.render()

@@ -1,12 +1,32 @@
 """What shmpool asks of the operating system (:mod:`shmpool.system`): here, the doorbells that the
-trainer and the workers sleep on."""
+trainer and the workers sleep on, and the signal handlers a worker must not inherit."""
 
 from __future__ import annotations
 
+import helpers
 import numpy as np
 import posix_ipc
 
 import shmpool
+
+#: A trainer that registers a faulthandler dump and a Python handler on SIGTERM (absl registers the
+#: dump), then leaves its pools to be stopped at exit: each worker gets SIGTERM there.
+INHERITS_SIGTERM_HANDLERS = """
+import faulthandler, os, signal, sys
+import numpy as np
+import shmpool
+
+faulthandler.register(signal.SIGTERM, chain=True)
+signal.signal(signal.SIGTERM, lambda *_: print("the trainer's handler ran in", os.getpid()))
+
+def handlers(env):
+    return signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, faulthandler.unregister(signal.SIGTERM)
+
+pools = [shmpool.launch("CartPole-v1", 2, num_workers=2, trainer_slot=False, name=f"{sys.argv[1]}-{i}") for i in range(2)]
+for pool in pools:
+    pool.reset(seed=0)
+    print(pool.env_apply(handlers))
+"""
 
 
 def test_the_trainers_doorbell_count_stays_bounded(pool_name: str) -> None:
@@ -21,3 +41,10 @@ def test_the_trainers_doorbell_count_stays_bounded(pool_name: str) -> None:
             assert doorbell.value <= pool.num_workers
         finally:
             doorbell.close()
+
+
+def test_workers_drop_the_signal_handlers_they_inherit_and_exit_quietly(pool_name: str) -> None:
+    result = helpers.run_script(INHERITS_SIGTERM_HANDLERS, pool_name)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["[(True, False), (True, False)]"] * 2
+    assert "most recent call first" not in result.stderr and "handler ran" not in result.stdout
