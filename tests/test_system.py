@@ -22,7 +22,8 @@ signal.signal(signal.SIGTERM, lambda *_: print("the trainer's handler ran in", o
 def handlers(env):
     return signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, faulthandler.unregister(signal.SIGTERM)
 
-pools = [shmpool.launch("CartPole-v1", 2, num_workers=2, trainer_slot=False, name=f"{sys.argv[1]}-{i}") for i in range(2)]
+options = {"num_workers": 2, "trainer_slot": False}
+pools = [shmpool.launch("CartPole-v1", 2, **options, name=f"{sys.argv[1]}-{i}") for i in range(2)]
 for pool in pools:
     pool.reset(seed=0)
     print(pool.env_apply(handlers))
