@@ -51,6 +51,16 @@ ENV_TYPES = {"gymnasium": "gymnasium's API", "gym": "gymnasium's API (EnvPool 1.
 #: EnvPool's default seed.
 DEFAULT_SEED = 42
 
+#: EnvPool's keywords that a pool does not take, and what to say instead.
+REFUSED_OPTIONS = {
+    "num_threads": "say num_workers= (worker processes)",
+    "thread_affinity_offset": "workers are processes, placed by the OS",
+    "from_pixels": "gymnasium envs render when made with render_mode='rgb_array'",
+    "render_width": "a gymnasium env sets its frame size when made (env_kwargs=)",
+    "render_height": "a gymnasium env sets its frame size when made (env_kwargs=)",
+    "render_camera_id": "a gymnasium env picks its camera when made (env_kwargs=)",
+}
+
 #: What ``render_mode`` may be (EnvPool's): frames from ``render()``, or a window the envs draw.
 RENDER_MODES = (None, "rgb_array", "human")
 
@@ -359,6 +369,8 @@ def make(
         )
     if not gym_reset_return_info:
         raise ValueError(f"{task_id}: gym_reset_return_info=False: reset() always returns (observations, info)")
+    for key in launch_options.keys() & REFUSED_OPTIONS.keys():
+        raise TypeError(f"{task_id}: EnvPool's {key}= is not taken here: {REFUSED_OPTIONS[key]}")
     if render_mode not in RENDER_MODES:
         raise ValueError(f"{task_id}: render_mode={render_mode!r}; it is one of {list(RENDER_MODES)}")
     # EnvPool's API autoresets on the next step

@@ -252,6 +252,12 @@ def test_what_the_api_cannot_offer_is_refused_naming_it(options: dict[str, Any],
         shm_envpool.make("CartPole-v1", num_envs=2, **options)
 
 
+@pytest.mark.parametrize("keyword", sorted(shm_envpool.REFUSED_OPTIONS))
+def test_envpools_keywords_a_pool_does_not_take_are_refused_by_name(keyword: str) -> None:
+    with pytest.raises(TypeError, match=f"EnvPool's {keyword}= is not taken here: "):
+        shm_envpool.make_gym("CartPole-v1", num_envs=2, **{keyword: 1})
+
+
 def test_an_async_pool_refuses_a_partial_reset_and_closes_cleanly(pool_name: str) -> None:
     env = shm_envpool.make("CartPole-v1", num_envs=4, batch_size=2, num_workers=2, name=pool_name)
     with env:
