@@ -377,7 +377,7 @@ def make(
     options = fixed_options(f"shmpool.envpool ({task_id})", launch_options, autoreset_mode=AutoresetMode.NEXT_STEP)
     env_kwargs = _env_kwargs(options.pop("env_kwargs", None), max_episode_steps, render_mode)
     batch_size = batch_size or None  # EnvPool's 0: every env
-    if options.get("num_workers") is None:
+    if options.get("num_workers") is None and batch_size is not None:  # a synchronous pool: launch's placement
         options["num_workers"] = _workers_for_batches(num_envs, batch_size)
     options.setdefault("episode_statistics", False)
     options.setdefault("recv_order", "sent")

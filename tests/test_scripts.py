@@ -79,7 +79,18 @@ def test_settings_helper_types_defaults_and_errors(capsys: pytest.CaptureFixture
         assert message in capsys.readouterr().err
 
 
-SCRIPTS = ("bench", "demo", "curriculum", "robot_dr", "soak", "ppo", "envpool_loop", "rllib_ppo", "torchrl_ppo")
+SCRIPTS = (
+    "bench",
+    "demo",
+    "curriculum",
+    "robot_dr",
+    "soak",
+    "ppo",
+    "envpool_loop",
+    "rllib_ppo",
+    "torchrl_ppo",
+    "tianshou_collector",
+)
 
 #: The extras' modules each script imports (see helpers.EXTRA_OF).
 SCRIPT_NEEDS = {"demo": ("rich", "matplotlib"), "ppo": ("torch", "matplotlib"), "robot_dr": ("mujoco",)}
