@@ -852,52 +852,6 @@ def whole_loop(settings: Settings) -> None:
 # -- --ppo: CleanRL's PPO iteration, as users run it -------------------------------------------
 
 
-class PpoIteration:
-    """CleanRL's PPO on one vector env (scripts/ppo.py's agent, rollout and update; a Gaussian policy
-    for Box actions, as CleanRL's ppo_continuous_action.py; same-step autoreset, as CleanRL's layout
-    assumes): each call runs one iteration, a rollout then an update, and returns the env steps it
-    took and the seconds spent in ``step``."""
-
-    def __init__(self, envs: Any, ppo: Any) -> None:
-        self.envs, self._ppo = envs, ppo
-        self.settings = ppo.Settings(num_envs=envs.num_envs)
-        self.num_envs, observation_shape = envs.num_envs, envs.single_observation_space.shape
-        space = envs.single_action_space
-        continuous = isinstance(space, gym.spaces.Box)  # ppo.py's Gaussian policy, clipped to the bounds
-        self.agent = ppo.Agent(observation_shape[0], space.shape[0] if continuous else int(space.n), continuous)
-        self.optimizer = ppo.torch.optim.Adam(self.agent.parameters(), lr=self.settings.learning_rate, eps=1e-5)
-        shape = (self.settings.num_steps, self.num_envs)
-        zeros = ppo.torch.zeros
-        self.rollout = ppo.Rollout(
-            zeros(shape + observation_shape),
-            zeros(shape + space.shape),
-            *(zeros(shape) for _ in range(4)),
-            self.settings.gamma,
-            (space.low, space.high) if continuous else None,
-        )
-        self.stepping = 0.0
-        self.next_observations = ppo.torch.as_tensor(envs.reset(seed=0)[0], dtype=ppo.torch.float32)
-        self.next_dones = zeros(self.num_envs)
-
-    def step(self, actions: Any) -> Any:
-        """The env's step, timed."""
-        start = time.perf_counter()
-        try:
-            return self.envs.step(actions)
-        finally:
-            self.stepping += time.perf_counter() - start
-
-    def __call__(self) -> tuple[int, float]:
-        self.stepping = 0.0
-        self.next_observations, self.next_dones = self.rollout.collect(
-            self, self.agent, self.next_observations, self.next_dones
-        )
-        self._ppo.update(
-            self.agent, self.optimizer, self.rollout, self.next_observations, self.next_dones, self.settings
-        )
-        return self.settings.num_steps * self.num_envs, self.stepping
-
-
 def ppo_runners(env_id: str, num_envs: int) -> dict[str, Callable[[], Any]]:
     """The vector envs that --ppo compares, same-step autoreset each: gymnasium Sync, a default
     launch, and the numba engine where the env has a kernel."""
@@ -932,7 +886,7 @@ def ppo_loops(settings: Settings) -> None:
             print(f"PPO {env_id} x{num_envs}: {', '.join(runners)}, in turns", file=sys.stderr, flush=True)
             with ExitStack() as stack:
                 opened = {label: stack.enter_context(closing(make())) for label, make in runners.items()}
-                loops = {label: PpoIteration(envs, ppo) for label, envs in opened.items()}
+                loops = {label: ppo.PpoIteration(envs) for label, envs in opened.items()}
                 timings: dict[str, list[tuple[float, float]]] = {label: [] for label in loops}
                 for window in range(settings.windows + 1):
                     for label, iteration in loops.items():

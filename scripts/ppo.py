@@ -294,6 +294,50 @@ def update(
             optimizer.step()
 
 
+class PpoIteration:
+    """CleanRL's PPO on one vector env (the agent, rollout and update above; a Gaussian policy
+    for Box actions, as CleanRL's ppo_continuous_action.py; same-step autoreset, as CleanRL's layout
+    assumes): each call runs one iteration, a rollout then an update, and returns the env steps it
+    took and the seconds spent in ``step``."""
+
+    def __init__(self, envs: Any, settings: Settings | None = None) -> None:
+        self.envs = envs
+        self.settings = settings or Settings(num_envs=envs.num_envs)
+        self.num_envs, observation_shape = envs.num_envs, envs.single_observation_space.shape
+        space = envs.single_action_space
+        continuous = not hasattr(space, "n")  # a Box: the Gaussian policy, clipped to the bounds
+        self.agent = Agent(observation_shape[0], space.shape[0] if continuous else int(space.n), continuous)
+        self.optimizer = torch.optim.Adam(self.agent.parameters(), lr=self.settings.learning_rate, eps=1e-5)
+        shape = (self.settings.num_steps, self.num_envs)
+        zeros = torch.zeros
+        self.rollout = Rollout(
+            zeros(shape + observation_shape),
+            zeros(shape + space.shape),
+            *(zeros(shape) for _ in range(4)),
+            self.settings.gamma,
+            (space.low, space.high) if continuous else None,
+        )
+        self.stepping = 0.0
+        self.next_observations = torch.as_tensor(envs.reset(seed=self.settings.seed)[0], dtype=torch.float32)
+        self.next_dones = zeros(self.num_envs)
+
+    def step(self, actions: Any) -> Any:
+        """The env's step, timed."""
+        start = time.perf_counter()
+        try:
+            return self.envs.step(actions)
+        finally:
+            self.stepping += time.perf_counter() - start
+
+    def __call__(self) -> tuple[int, float]:
+        self.stepping = 0.0
+        self.next_observations, self.next_dones = self.rollout.collect(
+            self, self.agent, self.next_observations, self.next_dones
+        )
+        update(self.agent, self.optimizer, self.rollout, self.next_observations, self.next_dones, self.settings)
+        return self.settings.num_steps * self.num_envs, self.stepping
+
+
 def save_plot(path: str, episodes: np.ndarray, num_envs: int, env_id: str, param: str) -> str:
     """Plots each episode's return and parameter ``param`` against env steps; returns what happened."""
     try:

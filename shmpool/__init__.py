@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         WriterLockReentryError,
         WriterLockTimeoutError,
     )
+    from .evaluation import Evaluation, evaluate
     from .handle import PoolHandle, attach
     from .param_block import ParamBlock
     from .params import Param
@@ -65,6 +66,8 @@ _LAZY = {
     "ParamBlock": "param_block",
     "attach": "handle",
     "PoolHandle": "handle",
+    "evaluate": "evaluation",
+    "Evaluation": "evaluation",
 }
 
 
@@ -131,5 +134,7 @@ __all__ = [
     "WriterLockReentryError",
     "WriterLockTimeoutError",
     "attach",
+    "evaluate",
+    "Evaluation",
     "launch",
 ]

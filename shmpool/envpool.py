@@ -201,7 +201,7 @@ class EnvPoolAPI(WrappedPoolChannels, VectorEnv, gym.Env):  # type: ignore[misc]
         if everyone:
             observations, rewards, terminations, truncations, infos = self.pool.step(action)
         else:
-            observations, rewards, terminations, truncations, infos = self.pool.step(action, ids)
+            observations, rewards, terminations, truncations, infos = self.pool.step(action, env_ids=ids)
         self._count_steps(ids, terminations | truncations)
         return observations, rewards.astype(np.float32), terminations, truncations, self._info(infos, ids)
 

@@ -66,7 +66,7 @@ CONTROL_WORDS = 16
 ) = range(11)
 
 #: CALL: run the request that follows on the worker's private pipe (see ``shmpool.calls``).
-#: STEP_SOME: step only the envs flagged in ``step_mask`` (``Pool.step(actions, env_ids)``).
+#: STEP_SOME: step only the envs flagged in ``step_mask`` (``Pool.step(actions, env_ids=...)``).
 CMD_STEP, CMD_RESET, CMD_CLOSE, CMD_CALL, CMD_STEP_SOME = 1, 2, 3, 4, 5
 WORKER_STARTING, WORKER_READY, WORKER_FAILED, WORKER_CLOSED = 0, 1, 2, 3
 ERROR_BYTES = 8192

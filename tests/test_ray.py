@@ -523,3 +523,25 @@ def test_events_env_apply_global_step_and_state_dict_go_through_the_nodes(pool_n
             fleet.load_state_dict({**state, "nodes": state["nodes"][:1]})
         with pytest.raises(ValueError, match="not a cluster pool state"):
             fleet.load_state_dict(state["nodes"][0])
+
+
+def test_evaluate_on_a_cluster_pool_gives_the_local_result(pool_name: str) -> None:
+    def policy(observations: np.ndarray) -> np.ndarray:
+        return (observations[:, 2] > 0).astype(np.int64)
+
+    grid = {"length": [0.4, 1.0], "masspole": [0.1, 0.2]}
+    on_cluster = shmpool.evaluate(
+        "CartPole-v1",
+        policy,
+        grid=grid,
+        episodes=2,
+        seed=4,
+        launch=shmpool.ray.launch,
+        name=pool_name,
+        num_workers=1,
+        progress=False,
+    )
+    local = shmpool.evaluate("CartPole-v1", policy, grid=grid, episodes=2, seed=4, num_workers=2, progress=False)
+    assert on_cluster.cells == local.cells
+    np.testing.assert_array_equal(on_cluster.returns, local.returns)
+    np.testing.assert_array_equal(on_cluster.lengths, local.lengths)

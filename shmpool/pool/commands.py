@@ -167,7 +167,7 @@ class CommandChannel:
 
 
 class PartialSteps:
-    """The steps of some envs of a synchronous pool (``Pool.step(actions, env_ids)``): only those
+    """The steps of some envs of a synchronous pool (``Pool.step(actions, env_ids=...)``): only those
     envs step, sync their parameters and count; they come back in the order asked."""
 
     def __init__(

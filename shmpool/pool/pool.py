@@ -18,6 +18,7 @@ from gymnasium.vector.utils import batch_differing_spaces, batch_space
 from ..calls import Request
 from ..config import EnvSpec, PoolConfig
 from ..errors import ForeignProcessError, PoolClosedError, ShmpoolError, StepSentInterrupt
+from ..interfaces import StepResult
 from ..interrupts import interrupts_deferred
 from ..layout import CMD_RESET, CMD_STEP
 from ..params import Param
@@ -257,10 +258,9 @@ class Pool(SharedChannels, VectorEnv):
             self._profile.restart(self._commands.global_step)
         return observations, infos
 
-    def step(self, actions: Any, env_ids: Any = None) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+    def step(self, actions: Any, *, env_ids: Any = None) -> StepResult:
         """Steps every env with its action; returns observations, rewards, terminations, truncations, infos.
-        ``env_ids``: only these envs step (a row each; python engine, no hooks) and come back in that
-        order, as in EnvPool; the others stay as they are, parameter changes waiting for their step."""
+        ``env_ids``: only those envs step, a row each, and come back in that order (see PartialSteps)."""
         with self._calls:
             commands = self._commands
             if not commands.usable or self._batches.in_flight:

@@ -1,0 +1,220 @@
+"""``shmpool.evaluate`` (:mod:`shmpool.evaluation`): a policy over a grid or samples of parameter
+cells, each episode reproducible from its seed, checked against a ``SyncVectorEnv`` loop by hand."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from helpers import ENGINES, needs
+
+import shmpool
+
+
+def lean_policy(observations: np.ndarray) -> np.ndarray:
+    """Pushes toward the pole's lean: episodes of tens of steps, longer for longer poles."""
+    return (observations[:, 2] > 0).astype(np.int64)
+
+
+def by_hand(cells: list[dict[str, Any]], episodes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each cell's episodes in a ``SyncVectorEnv`` of its own, one env per episode, reset with the
+    seeds ``evaluate`` promises; an env's first episode is the one recorded."""
+    returns = np.zeros((len(cells), episodes))
+    lengths = np.zeros((len(cells), episodes), dtype=np.int64)
+    for i, cell in enumerate(cells):
+        envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * episodes)
+        for env in envs.envs:
+            for name, value in cell.items():
+                setattr(env.unwrapped, name, value)
+            cartpole = env.unwrapped
+            cartpole.total_mass = cartpole.masspole + cartpole.masscart  # what __init__ derives
+            cartpole.polemass_length = cartpole.masspole * cartpole.length
+        observations, _ = envs.reset(seed=[seed + i * episodes + j for j in range(episodes)])
+        running, steps = np.zeros(episodes), np.zeros(episodes, dtype=np.int64)
+        done = np.zeros(episodes, dtype=bool)
+        while not done.all():
+            observations, rewards, terminations, truncations, _ = envs.step(lean_policy(observations))
+            running += np.where(done, 0.0, rewards)
+            steps += ~done
+            done |= terminations | truncations
+        returns[i], lengths[i] = running, steps
+        envs.close()
+    return returns, lengths
+
+
+GRID = {"length": [0.3, 0.6, 1.2], "masspole": [0.05, 0.2]}
+
+
+@pytest.mark.parametrize(
+    ("num_envs", "num_workers", "engine"),
+    [(None, 2, "python"), (5, 1, "python"), pytest.param(4, 2, "numba", marks=ENGINES[1].marks)],
+)
+def test_a_grid_gives_what_a_hand_written_loop_gives_whatever_the_pool(
+    num_envs: int | None, num_workers: int, engine: Any
+) -> None:
+    evaluation = shmpool.evaluate(
+        "CartPole-v1",
+        lean_policy,
+        grid=GRID,
+        episodes=3,
+        seed=5,
+        num_envs=num_envs,
+        num_workers=num_workers,
+        engine=engine,
+        progress=False,
+    )
+    assert evaluation.cells == [
+        {"length": length, "masspole": mass} for length in GRID["length"] for mass in GRID["masspole"]
+    ]
+    returns, lengths = by_hand(evaluation.cells, 3, 5)
+    np.testing.assert_array_equal(evaluation.returns, returns)
+    np.testing.assert_array_equal(evaluation.lengths, lengths)
+    assert evaluation.returns[-1].mean() > 2 * evaluation.returns[0].mean()  # longer poles last longer
+
+
+def test_samples_are_drawn_within_the_bounds_from_the_seed() -> None:
+    params = {"length": shmpool.Param(low=0.2, high=1.5), "masspole": shmpool.Param(low=0.05, high=0.5)}
+    runs = [
+        shmpool.evaluate(
+            "CartPole-v1", lean_policy, samples=4, episodes=2, seed=seed, params=params, num_workers=2, progress=False
+        )
+        for seed in (1, 1, 2)
+    ]
+    first, again, other = runs
+    assert len(first.cells) == 4 and first.returns.shape == (4, 2) and not first.from_grid
+    assert first.cells == again.cells and first.cells != other.cells
+    np.testing.assert_array_equal(first.returns, again.returns)
+    for cell in first.cells + other.cells:
+        assert 0.2 <= cell["length"] <= 1.5 and 0.05 <= cell["masspole"] <= 0.5
+    np.testing.assert_array_equal(first.returns, by_hand(first.cells, 2, 1)[0])
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({}, ValueError, "give either grid= .* or samples="),
+        ({"grid": GRID, "samples": 3}, ValueError, "not both"),
+        ({"grid": {"length": []}}, ValueError, "non-empty list"),
+        ({"grid": {"length": [0.5]}, "episodes": 0}, ValueError, "episodes must be a positive int"),
+        (
+            {"grid": {"length": [0.5]}, "seed": 3, "num_workers": 1, "autoreset_mode": "SameStep"},
+            TypeError,
+            "evaluate sets",
+        ),
+        (
+            {"grid": {"length": [5.0]}, "params": {"length": shmpool.Param(low=0.1, high=2.0)}},
+            ValueError,
+            r"grid value length=5.0 is outside the parameter's \[0.1, 2.0\]",
+        ),
+        ({"grid": {"mass": [1.0]}, "params": {"length": shmpool.Param()}}, KeyError, "grid names \\['mass'\\]"),
+        ({"samples": 2}, ValueError, "pass params="),
+        ({"samples": 2, "params": {"length": shmpool.Param()}}, ValueError, "finite low and high; 'length'"),
+    ],
+)
+def test_mistakes_are_refused_before_anything_runs(options: dict[str, Any], error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        shmpool.evaluate("CartPole-v1", lean_policy, progress=False, **options)
+
+
+def test_a_grid_key_the_env_lacks_is_refused_as_launch_refuses_it() -> None:
+    with pytest.raises(Exception, match="lenght") as refused:
+        shmpool.evaluate("CartPole-v1", lean_policy, grid={"lenght": [0.5]}, num_workers=1, progress=False)
+    with pytest.raises(type(refused.value), match="lenght"):
+        shmpool.launch("CartPole-v1", 1, num_workers=1, params={"lenght": shmpool.Param(None, bind="lenght")})
+
+
+@needs("matplotlib")
+def test_table_csv_and_plots(tmp_path: Path) -> None:
+    evaluation = shmpool.evaluate(
+        "CartPole-v1", lean_policy, grid=GRID, episodes=2, seed=0, num_workers=2, progress=True
+    )
+    table = evaluation.table()
+    assert [(row["length"], row["masspole"]) for row in table] == [tuple(cell.values()) for cell in evaluation.cells]
+    for row, returns in zip(table, evaluation.returns):
+        assert (row["mean"], row["std"], row["min"], row["max"]) == (
+            returns.mean(),
+            returns.std(),
+            returns.min(),
+            returns.max(),
+        )
+    evaluation.to_csv(tmp_path / "grid.csv")
+    with open(tmp_path / "grid.csv") as file:
+        rows = list(csv.DictReader(file))
+    assert list(rows[0]) == ["length", "masspole", "mean", "std", "min", "max"]
+    assert [float(row["mean"]) for row in rows] == [row["mean"] for row in table]
+    evaluation.plot(tmp_path / "heatmap.png")
+    assert (tmp_path / "heatmap.png").stat().st_size > 10_000
+    one = shmpool.evaluate(
+        "CartPole-v1", lean_policy, grid={"length": [0.3, 1.0]}, episodes=2, num_workers=1, progress=False
+    )
+    one.plot(tmp_path / "line.png")
+    assert (tmp_path / "line.png").stat().st_size > 10_000
+    three = shmpool.Evaluation([{"a": 1, "b": 2, "c": 3}], np.zeros((1, 1)), np.zeros((1, 1), dtype=np.int64))
+    with pytest.raises(ValueError, match="plot draws one or two parameters; these cells vary 3"):
+        three.plot()
+
+
+@pytest.mark.parametrize(
+    ("policy", "error", "message"),
+    [
+        (
+            lambda observations: np.zeros((len(observations), 2), np.int64),
+            ValueError,
+            r"shape \(4, 2\) for 4 observations",
+        ),
+        (lambda observations: np.zeros(len(observations)), TypeError, "dtype float64; Discrete\\(2\\)"),
+    ],
+)
+def test_a_policy_returning_the_wrong_shape_or_dtype_is_named(policy: Any, error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        shmpool.evaluate("CartPole-v1", policy, grid={"length": [0.5]}, episodes=4, num_workers=1, progress=False)
+
+
+def cheetah_policy(observations: np.ndarray) -> np.ndarray:
+    """A deterministic gait from each observation alone."""
+    return np.tanh(observations[:, 2:8]).astype(np.float32)
+
+
+@needs("mujoco")
+@pytest.mark.parametrize("engine", ["python", "mujoco"])
+def test_halfcheetah_cells_of_mass_and_friction_equal_gymnasiums_by_hand(engine: str) -> None:
+    import mujoco
+
+    from shmpool import mujoco as smj
+
+    params = {
+        "mass": shmpool.Param(None, bind=smj.body_mass("torso")),
+        "friction": shmpool.Param(None, bind=smj.geom_friction("floor")),
+    }
+    grid = {"mass": [4.0, 9.0], "friction": [0.3, 1.2]}
+    evaluation = shmpool.evaluate(
+        "HalfCheetah-v5",
+        cheetah_policy,
+        grid=grid,
+        episodes=2,
+        seed=3,
+        params=params,
+        engine=engine,
+        num_workers=2,
+        env_kwargs={"max_episode_steps": 40},
+        progress=False,
+    )
+    for i, cell in enumerate(evaluation.cells):
+        for j in range(2):
+            env = gym.make("HalfCheetah-v5", max_episode_steps=40)
+            model = env.unwrapped.model
+            model.body("torso").mass[0] = cell["mass"]
+            model.geom("floor").friction[0] = cell["friction"]
+            mujoco.mj_setConst(model, mujoco.MjData(model))  # what body_mass does after each change
+            observation, _ = env.reset(seed=3 + i * 2 + j)
+            total, done = 0.0, False
+            while not done:
+                observation, reward, terminated, truncated, _ = env.step(cheetah_policy(observation[None])[0])
+                total += reward
+                done = terminated or truncated
+            assert evaluation.returns[i, j] == total and evaluation.lengths[i, j] == 40
+            env.close()
