@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .params import Binder, Param, ParamSpec, applied_dtype, block_dtype, problem, show
+from .params import Binder, Param, ParamSpec, applied_dtype, block_dtype, did_you_mean, problem, show
 
 _TOKEN = re.compile(r"\.?([A-Za-z_][A-Za-z0-9_]*)|\[(-?\d+)\]")
 
@@ -62,9 +62,10 @@ class Binding:
                 target = target[token] if isinstance(token, int) else getattr(target, token)
             except (AttributeError, IndexError, KeyError, TypeError) as exc:
                 where = "".join(f"[{t}]" if isinstance(t, int) else f".{t}" for t in self._tokens[: depth + 1])
+                known = [key for key in dir(target) if not key.startswith("__")] if isinstance(token, str) else []
                 raise AttributeError(
-                    f"params[{spec.name!r}]: {env_label} ({type(self._root).__name__}) has no {where.lstrip('.')!r} "
-                    f"(bind path {path!r}); shmpool never creates attributes"
+                    f"params[{spec.name!r}]: {env_label} ({type(self._root).__name__}) has no {where.lstrip('.')!r}"
+                    f"{did_you_mean(str(token), known)} (bind path {path!r}); shmpool never creates attributes"
                 ) from exc
         if len(self._tokens) == 1 and not spec.shape:
             self._simple = str(self._tokens[0])

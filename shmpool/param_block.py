@@ -26,8 +26,10 @@ from .params import (
     applied_dtype,
     bad_rows,
     block_dtype,
+    did_you_mean,
     problem,
     show,
+    unknown_parameter,
 )
 from .protocol import Seqlock, WriterLock
 
@@ -108,10 +110,26 @@ class ParamBlock:
         try:
             return self._block[name]
         except (KeyError, ValueError):
-            raise KeyError(f"no parameter {name!r}; the pool has {self.names}") from None
+            raise unknown_parameter(name, self.names) from None
 
     def __setitem__(self, name: str, value: Any) -> None:
         self[name][...] = value
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_") or name == "specs":  # the block's own state, set by __init__
+            object.__setattr__(self, name, value)
+            return
+        hint = "" if name in self.specs else did_you_mean(name, self.names)
+        raise AttributeError(
+            f"params.{name} = ... writes no parameter: say params[{name!r}][env_ids] = value, or "
+            f"params.write(None, {name}=value) for every env{hint}"
+        )
+
+    def __getattr__(self, name: str) -> Any:  # only for names that are not attributes
+        if name.startswith("_") or name == "specs":
+            raise AttributeError(name)
+        where = f"; read params[{name!r}]" if name in self.specs else did_you_mean(name, self.names)
+        raise AttributeError(f"ParamBlock has no attribute {name!r}{where}")
 
     def __repr__(self) -> str:
         return f"ParamBlock({self.names}, num_envs={len(self)})"
@@ -239,7 +257,7 @@ def named_specs(specs: Mapping[str, ParamSpec], names: Iterable[str]) -> list[Pa
     for name in names:
         spec = specs.get(name)
         if spec is None:
-            raise KeyError(f"no parameter {name!r}; the pool has {list(specs)}")
+            raise unknown_parameter(name, list(specs))
         found.append(spec)
     return found
 

@@ -292,6 +292,19 @@ def problem(spec: ParamSpec, value: Any) -> str | None:
     return next((reason for reason, fails in _rules(spec) if fails(rows)[0]), None)
 
 
+def did_you_mean(name: str, names: Sequence[str]) -> str:
+    """`` (did you mean 'x'?)`` for the names closest to a mistyped ``name``, or ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(name, [str(other) for other in names], n=3, cutoff=0.6)
+    return f" (did you mean {' or '.join(repr(other) for other in close)}?)" if close else ""
+
+
+def unknown_parameter(name: str, names: Sequence[str]) -> KeyError:
+    """The error for a parameter ``name`` that the pool does not declare (``names``)."""
+    return KeyError(f"no parameter {name!r}{did_you_mean(name, names)}; the pool has {list(names)}")
+
+
 def show(value: Any) -> str:
     """A short text for a value or a record of distribution arguments, for messages."""
     if isinstance(value, np.void) and value.dtype.names:

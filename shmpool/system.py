@@ -12,7 +12,6 @@ created first and unlinked last, so a semaphore whose segment is gone is a lefto
 from __future__ import annotations
 
 import ctypes
-import faulthandler
 import mmap
 import os
 import re
@@ -490,24 +489,6 @@ def ignore_interrupts() -> None:
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-
-
-def drop_inherited_signal_handlers() -> None:
-    """Restores the default action of every signal that a handler inherited from the forking
-    process catches: a Python handler (the trainer's own ``SIGTERM`` handler, say) or a
-    ``faulthandler.register`` dump (absl registers one on ``SIGTERM``). Those are the trainer's:
-    in a worker they would run the trainer's code, or print a stack dump each time a failed pool
-    stops its workers. The crash handlers of ``faulthandler.enable`` are left alone."""
-    for signum in signal.valid_signals():
-        try:
-            faulthandler.unregister(signum)
-        except (RuntimeError, ValueError, OSError):  # enable()'s own signals, or none that can be
-            pass
-        try:
-            if callable(signal.getsignal(signum)):
-                signal.signal(signum, signal.SIG_DFL)
-        except (ValueError, OSError, TypeError):  # SIGKILL, SIGSTOP and the like
-            pass
 
 
 def monotonic() -> float:

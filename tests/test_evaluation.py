@@ -129,6 +129,8 @@ def test_a_grid_key_the_env_lacks_is_refused_as_launch_refuses_it() -> None:
 
 @needs("matplotlib")
 def test_table_csv_and_plots(tmp_path: Path) -> None:
+    import matplotlib.image
+
     evaluation = shmpool.evaluate(
         "CartPole-v1", lean_policy, grid=GRID, episodes=2, seed=0, num_workers=2, progress=True
     )
@@ -147,7 +149,10 @@ def test_table_csv_and_plots(tmp_path: Path) -> None:
     assert list(rows[0]) == ["length", "masspole", "mean", "std", "min", "max"]
     assert [float(row["mean"]) for row in rows] == [row["mean"] for row in table]
     evaluation.plot(tmp_path / "heatmap.png")
-    assert (tmp_path / "heatmap.png").stat().st_size > 10_000
+    image = matplotlib.image.imread(tmp_path / "heatmap.png")[..., :3]
+    assert image.shape[0] > 300 and image.shape[1] > 400 and image.std() > 0.1  # drawn, not blank
+    colours = {tuple(pixel) for pixel in (image * 255).astype(np.uint8).reshape(-1, 3)[::7].tolist()}
+    assert len(colours) > 20  # the six cells' colours, the colour bar's ramp and the annotations
     one = shmpool.evaluate(
         "CartPole-v1", lean_policy, grid={"length": [0.3, 1.0]}, episodes=2, num_workers=1, progress=False
     )

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 import helpers
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,10 +91,16 @@ SCRIPTS = (
     "rllib_ppo",
     "torchrl_ppo",
     "tianshou_collector",
+    "dr_study",
 )
 
 #: The extras' modules each script imports (see helpers.EXTRA_OF).
-SCRIPT_NEEDS = {"demo": ("rich", "matplotlib"), "ppo": ("torch", "matplotlib"), "robot_dr": ("mujoco",)}
+SCRIPT_NEEDS = {
+    "demo": ("rich", "matplotlib"),
+    "ppo": ("torch", "matplotlib"),
+    "robot_dr": ("mujoco",),
+    "dr_study": ("torch", "matplotlib", "mujoco"),
+}
 
 
 @pytest.mark.parametrize(
@@ -310,6 +317,28 @@ def run_quick(script: str, timeout: float = 180.0) -> list[str]:
     )
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout.splitlines()
+
+
+@helpers.needs(*SCRIPT_NEEDS["dr_study"])
+def test_dr_study_quick_trains_twice_and_compares_both_on_one_grid(tmp_path: Path) -> None:
+    plot = tmp_path / "study.png"
+    result = subprocess.run(
+        [sys.executable, "scripts/dr_study.py", "--quick", "--plot", str(plot)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert [line.split()[1] for line in lines if line.startswith("trained")] == ["nominal", "randomized"]
+    tables = [i for i, line in enumerate(lines) if "mean return per cell" in line]
+    assert len(tables) == 2
+    for start in tables:
+        assert lines[start + 1].split() == ["mass", "x0.25", "x2"]
+        for row in lines[start + 2 : start + 4]:
+            assert len(row.split()) == 3 and all(np.isfinite(float(value)) for value in row.split()[1:])
+    assert plot.stat().st_size > 10_000 and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_envpool_loop_quick_lengthens_the_poles_it_receives() -> None:

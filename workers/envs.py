@@ -136,9 +136,9 @@ class Slot:
 
         Envs whose previous step ended an episode (next-step autoreset) or that a hook asked to
         reset are reset instead. Hooks see the results before the episode accounting, so their
-        changes to rewards and terminations count. ``rows``: a partial step (``Pool.step(actions,
-        env_ids)``, which the trainer allows without hooks), where only the envs at these rows
-        step, sync their parameters and count; the others stay exactly as they are.
+        changes to rewards and terminations count. ``rows``: a partial step
+        (``Pool.step(actions, env_ids=...)``, which the trainer allows without hooks), where only
+        the envs at these rows step, sync their parameters and count; the others stay as they are.
         """
         info, params, hooks = self._info, self._params, self.hooks
         info.begin()

@@ -48,7 +48,6 @@ from shmpool.system import (
     ProcessWatch,
     Segment,
     doorbell_file,
-    drop_inherited_signal_handlers,
     file_identity,
     ignore_interrupts,
     segment_file,
@@ -84,10 +83,10 @@ def run(config: WorkerConfig, call_pipe: Any, fault_pipe: Any) -> None:
     """Runs one worker until the trainer closes the pool or dies; ``call_pipe`` is this worker's end
     of its private pipe for control calls (``shmpool.calls``), ``fault_pipe`` the write end of
     the pipe where a crash in native code leaves the worker's Python stack for the trainer."""
+    drop_inherited_signal_handlers()  # the trainer's handlers are not this process's to run
     # A segmentation fault or abort kills the worker before any except clause runs: faulthandler,
     # from its signal handler, is what can still tell the trainer where each thread was.
     # Non-blocking: a dump larger than the pipe is cut short instead of blocking the dying worker.
-    drop_inherited_signal_handlers()
     os.set_blocking(fault_pipe.fileno(), False)
     faulthandler.enable(file=fault_pipe.fileno(), all_threads=True)
     # A forked worker starts with the collector off (Lifecycle.start_workers): what it inherited is
@@ -167,6 +166,24 @@ def remove_pool_files(owned: dict[str, FileIdentity]) -> None:
     """Unlinks the files in ``owned`` (doorbells, then the segment) that are still the ones recorded."""
     for path, identity in owned.items():
         unlink_if_same(path, identity)
+
+
+def drop_inherited_signal_handlers() -> None:
+    """Restores the default action of every signal that a handler inherited from the forking
+    process catches: a Python handler (the trainer's own ``SIGTERM`` handler, say) or a
+    ``faulthandler.register`` dump (absl registers one on ``SIGTERM``). Those are the trainer's:
+    in a worker they would run the trainer's code, or print a stack dump each time a failed pool
+    stops its workers. The crash handlers of ``faulthandler.enable`` are left alone."""
+    for signum in signal.valid_signals():
+        try:
+            faulthandler.unregister(signum)
+        except (RuntimeError, ValueError, OSError):  # enable()'s own signals, or none that can be
+            pass
+        try:
+            if callable(signal.getsignal(signum)):
+                signal.signal(signum, signal.SIG_DFL)
+        except (ValueError, OSError, TypeError):  # SIGKILL, SIGSTOP and the like
+            pass
 
 
 def _keep_helper_fds_from_children() -> None:

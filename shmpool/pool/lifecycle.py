@@ -43,6 +43,7 @@ from ..layout import (
     command_word,
     header_words,
 )
+from ..main_script import by_name_from_main
 from ..params import REFUSAL_TEXT_DTYPE, applied_dtype, block_dtype, constructor_defaults
 from ..profiling import WORKER_PHASES
 from ..protocol import WRITERS_WORDS, init_writer_mutex
@@ -264,11 +265,12 @@ class Lifecycle:
         local_config = None
         try:
             for worker_id, slot in enumerate(config.slots):
+                factory: Any = config.env[slice(*slot)] if isinstance(config.env, tuple) else config.env
                 worker_config = WorkerConfig(
                     pool_name=self.name,
                     worker_id=worker_id,
                     env_ids=slot,
-                    env_factory=config.env[slice(*slot)] if isinstance(config.env, tuple) else config.env,  # type: ignore[arg-type]
+                    env_factory=factory if forking else by_name_from_main(factory),
                     env_kwargs=dict(config.env_kwargs or {}),
                     env_label=config.env_label,
                     autoreset_mode=config.autoreset_mode,  # type: ignore[arg-type]

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from shmpool.param_block import env_rows, named_specs, validate
-from shmpool.params import ParamSpec
+from shmpool.params import ParamSpec, unknown_parameter
 
 from .fleet import _Fleet
 
@@ -57,7 +57,7 @@ class ClusterParams:
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self.specs:
-            raise KeyError(f"no parameter {name!r}; the pool has {self.names}")
+            raise unknown_parameter(name, self.names)
         return self.snapshot()[name]
 
     def __setitem__(self, name: str, value: Any) -> None:
