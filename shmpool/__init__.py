@@ -3,7 +3,7 @@
 ``import shmpool`` is cheap: it starts nothing, prints nothing and imports nothing heavy; each public
 name (the pool machinery with numpy, gymnasium and multiprocess, the errors) is imported on first use.
 
-Example:
+Examples:
     >>> import shmpool
     >>> with shmpool.launch("CartPole-v1", num_envs=8, num_workers=2, seed=0) as pool:
     ...     observations, infos = pool.reset()

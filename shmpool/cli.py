@@ -255,18 +255,31 @@ def _positive_seconds(text: str) -> float:
     return seconds
 
 
+#: What ``shmpool --help`` says above its commands (the module docstring without its markup).
+DESCRIPTION = __doc__.replace("``", "")  # type: ignore[union-attr]
+#: Each command's one line, shown in the command list and atop its own --help.
+COMMANDS = {
+    "ls": "list this user's pools (live, stale, or unknown: owner in another pid namespace)",
+    "show": "a pool's parameters, applied values and recent episodes per env",
+    "set": "write parameters: PARAM=VALUE or PARAM.ARG=VALUE (validated)",
+    "watch": "a live view of a pool: steps/s, returns, parameter ranges",
+    "gc": "remove shared memory left by pools whose owner process is dead",
+}
+NAME_HELP = "the pool's name, as shmpool ls lists it"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the command line; returns the exit status."""
     parser = argparse.ArgumentParser(
-        prog="shmpool", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="shmpool", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("ls", help="list this user's pools (live, stale, or unknown: owner in another pid namespace)")
-    show = commands.add_parser("show", help="a pool's parameters, applied values and recent episodes per env")
-    show.add_argument("name")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parsers = {name: commands.add_parser(name, help=line, description=line) for name, line in COMMANDS.items()}
+    show = parsers["show"]
+    show.add_argument("name", help=NAME_HELP)
     show.add_argument("--recent", type=_positive_int, default=10, help="episodes per env to average")
-    setter = commands.add_parser("set", help="write parameters: PARAM=VALUE or PARAM.ARG=VALUE (validated)")
-    setter.add_argument("name")
+    setter = parsers["set"]
+    setter.add_argument("name", help=NAME_HELP)
     setter.add_argument(
         "assignments",
         nargs="+",
@@ -275,11 +288,10 @@ def main(argv: list[str] | None = None) -> int:
         "distribution's argument (masscart.low=0.5)",
     )
     setter.add_argument("--envs", metavar="IDS", help=ENVS_HELP)
-    watch = commands.add_parser("watch", help="a live view of a pool")
-    watch.add_argument("name")
+    watch = parsers["watch"]
+    watch.add_argument("name", help=NAME_HELP)
     watch.add_argument("--interval", type=_positive_seconds, default=1.0, help="seconds between refreshes")
     watch.add_argument("--count", type=_positive_int, help="stop after this many refreshes")
-    commands.add_parser("gc", help="remove shared memory left by pools whose owner process is dead")
     arguments = parser.parse_args(argv)
     try:
         if arguments.command == "ls":
@@ -294,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(f"removed {name}" for name in removed) if removed else "nothing to remove")
         return 0
     except (ShmpoolError, ValueError, KeyError, PermissionError) as exc:
-        print(f"shmpool {arguments.command}: {exc}", file=sys.stderr)
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # a KeyError's str() adds quotes
+        print(f"shmpool {arguments.command}: {message}", file=sys.stderr)
         return 2
 
 

@@ -10,7 +10,7 @@ same seeds and actions, every env follows what gymnasium's ``SyncVectorEnv`` giv
 Every name of EnvPool's API, and what differs here: the EnvPool guide's compatibility table
 (``docs/guides/envpool.md``).
 
-Example:
+Examples:
     >>> import numpy as np
     >>> import shmpool.envpool as envpool   # was: import envpool
     >>> env = envpool.make("CartPole-v1", env_type="gymnasium", num_envs=4, batch_size=2, num_workers=2)

@@ -14,7 +14,7 @@ import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -55,13 +55,21 @@ class Evaluation:
             for cell, row in zip(self.cells, self.returns)
         ]
 
-    def to_csv(self, path: str | Path) -> None:
-        """Writes ``table()`` to ``path`` as CSV, with a header row."""
+    def to_csv(self, path: str | Path | IO[str]) -> None:
+        """Writes ``table()`` as CSV, with a header row, to the file at ``path`` (or to an open text
+        stream, such as ``sys.stdout``)."""
         rows = self.table()
-        with open(path, "w", newline="") as file:
-            writer = csv.DictWriter(file, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        if hasattr(path, "write"):
+            self._write_csv(path, rows)  # type: ignore[arg-type]
+            return
+        with open(path, "w", newline="") as file:  # type: ignore[arg-type]
+            self._write_csv(file, rows)
+
+    @staticmethod
+    def _write_csv(stream: IO[str], rows: list[dict[str, Any]]) -> None:
+        writer = csv.DictWriter(stream, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
 
     def plot(
         self, path: str | Path | None = None, *, ax: Any = None, vmin: float | None = None, vmax: float | None = None

@@ -97,7 +97,7 @@ def attach(name: str, *, wait: float | None = None) -> PoolHandle:
     or is damaged in any way, and ``PermissionError`` for another user's pool. Nothing in the segment
     is unpickled.
 
-    Example:
+    Examples:
         >>> import shmpool
         >>> with shmpool.launch("CartPole-v1", 4, params={"length": shmpool.Param()}) as pool:
         ...     with shmpool.attach(pool.name) as handle:

@@ -149,7 +149,7 @@ class ParamBlock:
         that a killed writer left half done uses up a number when the next writer rolls it back).
         A write of no env writes nothing and returns the current version.
 
-        Example:
+        Examples:
             >>> import shmpool
             >>> with shmpool.launch("CartPole-v1", 4, params={"length": shmpool.Param()}) as pool:
             ...     first = pool.params.write([0, 1], length=0.8)

@@ -65,7 +65,7 @@ class Param:
             distribution's arguments per env and a value is drawn at each reset of the env (each
             step with ``when="step"``).
 
-    Example:
+    Examples:
         >>> import shmpool
         >>> spec = {"length": shmpool.Param(low=0.1, high=2.0), "gravity": shmpool.Param(9.8, when="reset")}
     """

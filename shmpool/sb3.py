@@ -5,7 +5,7 @@ convention: a finished env is reset within the step, its last observation goes t
 ``info["terminal_observation"]`` and its reset info to ``venv.reset_infos``. ``venv.pool`` is the
 ``shmpool.Pool`` itself, for its parameters, events and episode records.
 
-Example:
+Examples:
     >>> from stable_baselines3.common.env_util import make_vec_env
     >>> from shmpool.sb3 import ShmpoolVecEnv
     >>> venv = make_vec_env("CartPole-v1", n_envs=4, seed=0, vec_env_cls=ShmpoolVecEnv,

@@ -5,7 +5,7 @@ with gymnasium's ``DISABLED`` autoreset, the mode TorchRL prefers: TorchRL reset
 finished through ``reset_mask``, and sees every final observation. What it adds are the pool's live
 parameters: ``env.params``, ``env.applied``, ``env.episodes``, ``env.events``, and ``env.pool``.
 
-Example:
+Examples:
     >>> import shmpool
     >>> from shmpool.torchrl import ShmpoolEnv
     >>> env = ShmpoolEnv("CartPole-v1", 4, num_workers=2, params={"length": shmpool.Param(0.5, low=0.1, high=2.0)})

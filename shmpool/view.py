@@ -176,7 +176,7 @@ class SharedChannels:
         the parameter block (distribution arguments included), each env's episode index, the draw seed
         and a schema (see ``shmpool.checkpoints``). Env internals and hook streams are not in it.
 
-        Example:
+        Examples:
             >>> import pickle, shmpool
             >>> spec = {"length": shmpool.Param(dist="uniform", low=0.1, high=2.0, when="reset")}
             >>> with shmpool.launch("CartPole-v1", 4, params=spec, seed=0) as pool:

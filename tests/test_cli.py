@@ -29,6 +29,9 @@ def test_cli_show_set_watch_against_a_live_pool(engine: str, pool_name: str) -> 
         assert written.returncode == 0, written.stderr
         assert pool.params["length"].tolist() == [0.5, 0.8, 0.8, 0.5]
         assert pool.params["masscart"]["high"].tolist() == [2.0, 1.5, 1.5, 2.0]
+        typo = helpers.shmpool_cli("set", pool_name, "lenght=0.8")
+        assert typo.returncode == 2
+        assert typo.stderr.startswith("shmpool set: no parameter 'lenght' (did you mean 'length'?)"), typo.stderr
         refused = helpers.shmpool_cli("set", pool_name, "length=9")
         assert refused.returncode == 2 and "params['length'][0] = 9.0 rejected: outside [0.1, 2.0]" in refused.stderr
         ordered = helpers.shmpool_cli("set", pool_name, "length=0.3,0.2", "--envs", "3,1")
@@ -92,3 +95,19 @@ def test_cli_refuses_bad_numbers_before_doing_anything(pool_name: str) -> None:
             refused = helpers.shmpool_cli(command, pool_name, *arguments)
             assert refused.returncode == 2 and message in refused.stderr, (arguments, refused.stderr)
             assert refused.stdout == "" and time.monotonic() - started < 20
+
+
+def test_every_command_and_argument_explains_itself_without_markup() -> None:
+    from shmpool.cli import COMMANDS
+
+    top = helpers.shmpool_cli("--help")
+    assert top.returncode == 0 and "`" not in top.stdout
+    for command in COMMANDS:
+        helped = helpers.shmpool_cli(command, "--help")
+        assert helped.returncode == 0 and "`" not in helped.stdout
+        assert COMMANDS[command] in " ".join(helped.stdout.split())  # its description, under the usage line
+        arguments = [
+            line for line in helped.stdout.splitlines() if line.startswith("  ") and not line.startswith("   ")
+        ]
+        for line in arguments:  # each argument's line, or the next, says what it is
+            assert len(line.split()) > 1 or line.strip() == "-h, --help", f"{command}: {line!r} has no help"

@@ -104,6 +104,11 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     assert {f"{page}/index.html" for page in pages - {"index"}} | {"index.html"} <= built
     reference = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
     assert "recv_order" in reference
+    # Docstring examples render as code blocks, not as ">>>" read as nested quotes; signatures wrap.
+    assert "<blockquote>" not in reference
+    examples = re.findall(r"<pre[^>]*><span></span><code>(?:(?!</code>).)*&gt;&gt;&gt;", reference, re.S)
+    assert len(examples) >= 6, len(examples)
+    assert "Formatting signatures requires" not in result.stderr
     assert not re.findall(r":(?:func|class|mod|meth|attr|data|exc):", reference)  # Sphinx roles: not rendered
 
 

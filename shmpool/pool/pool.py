@@ -76,7 +76,7 @@ def launch(
     ``shmpool.config.PoolConfig``, in its order and with its defaults (a test checks that they
     agree), where each one's check and meaning are written.
 
-    Example:
+    Examples:
         >>> import shmpool
         >>> with shmpool.launch("CartPole-v1", num_envs=4, num_workers=2, seed=0) as pool:
         ...     observations, infos = pool.reset()
@@ -297,7 +297,7 @@ class Pool(SharedChannels, VectorEnv):
         """Starts resetting every env (as ``reset``, without waiting); each ``recv()`` then returns
         ``batch_size`` of their first observations.
 
-        Example:
+        Examples:
             >>> import shmpool
             >>> with shmpool.launch("CartPole-v1", 4, num_workers=2, batch_size=2) as pool:
             ...     pool.async_reset(seed=0)

@@ -108,7 +108,7 @@ class ClusterEvents:
         seconds (0: not at all; None: as long as it takes) while that node steps, then raises
         ``EventQueueFullError``; nodes that had room keep their event.
 
-        Example:
+        Examples:
             >>> cluster.events.send("Perturb", [0, 5], [0.5])  # envs 0 and 5, wherever they run
         """
         self._check()
@@ -214,7 +214,7 @@ class _ClusterChannels:
         with one local pool state per node (see ``shmpool.checkpoints``: parameters, episode
         indices, the node's draw seed), in node order.
 
-        Example:
+        Examples:
             >>> state = cluster.state_dict()
             >>> fresh.load_state_dict(state)  # a cluster pool launched with the same arguments
         """

@@ -167,7 +167,7 @@ class ClusterPool(_ClusterChannels, VectorEnv):
         ``env_ids`` are the global env ids of one node (``infos["env_id"]`` of a ``recv()``, in any
         order), or ``node=k`` names the node instead (its envs in env id order).
 
-        Example:
+        Examples:
             >>> cluster.async_reset(seed=0)
             >>> for _ in range(100):
             ...     observations, rewards, terminations, truncations, infos = cluster.recv()
@@ -278,7 +278,7 @@ class ClusterPool(_ClusterChannels, VectorEnv):
         inside the workers of the nodes that hold them, and returns the results in that order, as a
         local pool's ``env_apply`` (``function`` travels to the nodes with Ray, then to the workers).
 
-        Example:
+        Examples:
             >>> cluster.env_apply("spec")[0].id  # gymnasium's call, on every env of every node
             'CartPole-v1'
         """
