@@ -10,6 +10,7 @@ otherwise (```bash, ```text) are not run.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import os
 import re
@@ -109,7 +110,28 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     examples = re.findall(r"<pre[^>]*><span></span><code>(?:(?!</code>).)*&gt;&gt;&gt;", reference, re.S)
     assert len(examples) >= 6, len(examples)
     assert "Formatting signatures requires" not in result.stderr
+    from shmpool.config import PoolConfig  # launch's options table, written from its fields at build time
+
+    for field in dataclasses.fields(PoolConfig):
+        assert (f"<td><code>{field.name}</code></td>" in reference) == field.init, field.name
     assert not re.findall(r":(?:func|class|mod|meth|attr|data|exc):", reference)  # Sphinx roles: not rendered
+
+
+def test_pages_are_organized_as_their_nav_says_and_code_fits_88_columns() -> None:
+    """Nav labels are the pages' titles, every guide and tutorial has sections, and no code line is
+    wider than 88 columns (the README's two setup commands, one line each by design, aside)."""
+    nav = re.findall(r"^ +- (.+): (\S+\.md)$", (ROOT / "mkdocs.yml").read_text(), re.M)
+    for label, page in nav:
+        title = (ROOT / "docs" / page).read_text().splitlines()[0]
+        assert label == "Home" or title == f"# {label}", (page, title, label)
+    for page in sorted((ROOT / "docs").glob("guides/*.md")) + sorted((ROOT / "docs").glob("tutorials/*.md")):
+        assert re.search(r"^## ", page.read_text(), re.M), f"{page.name} has no subheadings"
+    for page in PAGES:
+        for language, code in re.findall(r"```(\w*)\n(.*?)```", page.read_text(), re.S):
+            if page == README and language != "python":
+                continue
+            wide = [line for line in code.splitlines() if len(line) > 88]
+            assert not wide, f"{page.name}: {wide}"
 
 
 def test_ci_runs_the_readmes_test_command() -> None:

@@ -21,6 +21,7 @@ from ..errors import ForeignProcessError, PoolClosedError, ShmpoolError, StepSen
 from ..interfaces import StepResult
 from ..interrupts import interrupts_deferred
 from ..layout import CMD_RESET, CMD_STEP
+from ..option_docs import with_options
 from ..params import Param
 from ..profiling import PhaseProfile
 from ..protocol import check_memory_model
@@ -70,11 +71,7 @@ def launch(
     engine: str = "python",
 ) -> Pool:
     """Starts worker processes that together run ``num_envs`` copies of ``env``; returns the pool.
-
-    ``env`` is a registered gymnasium id, a callable returning a ``gymnasium.Env``, or a sequence of
-    such callables, one per env (``num_envs`` is then its length). The options are the fields of
-    ``shmpool.config.PoolConfig``, in its order and with its defaults (a test checks that they
-    agree), where each one's check and meaning are written.
+    The options are ``shmpool.config.PoolConfig``'s fields: its defaults, checks and docstrings.
 
     Examples:
         >>> import shmpool
@@ -85,6 +82,9 @@ def launch(
         (4, 4)
     """
     return Pool(PoolConfig(**locals()))  # every parameter is a PoolConfig field, and nothing else is local yet
+
+
+launch.__doc__ = with_options(launch.__doc__ or "")
 
 
 class Pool(SharedChannels, VectorEnv):
