@@ -16,7 +16,7 @@ import multiprocess
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from .options import MAX_COUNT, autoreset_mode, count, mapping, seconds
+from .options import MAX_COUNT, autoreset_mode, batch_size_problem, count, mapping, seconds
 from .params import Param, ParamSpec, compile_specs
 from .system import POOL_NAME_PATTERN, usable_cores
 
@@ -255,11 +255,7 @@ class PoolConfig:
         settle("episode_metrics", dict(metrics))
         batch = self.num_envs if self.batch_size is None else count("batch_size", self.batch_size, 1, self.num_envs)
         if batch != self.num_envs and (self.num_envs % workers or batch % (self.num_envs // workers)):
-            raise ValueError(
-                f"batch_size={batch} must be a multiple of the slot size with equal slots (a worker steps its "
-                f"whole slot at once): num_envs={self.num_envs} over num_workers={workers} gives "
-                + (f"slots of {self.num_envs // workers} envs" if self.num_envs % workers == 0 else "unequal slots")
-            )
+            raise ValueError(batch_size_problem(self.num_envs, workers, batch, workers_by_default))
         settle("batch_size", batch)
         if self.recv_order not in ("finished", "sent"):
             raise ValueError(f"recv_order must be 'finished' or 'sent', got {self.recv_order!r}")

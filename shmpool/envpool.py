@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from .options import check_env_ids, fixed_options
+from .options import batch_size_problem, check_env_ids, fixed_options
 from .pool import Pool, launch
 from .pool.commands import check_reset_mask
 from .system import usable_cores
@@ -461,5 +461,9 @@ def _workers_for_batches(num_envs: int, batch_size: int | None) -> int:
     envs (a batch is whole slots): EnvPool takes any batch size, so ported code does not choose."""
     cores = max(1, min(usable_cores(), num_envs))
     batch = num_envs if batch_size is None else batch_size
+    if batch == num_envs:
+        return cores
     fitting = [w for w in range(1, cores + 1) if num_envs % w == 0 and batch % (num_envs // w) == 0]
-    return cores if batch == num_envs else max(fitting, default=cores)  # none: launch names the problem
+    if not fitting:
+        raise ValueError(batch_size_problem(num_envs, cores, batch, workers_by_default=True))
+    return max(fitting)

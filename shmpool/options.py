@@ -152,3 +152,21 @@ class OptionsButBatchSize(_Options, total=False):
     seed: int | None
     name: str | None
     start_method: str | None
+
+
+def batch_size_problem(num_envs: int, workers: int, batch: int, workers_by_default: bool) -> str:
+    """Why ``batch_size=batch`` does not fit ``num_envs`` envs over ``workers`` workers, and the values
+    that would (a batch is whole, equal slots: a worker steps its whole slot at once)."""
+    chosen = f"num_workers={workers}" + (" (the default: the usable cores)" if workers_by_default else "")
+    if num_envs % workers:
+        slots = f"{num_envs} envs make unequal slots over {chosen}"
+        fitting_batches = ""
+    else:
+        size = num_envs // workers
+        slots = f"{num_envs} envs over {chosen} make slots of {size}"
+        fitting_batches = f"; batch sizes that fit: {list(range(size, num_envs + 1, size))}"
+    fitting_workers = [w for w in range(1, num_envs + 1) if num_envs % w == 0 and batch % (num_envs // w) == 0]
+    return (
+        f"batch_size={batch} is not a whole number of slots: {slots}{fitting_batches}; "
+        f"or set num_workers to one of {fitting_workers[:8]} for batches of {batch}"
+    )

@@ -219,6 +219,13 @@ def test_without_num_workers_the_batches_decide_the_workers() -> None:
         assert _workers_for_batches(num_envs, batch_size) == max(fits)  # the most workers that fit
 
 
+def test_a_batch_size_that_fits_no_worker_count_names_the_sizes_that_do() -> None:
+    from shmpool.system import usable_cores
+
+    with pytest.raises(ValueError, match=r"num_workers=\d+ \(the default: the usable cores\) .* batch sizes that fit"):
+        shm_envpool.make("CartPole-v1", num_envs=10 * usable_cores(), batch_size=3)
+
+
 def test_params_are_the_pools_and_a_write_reaches_the_envs(pool_name: str) -> None:
     spec = {"length": shmpool.Param(low=0.1, high=2.0)}
     with shm_envpool.make_gymnasium("CartPole-v1", num_envs=4, params=spec, num_workers=2, name=pool_name) as env:
