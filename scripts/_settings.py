@@ -28,39 +28,15 @@ calls ``parse_given`` instead of ``parse``, or ``build_parser`` to add options o
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
-import functools
-import inspect
-import textwrap
 import types
 import typing
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
+from shmpool.option_docs import field_docs  # the library's reader of attribute docstrings
+
 T = TypeVar("T")
-
-
-@functools.cache
-def field_docs(cls: type) -> dict[str, str]:
-    """The attribute docstring of each field of ``cls``: read from the class's own source with
-    ``ast`` (empty when the source is not available)."""
-    try:
-        source = textwrap.dedent(inspect.getsource(cls))
-    except (OSError, TypeError):
-        return {}
-    body = next(node for node in ast.parse(source).body if isinstance(node, ast.ClassDef)).body
-    docs = {}
-    for statement, following in zip(body, body[1:]):
-        if (
-            isinstance(statement, ast.AnnAssign)
-            and isinstance(statement.target, ast.Name)
-            and isinstance(following, ast.Expr)
-            and isinstance(following.value, ast.Constant)
-            and isinstance(following.value.value, str)
-        ):
-            docs[statement.target.id] = " ".join(following.value.value.split())
-    return docs
 
 
 def build_parser(

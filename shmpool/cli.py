@@ -256,7 +256,7 @@ def _positive_seconds(text: str) -> float:
 
 
 #: What ``shmpool --help`` says above its commands (the module docstring without its markup).
-DESCRIPTION = __doc__.replace("``", "")  # type: ignore[union-attr]
+DESCRIPTION = (__doc__ or "").replace("``", "")  # no docstring under python -OO
 #: Each command's one line, shown in the command list and atop its own --help.
 COMMANDS = {
     "ls": "list this user's pools (live, stale, or unknown: owner in another pid namespace)",

@@ -107,6 +107,10 @@ class EnvPoolAPI(WrappedPoolChannels, VectorEnv, gym.Env):  # type: ignore[misc]
         self._ended = np.zeros(pool.num_envs, dtype=np.bool_)  # autoresets on its next step
         self._resetting = np.zeros(pool.num_envs, dtype=np.bool_)  # an async reset not yet received
         self._never_reset = np.ones(pool.num_envs, dtype=np.bool_)  # its first step resets it
+        self._all_reset = False  # no env left in _never_reset: a full step goes straight to the pool
+        # The env ids the last recv handed out (a copy the caller may write) and the pool's own array
+        # of them: sending those back unchanged takes the pool's shortcut for its own ids.
+        self._handed_out: tuple[np.ndarray, np.ndarray] | None = None
         self._async = False  # async_reset/send used since the last reset(): step() goes through them
 
     # -- what EnvPool code reads ---------------------------------------------------------------------
@@ -182,6 +186,7 @@ class EnvPoolAPI(WrappedPoolChannels, VectorEnv, gym.Env):  # type: ignore[misc]
         self._ended[ids] = False
         self._resetting[:] = False
         self._never_reset[ids] = False
+        self._all_reset = not self._never_reset.any()
         # The pool returns every env's rows after a masked reset: EnvPool returns those reset only.
         return _rows(observations, ids, self.num_envs), self._info(_rows(infos, ids, self.num_envs), ids)
 
@@ -193,6 +198,16 @@ class EnvPoolAPI(WrappedPoolChannels, VectorEnv, gym.Env):  # type: ignore[misc]
         if self.is_async or self._async:
             self.send(action, env_id)
             return self.recv()
+        if env_id is None and self._all_reset:  # the common case, checked first
+            observations, rewards, terminations, truncations, infos = self.pool.step(action)
+            self._count_steps(self.all_env_ids, terminations | truncations)
+            return (
+                observations,
+                rewards.astype(np.float32),
+                terminations,
+                truncations,
+                self._info(infos, self.all_env_ids),
+            )
         ids = self.all_env_ids if env_id is None else self._ids(env_id, "step")
         everyone = len(ids) == self.num_envs and np.array_equal(ids, self.all_env_ids)
         fresh = self._never_reset[ids]
@@ -211,6 +226,7 @@ class EnvPoolAPI(WrappedPoolChannels, VectorEnv, gym.Env):  # type: ignore[misc]
         self._async = True
         self._resetting[:] = True
         self._never_reset[:] = False
+        self._all_reset = True
 
     def send(self, action: Any, env_id: npt.ArrayLike | None = None) -> None:
         """Starts stepping the envs ``env_id`` (None: every env) with ``action``, one row each; before
@@ -218,6 +234,9 @@ class EnvPoolAPI(WrappedPoolChannels, VectorEnv, gym.Env):  # type: ignore[misc]
         if self._never_reset.all():
             self.async_reset()
             return
+        handed = self._handed_out
+        if handed is not None and env_id is handed[0] and np.array_equal(handed[0], handed[1]):
+            env_id = handed[1]  # the pool's own array of them: no check to repeat
         self.pool.send(action, self.all_env_ids if env_id is None else env_id)
         self._async = True
 
@@ -230,7 +249,9 @@ class EnvPoolAPI(WrappedPoolChannels, VectorEnv, gym.Env):  # type: ignore[misc]
         self._count_steps(ids, terminations | truncations, reset)
         self._resetting[ids] = False
         # The pool's infos of a batch hold the batch's rows only: nothing to select.
-        return observations, rewards.astype(np.float32), terminations, truncations, self._info(infos, ids)
+        info = self._info(infos, ids)
+        self._handed_out = (info["env_id"], ids)
+        return observations, rewards.astype(np.float32), terminations, truncations, info
 
     def render(self, env_ids: npt.ArrayLike | None = None, camera_id: int | None = None) -> np.ndarray | None:  # type: ignore[override]
         """Frames of the envs ``env_ids`` (None: ``render_env_id``, 0 by default), stacked, with
@@ -288,14 +309,18 @@ class EnvPoolAPI(WrappedPoolChannels, VectorEnv, gym.Env):  # type: ignore[misc]
     def _reset_by_step(
         self, action: Any, ids: np.ndarray, fresh: np.ndarray, everyone: bool
     ) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
-        """A synchronous step of ``ids`` some of which (``fresh``) were never reset: those reset, the
-        others step, and the rows come back in the order of ``ids``."""
+        """A synchronous step of ``ids`` some of which (``fresh``) were never reset: the others step
+        first (a refused partial step changes nothing), then those reset; the rows come back in the
+        order of ``ids``."""
+        step_part = None
+        if not fresh.all():
+            stepping = np.flatnonzero(~fresh)
+            step_part = self.step(_rows(action, stepping, len(ids)), ids[stepping])
         observations, info = self.reset(None if everyone and fresh.all() else ids[fresh])
         count = int(fresh.sum())
         reset_part = (observations, np.zeros(count, np.float32), np.zeros(count, np.bool_), np.zeros(count, np.bool_))
-        if fresh.all():
+        if step_part is None:
             return (*reset_part, info)
-        step_part = self.step(np.asarray(action)[~fresh], ids[~fresh])
         return _interleave((*reset_part, info), step_part, fresh)  # type: ignore[no-any-return]
 
     def _count_steps(self, ids: np.ndarray, done: np.ndarray, reset: np.ndarray | None = None) -> None:
@@ -322,7 +347,7 @@ def _rows(values: Any, ids: np.ndarray, num_envs: int) -> Any:
         return {key: _rows(value, ids, num_envs) for key, value in values.items()}
     if isinstance(values, tuple):
         return tuple(_rows(value, ids, num_envs) for value in values)
-    return values[ids]
+    return np.asarray(values)[ids]
 
 
 def _interleave(first: Any, second: Any, in_first: np.ndarray) -> Any:
@@ -376,7 +401,7 @@ def make(
     # EnvPool's API autoresets on the next step
     options = fixed_options(f"shmpool.envpool ({task_id})", launch_options, autoreset_mode=AutoresetMode.NEXT_STEP)
     env_kwargs = _env_kwargs(options.pop("env_kwargs", None), max_episode_steps, render_mode)
-    batch_size = batch_size or None  # EnvPool's 0: every env
+    batch_size = None if batch_size in (0, num_envs) else batch_size  # EnvPool's 0: every env
     if options.get("num_workers") is None and batch_size is not None:  # a synchronous pool: launch's placement
         options["num_workers"] = _workers_for_batches(num_envs, batch_size)
     options.setdefault("episode_statistics", False)
@@ -418,10 +443,16 @@ def make_spec(
     **make_options: Any,
 ) -> Spec:
     """The ``Spec`` that ``make`` with these arguments gives its env, without starting a pool: one
-    env is made and closed to read its spaces."""
-    batch_size = batch_size or num_envs
-    if num_workers is None:
-        num_workers = _workers_for_batches(num_envs, batch_size)
+    env is made and closed to read its spaces. ``make``'s other options are checked, not used."""
+    for key in make_options.keys() & REFUSED_OPTIONS.keys():
+        raise TypeError(f"{task_id}: EnvPool's {key}= is not taken here: {REFUSED_OPTIONS[key]}")
+    batch = None if batch_size in (None, 0, num_envs) else batch_size
+    if num_workers is None:  # as make places the pool: launch's placement when synchronous
+        from .config import PoolConfig
+
+        synchronous = int(PoolConfig(env=task_id, num_envs=num_envs).num_workers)  # type: ignore[arg-type]
+        num_workers = synchronous if batch is None else _workers_for_batches(num_envs, batch)
+    batch_size = num_envs if batch is None else batch
     env = gym.make(task_id, **_env_kwargs(env_kwargs, max_episode_steps, render_mode))
     try:
         observation_space, action_space = env.observation_space, env.action_space

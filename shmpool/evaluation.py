@@ -25,6 +25,9 @@ MAX_DEFAULT_ENVS = 64
 
 #: Launch options that ``evaluate`` sets itself.
 _SET_HERE = ("autoreset_mode", "params", "seed")
+#: Launch options that draw random numbers of their own, per env and worker: an evaluation with
+#: them would depend on ``num_envs`` and the engine.
+_NOT_REPRODUCIBLE = ("hooks",)
 
 
 @dataclass
@@ -160,6 +163,14 @@ def evaluate(
     given = sorted(set(_SET_HERE) & set(launch_options))
     if given:
         raise TypeError(f"evaluate sets {given} itself (each episode resets with its own seed and cell)")
+    drawing = sorted(set(_NOT_REPRODUCIBLE) & set(launch_options)) + [
+        f"params[{name!r}] (dist={spec.dist!r})" for name, spec in params.items() if spec.dist
+    ]
+    if drawing:
+        raise ValueError(
+            f"evaluate: {drawing} draw random numbers per env and worker, so the result would depend on "
+            f"num_envs and the engine; give fixed values (a grid or samples) instead"
+        )
     total = len(cells) * episodes
     num_envs = min(total, MAX_DEFAULT_ENVS) if num_envs is None else num_envs
     from gymnasium.vector import AutoresetMode
@@ -288,12 +299,15 @@ class _ActionsCheck:
         from gymnasium import spaces
 
         self._space = space
+        # Dict and Tuple spaces have no one shape: the pool's own check covers their parts
         self._shape = (num_envs, *space.shape) if space.shape is not None else None
         self._integral = isinstance(space, (spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary))
 
     def __call__(self, actions: Any) -> Any:
+        if self._shape is None:
+            return actions
         array = np.asarray(actions)
-        if self._shape is not None and array.shape != self._shape:
+        if array.shape != self._shape:
             raise ValueError(
                 f"evaluate: the policy returned actions of shape {array.shape} for {self._shape[0]} observations; "
                 f"{self._space} needs shape {self._shape}"

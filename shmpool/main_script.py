@@ -4,68 +4,86 @@ dill sends what ``__main__`` defines by value, and it rebuilds a class from ``__
 which a subclass of ``gymnasium.Env`` inherits from ``Env`` itself (``Generic[ObsType, ActType]``):
 the rebuilt class lacks ``Env`` as a base, so a spawned worker's env would be no ``gymnasium.Env``.
 A spawned (or forkserver) worker imports the main script as multiprocessing does, without running
-its ``if __name__ == "__main__":`` part, so a script's class goes by name. Where there is no script
-to import (a REPL, ``python -c``, a notebook), it goes by value, with its own bases and its globals.
+its ``if __name__ == "__main__":`` part, so a script's class goes by name, its value kept for one
+defined inside that part. Where there is no script to import (a REPL, ``python -c``, a notebook), it
+goes by value, with its own bases and the globals it uses.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
-from dataclasses import dataclass
+import types
 from typing import Any
 
 
-@dataclass(frozen=True)
-class MainAttribute:
-    """A class or function of the main script, by its qualified name; calling it calls that."""
-
-    qualname: str
-
-    def __call__(self, **kwargs: Any) -> Any:
-        target: Any = sys.modules["__main__"]
-        for part in self.qualname.split("."):
-            target = getattr(target, part)
-        return target(**kwargs)
-
-
-class MainValue:
-    """A class or function of ``__main__`` without a script to import, sent by value with the
-    globals it uses (dill's ``recurse``; the worker's ``__main__`` has none of them) and, for a
+class MainFactory:
+    """A class or function of ``__main__``, for a spawned worker: found by its name in the worker's
+    import of the main script or, where that has no such name (no script, or one defined under
+    ``if __name__ == "__main__":``), rebuilt from its value, with the globals it uses and, for a
     class, its own bases."""
 
-    def __init__(self, factory: Any) -> None:
-        import dill
-
-        main = vars(sys.modules["__main__"])
-        for value in [factory, *main.values()]:  # the factory and the classes its code may name
-            if isinstance(value, type) and value.__module__ == "__main__" and "__orig_bases__" not in vars(value):
-                value.__orig_bases__ = value.__bases__  # type: ignore[attr-defined]  # what dill rebuilds it from
-        self._pickled = dill.dumps(factory, recurse=True)
+    def __init__(self, qualname: str | None, pickled: bytes | None) -> None:
+        self._qualname, self._pickled = qualname, pickled
         self._factory: Any = None
 
-    def __getstate__(self) -> bytes:
-        return self._pickled
+    def __getstate__(self) -> tuple[str | None, bytes | None]:
+        return self._qualname, self._pickled
 
-    def __setstate__(self, pickled: bytes) -> None:
-        self._pickled, self._factory = pickled, None
+    def __setstate__(self, state: tuple[str | None, bytes | None]) -> None:
+        self.__init__(*state)  # type: ignore[misc]
+
+    def _resolve(self) -> Any:
+        if self._qualname is not None:
+            try:
+                target: Any = sys.modules["__main__"]
+                for part in self._qualname.split("."):
+                    target = getattr(target, part)
+                return target
+            except AttributeError:
+                if self._pickled is None:
+                    raise
+        import dill
+
+        return dill.loads(self._pickled)  # type: ignore[arg-type]
 
     def __call__(self, **kwargs: Any) -> Any:
         if self._factory is None:
-            import dill
-
-            self._factory = dill.loads(self._pickled)
+            self._factory = self._resolve()
         return self._factory(**kwargs)
 
 
+def _by_value(factory: Any) -> bytes | None:
+    """``factory`` pickled by value with the globals its code uses, after every class of ``__main__``
+    records its own bases (dill rebuilds a class from ``__orig_bases__``); None if it cannot be."""
+    import dill
+
+    for value in [factory, *vars(sys.modules["__main__"]).values()]:
+        if isinstance(value, type) and value.__module__ == "__main__" and "__orig_bases__" not in vars(value):
+            try:
+                value.__orig_bases__ = value.__bases__  # type: ignore[attr-defined]
+            except (AttributeError, TypeError):  # a class that takes no attributes
+                pass
+    try:
+        return dill.dumps(factory, recurse=True)
+    except Exception:  # noqa: BLE001 - what the by-name path or plain pickling then does
+        return None
+
+
 def by_name_from_main(factory: Any) -> Any:
-    """``factory`` (or each of a tuple), as a ``MainAttribute`` where it is a class or function that
-    the main script's import defines, a ``MainValue`` where ``__main__`` has no script; else as it is."""
+    """``factory`` (or each of a tuple; a ``functools.partial``'s function), as a ``MainFactory`` where
+    it is a class or function of the main script, or anything of a ``__main__`` without a script;
+    else as it is."""
     if isinstance(factory, tuple):
         return tuple(by_name_from_main(one) for one in factory)
-    main = sys.modules.get("__main__")
-    qualname = getattr(factory, "__qualname__", "")
+    if isinstance(factory, functools.partial):
+        return functools.partial(by_name_from_main(factory.func), *factory.args, **factory.keywords)
     if getattr(factory, "__module__", None) != "__main__":
-        return factory
-    if getattr(main, "__file__", None):  # by name; a lambda's globals are the script's, found in the worker
-        return factory if "<" in qualname else MainAttribute(qualname)
-    return MainValue(factory)
+        return factory  # not the script's
+    if getattr(sys.modules.get("__main__"), "__file__", None):
+        qualname = getattr(factory, "__qualname__", "<instance>")
+        if "<" in qualname or not isinstance(factory, (type, types.FunctionType)):
+            return factory  # a lambda or an instance: dill sends it, the script's names found in the worker
+        return MainFactory(qualname, _by_value(factory))
+    pickled = _by_value(factory)
+    return factory if pickled is None else MainFactory(None, pickled)

@@ -116,7 +116,8 @@ class ParamBlock:
         self[name][...] = value
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name.startswith("_") or name == "specs":  # the block's own state, set by __init__
+        # the block's own state (set by __init__), and its methods (which test doubles replace)
+        if name.startswith("_") or name == "specs" or callable(getattr(type(self), name, None)):
             object.__setattr__(self, name, value)
             return
         hint = "" if name in self.specs else did_you_mean(name, self.names)
@@ -126,6 +127,8 @@ class ParamBlock:
         )
 
     def __getattr__(self, name: str) -> Any:  # only for names that are not attributes
+        if isinstance(getattr(type(self), name, None), property):  # a property that raised: its own error
+            return getattr(type(self), name).fget(self)
         if name.startswith("_") or name == "specs":
             raise AttributeError(name)
         where = f"; read params[{name!r}]" if name in self.specs else did_you_mean(name, self.names)

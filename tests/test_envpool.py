@@ -442,3 +442,24 @@ def test_spec_version_listing_and_render_as_envpool_has_them(pool_name: str) -> 
         env.reset()
         with pytest.raises(RuntimeError, match="render\\(\\) needs render_mode='rgb_array' or 'human'"):
             env.render()
+
+
+def test_make_spec_gives_the_config_make_gives(pool_name: str) -> None:
+    for kwargs in ({"num_envs": 4}, {"num_envs": 4, "batch_size": 4}, {"num_envs": 4, "batch_size": 2}):
+        spec = shm_envpool.make_spec("CartPole-v1", **kwargs)
+        with shm_envpool.make_gym("CartPole-v1", **kwargs, name=pool_name) as env:
+            assert spec.config == env.spec.config, kwargs
+    with pytest.raises(TypeError, match="num_threads= is not taken here"):
+        shm_envpool.make_spec("CartPole-v1", num_threads=2)
+
+
+def test_a_first_step_whose_partial_step_is_refused_changes_nothing(pool_name: str) -> None:
+    hooks = [shmpool.hooks.RewardScale(2.0)]  # a pool with hooks steps whole slots
+    with shm_envpool.make_gym("CartPole-v1", num_envs=4, num_workers=2, hooks=hooks, name=pool_name) as env:
+        env.reset(np.array([0, 1]))
+        with pytest.raises(ValueError, match="a pool with hooks steps whole slots"):
+            env.step(np.zeros(4, dtype=np.int64))  # envs 0 and 1 would step, 2 and 3 reset
+        with pytest.raises(gym.error.ResetNeeded):
+            env.pool.step(np.zeros(4, dtype=np.int64))  # 2 and 3 are still never reset
+        env.reset()
+        assert env.step(np.zeros(4, dtype=np.int64))[1].tolist() == [2.0] * 4

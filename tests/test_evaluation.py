@@ -112,6 +112,15 @@ def test_samples_are_drawn_within_the_bounds_from_the_seed() -> None:
         ),
         ({"grid": {"mass": [1.0]}, "params": {"length": shmpool.Param()}}, KeyError, "grid names \\['mass'\\]"),
         ({"samples": 2}, ValueError, "pass params="),
+        ({"grid": {"length": [0.5]}, "hooks": [shmpool.hooks.Perturb(0.1, every=5)]}, ValueError, "hooks"),
+        (
+            {
+                "grid": {"length": [0.5]},
+                "params": {"length": shmpool.Param(), "masscart": shmpool.Param(dist="uniform", low=0.5, high=2.0)},
+            },
+            ValueError,
+            r"params\['masscart'\] \(dist='uniform'\)",
+        ),
         ({"samples": 2, "params": {"length": shmpool.Param()}}, ValueError, "finite low and high; 'length'"),
     ],
 )

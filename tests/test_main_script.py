@@ -11,8 +11,10 @@ from pathlib import Path
 import helpers
 import pytest
 
-#: A trainer whose env class is its own: launched as a class and as a lambda, on spawn and forkserver.
+#: A trainer whose env class is its own, launched on spawn and forkserver as the class, a lambda, a
+#: function defined under `if __name__ == "__main__":`, a callable instance and a partial.
 OWN_ENV_CLASS = """
+import functools
 import sys
 import gymnasium as gym
 import numpy as np
@@ -33,16 +35,33 @@ class Slide(gym.Env):
         return np.array([self.x], np.float32), 0.0, False, False, {}
 
 
+class Maker:
+    def __call__(self):
+        return Slide()
+
+
 if __name__ == "__main__":
+
+    def make_slide():  # defined where a spawned worker's import of the script does not run
+        return Slide()
+
+    factories = {
+        "class": Slide,
+        "lambda": lambda: Slide(),
+        "function": make_slide,
+        "instance": Maker(),
+        "partial": functools.partial(Slide),
+    }
     for method in ("spawn", "forkserver"):
-        for label, factory in (("class", Slide), ("lambda", lambda: Slide())):
+        for label, factory in factories.items():
             name = f"{sys.argv[1]}-{method}-{label}"
             with shmpool.launch(factory, 2, num_workers=1, start_method=method, name=name) as pool:
                 pool.reset(seed=0)
                 print(method, label, [round(float(x), 3) for x in pool.step([1, 0])[0].ravel()])
 """
 
-EXPECTED = [f"{method} {label} [0.1, -0.1]" for method in ("spawn", "forkserver") for label in ("class", "lambda")]
+LABELS = ("class", "lambda", "function", "instance", "partial")
+EXPECTED = [f"{method} {label} [0.1, -0.1]" for method in ("spawn", "forkserver") for label in LABELS]
 
 
 @pytest.mark.parametrize("how", ["a script file", "python -c"])
