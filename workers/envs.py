@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from typing import Any
 
 import gymnasium
 import numpy as np
 from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 from gymnasium.vector import AutoresetMode
-from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker, TimeLimit
 
 from shmpool.config import WorkerConfig, factory_of, make_env
 from shmpool.episodes import EpisodeWriter
@@ -19,6 +17,7 @@ from shmpool.infos import InfoWriter
 from shmpool.layout import RESET_THIS_ENV, RESET_WITH_SEED, seed_of
 from shmpool.spaces import ObservationWriter, assemble, flatten, is_leaf, leaves
 from shmpool.workers.hook_runner import HookRunner
+from shmpool.workers.inner_step import inner_step
 from shmpool.workers.param_applier import ParamApplier
 
 
@@ -465,56 +464,3 @@ class EnvSlot(Slot):
         if self.hooks is not None:
             self.hooks.on_reset(same_step_resets, lengths)
         return episodes_ended
-
-
-def inner_step(env: gymnasium.Env) -> tuple[Callable[[Any], Any], TimeLimit | None] | None:
-    """What to step instead of ``env.step``: the step of what lies under the wrappers that
-    ``gymnasium.make`` puts on top of every env, and the ``TimeLimit`` among them (whose count and
-    truncation the caller then keeps), with the same results and the same wrapper state. None while
-    the ``PassiveEnvChecker`` has checks left (the env's first two steps) or before the first reset.
-
-    Why: those three wrappers cost a noticeable share of a cheap env's step (``docs/benchmarks.md``,
-    "Numbers behind design choices"), and a worker makes 16 to 64 such calls per step. Only these
-    exact classes, with their own ``step``, are passed over: the walk stops at any other object (a
-    subclass, another wrapper, a layer whose ``step`` was patched on the instance), whose ``step``
-    is then called. The caller looks again after anything that may change the layers
-    (``EnvSlot.after_call``), and reads ``TimeLimit``'s limit at every step, so that a changed
-    ``_max_episode_steps`` holds.
-
-    The walk reads the wrappers' own state (``TimeLimit._elapsed_steps``, the checker's ``checked_*``
-    flags), which gymnasium does not promise to keep: 1.2 has no ``checked_data_reuse``, 1.3 added it.
-    So a layer whose state is not laid out as the walk knows it is an unknown layout, and an unknown
-    layout means the plain ``env.step`` through every wrapper, never a crash.
-    """
-    limit: Any = None
-    layer: Any = env
-    while True:
-        kind = type(layer)
-        state = getattr(layer, "__dict__", {})
-        if "step" in state:  # patched on the instance: what it does is its own
-            return layer.step, limit
-        if kind is TimeLimit and limit is None:
-            if "_elapsed_steps" not in state or "_max_episode_steps" not in state:
-                return _through_wrappers(env)
-            if state["_elapsed_steps"] is None:  # not reset yet
-                return None
-            limit = layer
-        elif kind is OrderEnforcing:
-            if not isinstance(state.get("_has_reset"), bool):
-                return _through_wrappers(env)
-            if not state["_has_reset"]:
-                return None
-        elif kind is PassiveEnvChecker:
-            # The step's checks: one flag in gymnasium 1.1 and 1.2, two since 1.3.
-            if "checked_step" not in state:
-                return _through_wrappers(env)
-            if not (state["checked_step"] and state.get("checked_data_reuse", True)):
-                return None
-        else:
-            return layer.step, limit
-        layer = layer.env
-
-
-def _through_wrappers(env: gymnasium.Env) -> tuple[Callable[[Any], Any], None]:
-    """The plain ``env.step``, for wrappers whose state ``inner_step`` does not recognize."""
-    return env.step, None

@@ -1,0 +1,63 @@
+"""What a worker steps under the wrappers ``gymnasium.make`` puts on every env: the step of what lies
+beneath them, with the same results and the same wrapper state (``inner_step``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium
+from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker, TimeLimit
+
+
+def inner_step(env: gymnasium.Env) -> tuple[Callable[[Any], Any], TimeLimit | None] | None:
+    """What to step instead of ``env.step``: the step of what lies under the wrappers that
+    ``gymnasium.make`` puts on top of every env, and the ``TimeLimit`` among them (whose count and
+    truncation the caller then keeps), with the same results and the same wrapper state. None while
+    the ``PassiveEnvChecker`` has checks left (the env's first two steps) or before the first reset.
+
+    Why: those three wrappers cost a noticeable share of a cheap env's step (``docs/benchmarks.md``,
+    "Numbers behind design choices"), and a worker makes 16 to 64 such calls per step. Only these
+    exact classes, with their own ``step``, are passed over: the walk stops at any other object (a
+    subclass, another wrapper, a layer whose ``step`` was patched on the instance), whose ``step``
+    is then called. The caller looks again after anything that may change the layers
+    (``EnvSlot.after_call``), and reads ``TimeLimit``'s limit at every step, so that a changed
+    ``_max_episode_steps`` holds.
+
+    The walk reads the wrappers' own state (``TimeLimit._elapsed_steps``, the checker's ``checked_*``
+    flags), which gymnasium does not promise to keep: 1.2 has no ``checked_data_reuse``, 1.3 added it.
+    So a layer whose state is not laid out as the walk knows it is an unknown layout, and an unknown
+    layout means the plain ``env.step`` through every wrapper, never a crash.
+    """
+    limit: Any = None
+    layer: Any = env
+    while True:
+        kind = type(layer)
+        state = getattr(layer, "__dict__", {})
+        if "step" in state:  # patched on the instance: what it does is its own
+            return layer.step, limit
+        if kind is TimeLimit and limit is None:
+            if "_elapsed_steps" not in state or "_max_episode_steps" not in state:
+                return _through_wrappers(env)
+            if state["_elapsed_steps"] is None:  # not reset yet
+                return None
+            limit = layer
+        elif kind is OrderEnforcing:
+            if not isinstance(state.get("_has_reset"), bool):
+                return _through_wrappers(env)
+            if not state["_has_reset"]:
+                return None
+        elif kind is PassiveEnvChecker:
+            # The step's checks: one flag in gymnasium 1.1 and 1.2, two since 1.3.
+            if "checked_step" not in state:
+                return _through_wrappers(env)
+            if not (state["checked_step"] and state.get("checked_data_reuse", True)):
+                return None
+        else:
+            return layer.step, limit
+        layer = layer.env
+
+
+def _through_wrappers(env: gymnasium.Env) -> tuple[Callable[[Any], Any], None]:
+    """The plain ``env.step``, for wrappers whose state ``inner_step`` does not recognize."""
+    return env.step, None
