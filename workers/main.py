@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from shmpool.calls import decode, failure_answer, serve_call
+from shmpool.compiler_warnings import compiler_warnings
 from shmpool.config import WorkerConfig
 from shmpool.infos import InfoWriter
 from shmpool.layout import (
@@ -340,7 +341,8 @@ class Worker:
                     else targets(specs, config.env_ids[1] - config.env_ids[0], config.env_label),
                 )
             self.envs = envs = _SLICES[config.engine](config, self._views, self._info, params)
-            envs.build()
+            with compiler_warnings(config.env_factory, config.engine, show=False, where=config.env_label):
+                envs.build()  # the trainer's probe warned once of what the compiler says
             if config.hooks:
                 envs.hooks = HookRunner(
                     list(config.hooks),

@@ -24,6 +24,7 @@ import multiprocess
 import numpy as np
 
 from ..bindings import initial_records
+from ..compiler_warnings import compiler_warnings
 from ..config import LOCAL_SLOT_ENTRY_POINT, WORKER_ENTRY_POINT, PoolConfig, WorkerConfig, make_env
 from ..episodes import episode_dtype
 from ..errors import PoolClosedError
@@ -93,9 +94,10 @@ def probe_env(config: PoolConfig) -> EnvProbe:
     """Makes env 0 (with the params' constructor defaults), reads its metadata, render mode and
     spaces, then the params' first records (checking every bind path against it), and closes it."""
     declared = config.declared_params
-    env = make_env(
-        config.factory_of(0), {**(config.env_kwargs or {}), **constructor_defaults(config.param_specs, declared)}
-    )
+    with compiler_warnings(config.env, config.engine, show=True, where=config.env_label):
+        env = make_env(
+            config.factory_of(0), {**(config.env_kwargs or {}), **constructor_defaults(config.param_specs, declared)}
+        )
     try:
         metadata, render_mode = dict(env.metadata), env.render_mode
         observation_space, action_space = env.observation_space, env.action_space
