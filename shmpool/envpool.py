@@ -34,6 +34,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from .options import batch_size_problem, check_env_ids, fixed_options
 from .pool import Pool, launch
 from .pool.commands import check_reset_mask
+from .pool.results import select_rows
 from .system import usable_cores
 from .view import WrappedPoolChannels
 
@@ -47,6 +48,9 @@ __version__ = "1.2.0"
 
 #: The ``env_type`` values taken, and what each means here.
 ENV_TYPES = {"gymnasium": "gymnasium's API", "gym": "gymnasium's API (EnvPool 1.x's alias)"}
+
+#: What ``step`` and ``recv`` return: observations, rewards, terminations, truncations, info.
+Batch = tuple[Any, Any, Any, Any, dict[str, Any]]
 
 #: EnvPool's default seed.
 DEFAULT_SEED = 42
@@ -188,7 +192,7 @@ class EnvPoolAPI(WrappedPoolChannels, VectorEnv, gym.Env):  # type: ignore[misc]
         self._never_reset[ids] = False
         self._all_reset = not self._never_reset.any()
         # The pool returns every env's rows after a masked reset: EnvPool returns those reset only.
-        return _rows(observations, ids, self.num_envs), self._info(_rows(infos, ids, self.num_envs), ids)
+        return select_rows(observations, ids, self.num_envs), self._info(select_rows(infos, ids, self.num_envs), ids)
 
     def step(  # type: ignore[override]
         self, action: Any, env_id: npt.ArrayLike | None = None
@@ -199,26 +203,13 @@ class EnvPoolAPI(WrappedPoolChannels, VectorEnv, gym.Env):  # type: ignore[misc]
             self.send(action, env_id)
             return self.recv()
         if env_id is None and self._all_reset:  # the common case, checked first
-            observations, rewards, terminations, truncations, infos = self.pool.step(action)
-            self._count_steps(self.all_env_ids, terminations | truncations)
-            return (
-                observations,
-                rewards.astype(np.float32),
-                terminations,
-                truncations,
-                self._info(infos, self.all_env_ids),
-            )
+            return self._batch(self.pool.step(action), self.all_env_ids)
         ids = self.all_env_ids if env_id is None else self._ids(env_id, "step")
         everyone = len(ids) == self.num_envs and np.array_equal(ids, self.all_env_ids)
         fresh = self._never_reset[ids]
         if fresh.any():
             return self._reset_by_step(action, ids, fresh, everyone)
-        if everyone:
-            observations, rewards, terminations, truncations, infos = self.pool.step(action)
-        else:
-            observations, rewards, terminations, truncations, infos = self.pool.step(action, env_ids=ids)
-        self._count_steps(ids, terminations | truncations)
-        return observations, rewards.astype(np.float32), terminations, truncations, self._info(infos, ids)
+        return self._batch(self.pool.step(action) if everyone else self.pool.step(action, env_ids=ids), ids)
 
     def async_reset(self, *, seed: Any = None, options: dict[str, Any] | None = None) -> None:
         """Starts resetting every env; each ``recv()`` then returns ``batch_size`` of them."""
@@ -243,15 +234,12 @@ class EnvPoolAPI(WrappedPoolChannels, VectorEnv, gym.Env):  # type: ignore[misc]
     def recv(self) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         """The next ``batch_size`` envs to finish their step or reset: observations, rewards,
         terminations, truncations and info (``env_id``, ``elapsed_step``, the envs' own keys)."""
-        observations, rewards, terminations, truncations, infos = self.pool.recv()
-        ids = infos["env_id"]
-        reset = self._resetting[ids]
-        self._count_steps(ids, terminations | truncations, reset)
+        results = self.pool.recv()
+        ids = results[4]["env_id"]
+        batch = self._batch(results, ids, self._resetting[ids])  # a batch's infos hold its rows only
         self._resetting[ids] = False
-        # The pool's infos of a batch hold the batch's rows only: nothing to select.
-        info = self._info(infos, ids)
-        self._handed_out = (info["env_id"], ids)
-        return observations, rewards.astype(np.float32), terminations, truncations, info
+        self._handed_out = (batch[4]["env_id"], ids)
+        return batch
 
     def render(self, env_ids: npt.ArrayLike | None = None, camera_id: int | None = None) -> np.ndarray | None:  # type: ignore[override]
         """Frames of the envs ``env_ids`` (None: ``render_env_id``, 0 by default), stacked, with
@@ -315,13 +303,22 @@ class EnvPoolAPI(WrappedPoolChannels, VectorEnv, gym.Env):  # type: ignore[misc]
         step_part = None
         if not fresh.all():
             stepping = np.flatnonzero(~fresh)
-            step_part = self.step(_rows(action, stepping, len(ids)), ids[stepping])
+            step_part = self.step(select_rows(action, stepping, len(ids)), ids[stepping])
         observations, info = self.reset(None if everyone and fresh.all() else ids[fresh])
         count = int(fresh.sum())
         reset_part = (observations, np.zeros(count, np.float32), np.zeros(count, np.bool_), np.zeros(count, np.bool_))
         if step_part is None:
             return (*reset_part, info)
         return _interleave((*reset_part, info), step_part, fresh)  # type: ignore[no-any-return]
+
+    def _batch(
+        self, results: Any, ids: np.ndarray, reset: np.ndarray | None = None
+    ) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+        """The pool's results for the envs ``ids`` in EnvPool's form (float32 rewards, EnvPool's
+        info), their ``elapsed_step`` advanced; ``reset``: which rows are a reset's."""
+        observations, rewards, terminations, truncations, infos = results
+        self._count_steps(ids, terminations | truncations, reset)
+        return observations, rewards.astype(np.float32), terminations, truncations, self._info(infos, ids)
 
     def _count_steps(self, ids: np.ndarray, done: np.ndarray, reset: np.ndarray | None = None) -> None:
         """Advances ``elapsed_step`` of ``ids``: 0 for a reset, or a step that autoreset an ended env."""
@@ -337,17 +334,6 @@ class EnvPoolAPI(WrappedPoolChannels, VectorEnv, gym.Env):  # type: ignore[misc]
         info["players"] = {"env_id": info["env_id"].copy()}
         info["elapsed_step"] = self._elapsed[ids]  # a copy: fancy indexing
         return info
-
-
-def _rows(values: Any, ids: np.ndarray, num_envs: int) -> Any:
-    """The rows ``ids`` of every per-env array in ``values`` (nested dicts and tuples followed)."""
-    if len(ids) == num_envs and np.array_equal(ids, np.arange(num_envs)):
-        return values
-    if isinstance(values, dict):
-        return {key: _rows(value, ids, num_envs) for key, value in values.items()}
-    if isinstance(values, tuple):
-        return tuple(_rows(value, ids, num_envs) for value in values)
-    return np.asarray(values)[ids]
 
 
 def _interleave(first: Any, second: Any, in_first: np.ndarray) -> Any:

@@ -34,6 +34,7 @@ from ..options import check_env_ids
 from ..spaces import ActionChecker
 from ..system import monotonic
 from .lifecycle import Parts
+from .results import select_rows
 
 
 class CommandChannel:
@@ -213,7 +214,7 @@ class PartialSteps:
         self._mask[ids] = True
         self._commands.run(CMD_STEP_SOME, "step")
         self._commands.count_env_steps(len(ids))
-        return self._results.rows(self._results.step(), ids)
+        return select_rows(self._results.step(), ids, self._num_envs)
 
 
 class Answers(NamedTuple):

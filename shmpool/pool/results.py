@@ -127,16 +127,6 @@ class Results:
         observations = arrays[0] if self._is_leaf else assemble(self._space, iter(arrays))
         return observations, rewards, terminations, truncations, infos
 
-    def rows(self, results: Any, ids: np.ndarray) -> Any:
-        """The rows ``ids`` of every array (one row per env) in ``results``, nested as they are."""
-        if isinstance(results, np.ndarray) and results.ndim and len(results) == self._num_envs:
-            return results[ids]
-        if isinstance(results, dict):
-            return {key: self.rows(value, ids) for key, value in results.items()}
-        if isinstance(results, tuple):
-            return tuple(self.rows(value, ids) for value in results)
-        return results
-
     def reset(self) -> tuple[Any, dict[str, Any]]:
         """Observations and infos of the reset just done."""
         infos: dict[str, Any] = {}
@@ -210,3 +200,19 @@ def _where(mask: np.ndarray, values: np.ndarray) -> np.ndarray:
     result = np.zeros(len(values), dtype=values.dtype)
     np.copyto(result, values, where=mask)
     return result
+
+
+def select_rows(values: Any, ids: np.ndarray, num_envs: int) -> Any:
+    """The rows ``ids`` of every per-env array (one row for each of ``num_envs``) in ``values``,
+    nested dicts and tuples followed; a list is such an array, anything else is kept as it is."""
+    if len(ids) == num_envs and np.array_equal(ids, np.arange(num_envs)):
+        return values
+    if isinstance(values, dict):
+        return {key: select_rows(value, ids, num_envs) for key, value in values.items()}
+    if isinstance(values, tuple):
+        return tuple(select_rows(value, ids, num_envs) for value in values)
+    if isinstance(values, list):
+        values = np.asarray(values)
+    if isinstance(values, np.ndarray) and values.ndim and len(values) == num_envs:
+        return values[ids]
+    return values
