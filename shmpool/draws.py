@@ -4,30 +4,62 @@ of workers or the order in which envs reset."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .params import ParamSpec
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_SHIFTS = (np.uint64(30), np.uint64(27), np.uint64(31))
+_FACTORS = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer: a bijective scramble of 64-bit words (wraps, never warns on arrays)."""
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+    """splitmix64's finalizer, in place: a bijective scramble of 64-bit words (wraps, never warns on
+    arrays). In place, because on the few envs of a reset a numpy call costs more than its work."""
+    x ^= x >> _SHIFTS[0]
+    x *= _FACTORS[0]
+    x ^= x >> _SHIFTS[1]
+    x *= _FACTORS[1]
+    x ^= x >> _SHIFTS[2]
+    return x
+
+
+def _words(part: Any) -> np.ndarray:
+    return np.asarray(part).astype(np.int64).astype(np.uint64)
+
+
+def uniform01_grid(
+    seed: int, env_ids: np.ndarray, episodes: np.ndarray, params: list[int], step: int | np.ndarray, size: int, lanes: int
+) -> np.ndarray:
+    """Uniform floats in [0, 1) of shape ``(len(env_ids), len(params), lanes, size)``: element
+    ``[i, p, lane, k]`` is a pure function of (seed, env, episode, parameter, step, lane, k), the
+    same whichever other parameters, lanes and sizes are drawn with it. One call draws every
+    parameter of a reset, sharing the keys' first steps."""
+    key = np.full(len(env_ids), np.uint64(seed % (1 << 64)), dtype=np.uint64)
+    for part in (env_ids, episodes):
+        key += _GOLDEN
+        key += _words(part)
+        _mix(key)
+    keys = key[:, None] + _GOLDEN + _words(params)[None, :]
+    steps = _words(step)
+    _mix(keys)
+    keys += _GOLDEN
+    keys += steps[:, None] if steps.ndim else steps
+    _mix(keys)
+    lane_keys = keys[:, :, None] + _GOLDEN + np.arange(lanes, dtype=np.uint64)
+    _mix(lane_keys)
+    words = lane_keys[..., None] + _GOLDEN * np.arange(1, size + 1, dtype=np.uint64)
+    _mix(words)
+    return (words >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
 def uniform01(
     seed: int, env_ids: np.ndarray, episodes: np.ndarray, param: int, step: int | np.ndarray, size: int, lane: int = 0
 ) -> np.ndarray:
     """Uniform floats in [0, 1) of shape ``(len(env_ids), size)``, a pure function of every key."""
-    key = np.full(len(env_ids), np.uint64(seed % (1 << 64)), dtype=np.uint64)
-    for part in (env_ids, episodes, param, step, lane):
-        key = _mix(key + _GOLDEN + np.asarray(part).astype(np.int64).astype(np.uint64))
-    elements = np.arange(size, dtype=np.uint64)
-    words = _mix(key[:, None] + _GOLDEN * (elements[None, :] + np.uint64(1)))
-    return (words >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+    return uniform01_grid(seed, env_ids, episodes, [param], step, size, lane + 1)[:, 0, lane]
 
 
 def derive_seed(seed: int, env_id: int, episode: int) -> int:
@@ -36,21 +68,33 @@ def derive_seed(seed: int, env_id: int, episode: int) -> int:
     return int(u[0, 0] * (1 << 31))
 
 
-def draw(
-    spec: ParamSpec, arguments: np.ndarray, seed: int, env_ids: np.ndarray, episodes: np.ndarray, step: int | np.ndarray
-) -> np.ndarray:
-    """Draws one value per env from ``spec``'s distribution with per-env ``arguments`` records."""
-    size = max(1, int(np.prod(spec.shape, dtype=np.int64)))
-    shape = (len(env_ids), *spec.shape)
-    u = uniform01(seed, env_ids, episodes, spec.index, step, size).reshape(shape)
-    if spec.dist == "uniform":
-        low, high = arguments["low"].astype(np.float64), arguments["high"].astype(np.float64)
-        values = low + u * (high - low)
-    elif spec.dist == "loguniform":
-        low, high = np.log(arguments["low"].astype(np.float64)), np.log(arguments["high"].astype(np.float64))
-        values = np.exp(low + u * (high - low))
-    else:
-        v = uniform01(seed, env_ids, episodes, spec.index, step, size, lane=1).reshape(shape)
-        normal = np.sqrt(-2.0 * np.log1p(-u)) * np.cos(2.0 * np.pi * v)
-        values = arguments["mean"].astype(np.float64) + arguments["std"].astype(np.float64) * normal
-    return np.clip(values, spec.low, spec.high).astype(spec.dtype)
+def draws(
+    specs: list[ParamSpec],
+    arguments: list[np.ndarray],
+    seed: int,
+    env_ids: np.ndarray,
+    episodes: np.ndarray,
+    step: int | np.ndarray,
+) -> list[np.ndarray]:
+    """Draws one value per env from each of ``specs``' distributions, with per-env ``arguments``
+    records (one array per spec), in one grid of uniforms."""
+    sizes = [max(1, int(np.prod(spec.shape, dtype=np.int64))) for spec in specs]
+    lanes = 2 if any(spec.dist == "normal" for spec in specs) else 1
+    grid = uniform01_grid(seed, env_ids, episodes, [spec.index for spec in specs], step, max(sizes), lanes)
+    results = []
+    for column, (spec, records, size) in enumerate(zip(specs, arguments, sizes)):
+        shape = (len(env_ids), *spec.shape)
+        u = grid[:, column, 0, :size].reshape(shape)
+        if spec.dist == "uniform":
+            low, high = records["low"].astype(np.float64), records["high"].astype(np.float64)
+            values = low + u * (high - low)
+        elif spec.dist == "loguniform":
+            low, high = np.log(records["low"].astype(np.float64)), np.log(records["high"].astype(np.float64))
+            values = np.exp(low + u * (high - low))
+        else:
+            v = grid[:, column, 1, :size].reshape(shape)
+            normal = np.sqrt(-2.0 * np.log1p(-u)) * np.cos(2.0 * np.pi * v)
+            values = records["mean"].astype(np.float64) + records["std"].astype(np.float64) * normal
+        results.append(np.clip(values, spec.low, spec.high).astype(spec.dtype))
+    return results
+

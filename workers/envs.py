@@ -95,7 +95,7 @@ class Slot:
             if params.needs_rebuild(index):
                 env = self.envs[index] = self._remake(index)
                 seed = params.rebuilt_seed(index)
-            params.begin_episode(index)
+            params.begin_episodes(np.array([index]))
         return env, seed
 
     def _end_episode(self, index: int, terminated: bool, truncated: bool, info: dict[str, Any] | None) -> None:
@@ -229,6 +229,16 @@ class ArraySlot(Slot):
     def request_reset(self, rows: np.ndarray) -> None:
         """Makes the envs at ``rows`` reset instead of stepping this step (hooks ask for it)."""
         self._needs_reset[np.atleast_1d(rows)] = True
+
+    def _begin_episodes(self, rows: np.ndarray) -> None:
+        """``_begin_episode`` for the envs at ``rows`` at once, for an engine that refuses rebuild
+        parameters (none is re-made)."""
+        self._returns[rows] = 0.0
+        self._lengths[rows] = 0
+        self._starts[rows] = time.perf_counter()
+        self._episode_index[rows] += 1
+        if self._params is not None:
+            self._params.begin_episodes(rows)
 
     def _read_actions(self) -> Any:
         """A private copy of the slot's actions (hooks may edit it)."""

@@ -24,6 +24,7 @@ from shmpool.mujoco import ModelBinding, Simulation, simulation_of
 from shmpool.mujoco_tasks import Infos, task_of
 from shmpool.params import ParamSpec
 from shmpool.workers.envs import ArraySlot
+from shmpool.workers.mujoco_resets import BatchResets
 from shmpool.workers.param_applier import ParamApplier
 from shmpool.workers.targets import EnvTargets
 
@@ -173,6 +174,8 @@ class MujocoSlot(ArraySlot):
             self._datas = [env.unwrapped.data for env in self.envs]
             self._data_forces = [data.cfrc_ext for data in self._datas]
         self._read_envs()
+        self._resets = BatchResets(mujoco, self.nominal, task)
+        self._resets.plan(self.envs)
         #: The model fields that bindings made per simulation.
         self.expanded: set[str] = set()
         models_changed = np.zeros(len(self.envs), dtype=np.bool_)
@@ -269,6 +272,7 @@ class MujocoSlot(ArraySlot):
         if len(moved):
             batch.forward(moved)
         self._read_envs()
+        self._resets.plan(self.envs)
 
     # -- resets --------------------------------------------------------------------------------------
 
@@ -286,6 +290,26 @@ class MujocoSlot(ArraySlot):
         if env_info:
             self._info.add(index, env_info)
 
+    def _reset_rows(self, rows: np.ndarray) -> None:
+        """Starts the next episode of the envs at ``rows`` and resets them (autoreset, or a hook's
+        request): in the batch where the reset is gymnasium's own (``BatchResets``), else through
+        the env's ``reset``; then their observations and reset infos."""
+        self._begin_episodes(rows)
+        in_batch = self._resets.in_batch[rows]
+        for index in rows[~in_batch].tolist():
+            self.current_env = self.start + index
+            self._reset_one(index, self.envs[index], None, None)
+        self.current_env = None
+        batched = rows[in_batch]
+        if len(batched):
+            self._resets.write(batched, self.batch.state)
+            self._elapsed[batched] = 0
+        self._observe_reset(rows)
+        if len(batched):
+            shown = np.zeros(len(self.envs), dtype=np.bool_)
+            shown[batched] = True
+            self._add_infos(self.task.reset_infos(), shown, ())
+
     def _observe_reset(self, rows: np.ndarray) -> None:
         """Computes the reset simulations' derived fields with their own models (``mj_forward``, as
         the env's ``set_state`` does) and writes their observations; no contact forces yet."""
@@ -302,12 +326,7 @@ class MujocoSlot(ArraySlot):
         everyone = bool(stepping.all())
         if not everyone:
             resetting = np.flatnonzero(needs_reset)
-            for index in resetting.tolist():
-                self.current_env = self.start + index
-                env, seed = self._begin_episode(index)
-                self._reset_one(index, env, seed, None)
-            self.current_env = None
-            self._observe_reset(resetting)
+            self._reset_rows(resetting)
             self._rewards[resetting], self._terminations[resetting], self._truncations[resetting] = 0.0, False, False
             needs_reset[:] = False
         ids = None if everyone else np.flatnonzero(stepping)
@@ -401,12 +420,8 @@ class MujocoSlot(ArraySlot):
                 assert self._final_obs is not None
                 self._final_obs[ended_rows] = self._obs[ended_rows]
                 self._add_infos(infos, ended, ("final_info",))
-                for index in ended_rows.tolist():
-                    self.current_env = self.start + index
-                    env, seed = self._begin_episode(index)
-                    self._reset_one(index, env, seed, None)
-                    same_step_resets.append(index)
-                self._observe_reset(ended_rows)
+                self._reset_rows(ended_rows)
+                same_step_resets = ended_rows.tolist()
                 shown = stepped & ~ended
             elif self.autoreset:
                 self._needs_reset[ended_rows] = True

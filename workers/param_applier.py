@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from shmpool.bindings import plain_values
-from shmpool.draws import derive_seed, draw
+from shmpool.draws import derive_seed, draws
 from shmpool.layout import CTL_PARAM_REFUSALS
 from shmpool.params import ParamSpec, bad_rows, problem, show
 from shmpool.protocol import W_PARAMS_GENERATION, seqlock_read
@@ -62,6 +62,7 @@ class ParamApplier:
         self._step_values = [s for s in specs if s.when == "step" and not s.dist]
         self._step_draws = [s for s in specs if s.when == "step" and s.dist]
         self._episode_specs = [s for s in specs if s.when == "reset" or (s.when == "step" and s.dist)]
+        self._episode_draws = [s for s in self._episode_specs if s.dist]
         self.rebuild = [s for s in specs if s.when == "rebuild"]
         self._scalars = _ScalarColumns.find(specs, self.block.dtype, self.good, self.applied)
         self._built_with: list[bytes] = [b""] * count
@@ -117,21 +118,22 @@ class ParamApplier:
         """Whether a ``rebuild`` parameter of env ``local`` changed since it was built."""
         return bool(self.rebuild) and self._rebuild_key(local) != self._built_with[local]
 
-    def begin_episode(self, local: int) -> None:
-        """Applies the per-episode values (``reset`` ones, fresh draws) of env ``local``, whose
-        episode index has just advanced."""
+    def begin_episodes(self, rows: np.ndarray) -> None:
+        """Applies the per-episode values (``reset`` ones, fresh draws) of the envs at local
+        ``rows``, whose episode indices have just advanced."""
         if not self._episode_specs:
             return
-        rows = np.array([local])
+        drawn = self._episode_draws
+        fresh = self._draws(drawn, rows, self._episodes[rows], 0) if drawn else []
+        by_index = {spec.index: values for spec, values in zip(drawn, fresh)}
         for spec in self._episode_specs:
-            if spec.dist:
-                values = draw(
-                    spec, self.good[spec.name][rows], self._seed, self._env_ids[rows], self._episodes[rows], 0
-                )
-            else:
-                values = self.good[spec.name][rows]
-            self._apply(spec, rows, values)
+            self._apply(spec, rows, by_index[spec.index] if spec.dist else self.good[spec.name][rows])
         self._targets.refresh(rows)
+
+    def _draws(self, specs: list[ParamSpec], rows: np.ndarray, episodes: np.ndarray, steps: Any) -> list[np.ndarray]:
+        """Fresh values of the ``dist`` parameters ``specs`` for the envs at ``rows``."""
+        arguments = [self.good[spec.name][rows] for spec in specs]
+        return draws(specs, arguments, self._seed, self._env_ids[rows], episodes, steps)
 
     def rebuilt_seed(self, local: int) -> int:
         """The reset seed of a rebuilt env (its fresh generator would otherwise make the run
@@ -267,11 +269,10 @@ class ParamApplier:
         stepping = np.flatnonzero(~np.asarray(resetting, dtype=np.bool_))
         if not len(stepping):
             return
-        episodes = self._episodes[stepping]
         steps = np.asarray(lengths)[stepping] + 1
-        for spec in self._step_draws:
-            values = draw(spec, self.good[spec.name][stepping], self._seed, self._env_ids[stepping], episodes, steps)
-            self._apply(spec, stepping, values)
+        values = self._draws(self._step_draws, stepping, self._episodes[stepping], steps)
+        for spec, value in zip(self._step_draws, values):
+            self._apply(spec, stepping, value)
         self._targets.refresh(stepping)
 
     def resample(self, names: list[str], rows: np.ndarray, lengths: list[int]) -> None:
@@ -285,9 +286,7 @@ class ParamApplier:
                     f"{name!r} is not a dist parameter of this pool; those are {[s.name for s in self.specs if s.dist]}"
                 )
             steps = np.asarray(lengths)[rows] + 1
-            values = draw(
-                spec, self.good[spec.name][rows], self._seed, self._env_ids[rows], self._episodes[rows], steps
-            )
+            (values,) = self._draws([spec], rows, self._episodes[rows], steps)
             self._apply(spec, rows, values)
         self._targets.refresh(rows)
 

@@ -13,6 +13,7 @@ class InvertedPendulum(Task):
     """InvertedPendulum: a reward of 1 while the pole stays within 0.2 rad."""
 
     ids = ("InvertedPendulum-v5",)
+    reset_noise = "uniform"
 
     def observe(self, out: np.ndarray, rows: Any, cfrc_ext: np.ndarray | None) -> None:
         nq = self.arrays["qpos"].shape[1]
@@ -31,6 +32,7 @@ class InvertedDoublePendulum(Task):
     """InvertedDoublePendulum: alive while the tip stays above 1, penalized for distance and speed."""
 
     ids = ("InvertedDoublePendulum-v5",)
+    reset_noise = "normal"
     fields = ("qpos", "qvel", "site_xpos", "qfrc_constraint")
     constants = ("_healthy_reward",)
 

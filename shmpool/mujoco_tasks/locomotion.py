@@ -21,6 +21,10 @@ class Forward(Task):
     )
     #: Leading qpos entries left out of the observation when positions are excluded.
     skipped = 1
+    reset_noise = "normal"
+
+    def reset_infos(self) -> Infos:
+        return {"x_position": (self.arrays["qpos"][:, 0].copy(), FLOAT64)}
 
     def before(self) -> Any:
         return self.arrays["qpos"][:, 0].copy()
@@ -65,6 +69,14 @@ class Hopping(Forward):
     )
 
     optional_constants = ("_healthy_state_range",)  # Hopper's only
+    reset_noise = "uniform"
+
+    def reset_infos(self) -> Infos:
+        qpos = self.arrays["qpos"]
+        return {
+            "x_position": (qpos[:, 0].copy(), FLOAT64),
+            "z_distance_from_origin": (qpos[:, 1] - self.c["init_qpos"][1], FLOAT64),
+        }
 
     def _velocities(self, rows: Any) -> np.ndarray:
         return np.clip(self.arrays["qvel"][rows], -10, 10)
@@ -105,6 +117,15 @@ class Swimming(Forward):
 
     ids = ("Swimmer-v5",)
     skipped = 2
+    reset_noise = "uniform"
+
+    def reset_infos(self) -> Infos:
+        qpos = self.arrays["qpos"]
+        return {
+            "x_position": (qpos[:, 0].copy(), FLOAT64),
+            "y_position": (qpos[:, 1].copy(), FLOAT64),
+            "distance_from_origin": (_norm(qpos[:, 0:2]), FLOAT64),
+        }
 
     def before(self) -> Any:
         return self.arrays["qpos"][:, 0:2].copy()
@@ -151,6 +172,7 @@ class Ant(Swimming):
     )
     contact_forces = True
     skipped = 2
+    reset_noise = "normal"
 
     def read_constants(self, envs: list[Any], first_env: int) -> None:
         super().read_constants(envs, first_env)
@@ -224,6 +246,22 @@ class Humanoid(Swimming):
     contact_forces = True
     skipped = 2
 
+    def _tendons(self) -> Infos:
+        lengths, velocities = self.arrays["ten_length"], self.arrays["ten_velocity"]
+        return {
+            "tendon_length": (lengths.copy(), lengths[0].copy()),
+            "tendon_velocity": (velocities.copy(), velocities[0].copy()),
+        }
+
+    def reset_infos(self) -> Infos:
+        planar = super().reset_infos()
+        return {
+            "x_position": planar["x_position"],
+            "y_position": planar["y_position"],
+            **self._tendons(),
+            "distance_from_origin": planar["distance_from_origin"],
+        }
+
     def _xy(self) -> np.ndarray:
         masses = self.model_field("body_mass")
         centre = np.einsum("sb,sbj->sj", masses, self.arrays["xipos"]) / masses.sum(axis=1)[:, None]
@@ -265,8 +303,7 @@ class Humanoid(Swimming):
         infos: Infos = {
             "x_position": planar["x_position"],
             "y_position": planar["y_position"],
-            "tendon_length": (self.arrays["ten_length"].copy(), self.arrays["ten_length"][0].copy()),
-            "tendon_velocity": (self.arrays["ten_velocity"].copy(), self.arrays["ten_velocity"][0].copy()),
+            **self._tendons(),
             "distance_from_origin": planar["distance_from_origin"],
             "x_velocity": planar["x_velocity"],
             "y_velocity": planar["y_velocity"],
@@ -298,6 +335,15 @@ class HumanoidStandup(Humanoid):
     def before(self) -> Any:
         return None
 
+    def reset_infos(self) -> Infos:
+        qpos = self.arrays["qpos"]
+        return {
+            "x_position": (qpos[:, 0].copy(), FLOAT64),
+            "y_position": (qpos[:, 1].copy(), FLOAT64),
+            "z_distance_from_origin": (qpos[:, 2] - self.c["init_qpos"][2], FLOAT64),
+            **self._tendons(),
+        }
+
     def results(self, before: Any, actions: np.ndarray, dt: Any, cfrc_ext: Any) -> tuple[np.ndarray, np.ndarray, Infos]:
         c, qpos = self.c, self.arrays["qpos"]
         height = qpos[:, 2].copy()
@@ -309,8 +355,7 @@ class HumanoidStandup(Humanoid):
             "x_position": (qpos[:, 0].copy(), FLOAT64),
             "y_position": (qpos[:, 1].copy(), FLOAT64),
             "z_distance_from_origin": (height - c["init_qpos"][2], FLOAT64),
-            "tendon_length": (self.arrays["ten_length"].copy(), self.arrays["ten_length"][0].copy()),
-            "tendon_velocity": (self.arrays["ten_velocity"].copy(), self.arrays["ten_velocity"][0].copy()),
+            **self._tendons(),
             "reward_linup": (up, FLOAT64),
             "reward_quadctrl": (-ctrl, FLOAT64),
             "reward_impact": (-impact, FLOAT64),

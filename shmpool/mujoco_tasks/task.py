@@ -33,6 +33,10 @@ class Task:
     optional_constants: ClassVar[tuple[str, ...]] = ()
     #: Whether it reads ``cfrc_ext`` as gymnasium fills it after the step (``mj_rnePostConstraint``).
     contact_forces: ClassVar[bool] = False
+    #: How its env's ``reset_model`` draws the velocity noise after the position noise (uniform in
+    #: ``±_reset_noise_scale``): ``"uniform"`` likewise, ``"normal"`` a standard normal times the
+    #: scale; None: a reset the slot leaves to the env (Reacher's goal, say).
+    reset_noise: ClassVar[str | None] = None
 
     def __init__(self, arrays: dict[str, np.ndarray], model_field: Callable[[str], np.ndarray]) -> None:
         self.arrays = arrays
@@ -76,6 +80,10 @@ class Task:
     ) -> tuple[np.ndarray, np.ndarray, Infos]:
         """Every env's reward (float64), termination and step infos after the physics."""
         raise NotImplementedError
+
+    def reset_infos(self) -> Infos:
+        """Every env's reset info as its ``_get_reset_info`` reports it, after the reset's forward."""
+        return {}
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -1,0 +1,105 @@
+"""Resets of an ``engine="mujoco"`` slot at batch speed (``BatchResets``): each env's ``np_random``
+draws gymnasium's reset noise in gymnasium's order, and the states go into the batch's rows at once.
+
+Why and how: ``docs/internals.md``, "workers/mujoco_resets.py".
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker, TimeLimit
+
+from shmpool.mujoco_tasks import Task
+
+#: The wrappers ``gymnasium.make`` puts on every env, whose ``reset`` the slot does itself: the time
+#: limit's count is the slot's, and the other two only note that a first reset happened.
+_MAKES_WRAPPERS = (TimeLimit, OrderEnforcing, PassiveEnvChecker)
+#: What decides a reset of a gymnasium MuJoCo env: none of it may be the user's.
+_RESET_METHODS = ("reset", "reset_model", "_get_reset_info", "set_state", "np_random")
+
+
+def resets_as_gymnasiums(env: gymnasium.Env) -> bool:
+    """Whether ``env``'s reset is exactly what gymnasium's MuJoCo env and ``make``'s wrappers do:
+    no other wrapper, no reset method of the user's (a subclass's, or patched on a class or an
+    instance), no human rendering."""
+    layer: Any = env
+    while isinstance(layer, gymnasium.Wrapper):
+        if type(layer) not in _MAKES_WRAPPERS or "reset" in vars(layer):
+            return False
+        layer = layer.env
+    if getattr(layer, "render_mode", None) == "human":
+        return False
+    own = vars(layer)
+    for name in _RESET_METHODS:
+        found = inspect.getattr_static(type(layer), name, None)
+        function = found.fget if isinstance(found, property) else found
+        # By the function's own module: a subclass's override and a method patched onto
+        # gymnasium's class are both the user's.
+        if name in own or not getattr(function, "__module__", "").startswith("gymnasium."):
+            return False
+    return True
+
+
+class BatchResets:
+    """Which envs of a slot reset in the batch, and the states they reset to.
+
+    The state a gymnasium env resets to is ``mj_resetData``'s, with ``qpos`` and ``qvel`` set to
+    ``init_qpos``/``init_qvel`` plus noise drawn from its ``np_random``. ``mj_resetData``'s state
+    depends on the model only through ``qpos0`` (overwritten), and through equality constraints,
+    mocap bodies and plugins, which the slot's model has none of when this is used.
+    """
+
+    def __init__(self, mujoco: Any, nominal: Any, task: Task) -> None:
+        spec = mujoco.mjtState.mjSTATE_INTEGRATION
+        data = mujoco.MjData(nominal)
+        mujoco.mj_resetData(nominal, data)
+        #: The state every simulation starts a reset from (time 0, no warm start, no forces).
+        self.template = np.empty(mujoco.mj_stateSize(nominal, spec))
+        mujoco.mj_getState(nominal, data, self.template, spec)
+        start = mujoco.mj_stateSize(nominal, mujoco.mjtState.mjSTATE_TIME)
+        self._qpos = slice(start, start + nominal.nq)
+        self._qvel = slice(start + nominal.nq, start + nominal.nq + nominal.nv)
+        self._nq, self._nv = nominal.nq, nominal.nv
+        self._noise = task.reset_noise
+        self._usable = task.reset_noise is not None and nominal.nmocap == nominal.neq == nominal.nplugin == 0
+        #: Per env: whether it resets here (else through gymnasium's ``reset``).
+        self.in_batch = np.zeros(0, dtype=np.bool_)
+        self._unwrapped: list[Any] = []
+        self._scales = np.zeros(0)
+        self._init_qpos = np.zeros((0, self._nq))
+        self._init_qvel = np.zeros((0, self._nv))
+
+    def plan(self, envs: list[gymnasium.Env]) -> None:
+        """Reads which envs reset here and their constants (after the envs are made, and after every
+        control call, which may have wrapped an env or changed its ``init_qpos``)."""
+        self._unwrapped = [env.unwrapped for env in envs]
+        self.in_batch = np.array([self._usable and resets_as_gymnasiums(env) for env in envs], dtype=np.bool_)
+        if not self.in_batch.any():
+            return
+        self._scales = np.array([float(one._reset_noise_scale) for one in self._unwrapped])
+        self._init_qpos = np.array([np.asarray(one.init_qpos, dtype=np.float64) for one in self._unwrapped])
+        self._init_qvel = np.array([np.asarray(one.init_qvel, dtype=np.float64) for one in self._unwrapped])
+
+    def write(self, rows: np.ndarray, state: np.ndarray) -> None:
+        """Draws the reset noise of the envs at ``rows`` from their own generators, as their
+        ``reset_model`` does, and writes their reset states into the batch's ``state`` rows."""
+        nq, nv, uniform = self._nq, self._nv, self._noise == "uniform"
+        position_noise, velocity_noise = np.empty((len(rows), nq)), np.empty((len(rows), nv))
+        unwrapped, scales = self._unwrapped, self._scales
+        for index, row in enumerate(rows.tolist()):
+            generator, scale = unwrapped[row].np_random, scales[row]
+            position_noise[index] = generator.uniform(low=-scale, high=scale, size=nq)
+            if uniform:
+                velocity_noise[index] = generator.uniform(low=-scale, high=scale, size=nv)
+            else:
+                velocity_noise[index] = generator.standard_normal(nv)
+        if not uniform:  # gymnasium: init_qvel + scale * standard_normal(nv)
+            velocity_noise *= scales[rows, None]
+        states = np.broadcast_to(self.template, (len(rows), len(self.template))).copy()
+        states[:, self._qpos] = self._init_qpos[rows] + position_noise
+        states[:, self._qvel] = self._init_qvel[rows] + velocity_noise
+        state[rows] = states
