@@ -61,7 +61,8 @@ class EpisodeWriter:
         self._applied = views.get("applied")
         fields = self._records.dtype.fields
         # The info keys of the declared metrics, in the order of the record's fields.
-        self._metric_keys = [metrics[name] for name in fields["metrics"][0].names] if "metrics" in fields else []
+        self._metric_names = list(fields["metrics"][0].names) if "metrics" in fields else []
+        self._metric_keys = [metrics[name] for name in self._metric_names]
 
     @property
     def plain_ring(self) -> np.ndarray | None:
@@ -101,6 +102,48 @@ class EpisodeWriter:
         self._reserved[self._worker_id] = head + 1
         self._records[head % self._capacity] = tuple(values)  # one store: an eighth of field by field
         self._heads[self._worker_id] = head + 1
+
+    def append_many(
+        self,
+        env_ids: np.ndarray,
+        episodes: np.ndarray,
+        step: int,
+        totals: np.ndarray,
+        lengths: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        infos: Mapping[str, np.ndarray] | None,
+    ) -> None:
+        """``append`` for several finished episodes at once (one entry each), published together;
+        ``infos``: the final info values of those episodes by key, as ``append``'s info holds them
+        (flat: an ``a/b`` metric is NaN, as in a flat info dict)."""
+        count = len(env_ids)
+        records = np.zeros(count, dtype=self._records.dtype)
+        for name, values in (
+            ("env_id", env_ids),
+            ("episode", episodes),
+            ("step", step),
+            ("return", totals),
+            ("length", lengths),
+            ("terminated", terminated),
+            ("truncated", truncated),
+        ):
+            records[name] = values
+        if self._applied is not None:
+            records["params"] = self._applied[env_ids]
+        for name, key in zip(self._metric_names, self._metric_keys):
+            records["metrics"][name] = _metric_column((infos or {}).get(key), count)
+        head = self.reserve(count)
+        self._records[(head + np.arange(count)) % self._capacity] = records
+        self.publish(count)
+
+
+def _metric_column(values: np.ndarray | None, count: int) -> np.ndarray:
+    """A metric's values for ``count`` episodes from an info column: NaN where ``metric_value``
+    gives NaN (no such key, or a value that is not one number)."""
+    if values is None or values.dtype.kind not in "biuf" or values.size != count:
+        return np.full(count, math.nan)
+    return values.reshape(count).astype(np.float64)
 
 
 class EpisodeReader:

@@ -176,6 +176,44 @@ def test_episode_statistics_are_the_summed_rewards(pool_name: str) -> None:
         assert len(records) == seen
 
 
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_episode_records_equal_the_python_engines(mode: AutoresetMode, pool_name: str) -> None:
+    """Records of episodes that end together, with the parameters drawn for them and metrics read
+    from their last infos (a number, an array, a missing key and a nested one)."""
+    spec = smj.scale_randomization()
+    metrics = {"x": "x_position", "tendons": "tendon_length", "missing": "no_such_key", "nested": "a/b"}
+    records = {}
+    for engine in ("python", "mujoco"):
+        with shmpool.launch(
+            "Humanoid-v5",
+            5,
+            num_workers=2,
+            engine=engine,
+            params=spec,
+            seed=4,
+            autoreset_mode=mode,
+            episode_metrics=metrics,
+            env_kwargs={"max_episode_steps": 6},
+            name=f"{pool_name}-{engine}",
+        ) as pool:
+            pool.reset(seed=0)
+            rng = np.random.default_rng(0)
+            for _ in range(20):
+                pool.step(rng.uniform(-0.4, 0.4, pool.action_space.shape))
+            records[engine] = np.sort(pool.episodes.read(), order=["env_id", "episode"])
+    python, batched = records["python"], records["mujoco"]
+    assert len(batched) == len(python) >= 15  # every env ended 3 time-limited episodes, or more
+    for name in python.dtype.names:
+        if name == "metrics":  # field by field: NaNs compare equal within a float array only
+            for metric in metrics:
+                np.testing.assert_array_equal(batched[name][metric], python[name][metric], err_msg=metric)
+        else:
+            np.testing.assert_array_equal(batched[name], python[name], err_msg=name)
+    assert np.isnan(batched["metrics"]["missing"]).all() and np.isnan(batched["metrics"]["nested"]).all()
+    assert np.isnan(batched["metrics"]["tendons"]).all()  # two tendons: not one number
+    assert np.isfinite(batched["metrics"]["x"]).all()
+
+
 def randomized_run(env_id: str, engine: str, pool_name: str, spec: dict[str, Param], push: Any) -> list[Any]:
     hooks = [] if push is None else [Perturb(40.0, every=7, dims=3, kick=push)]
     results = []

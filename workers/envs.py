@@ -230,6 +230,23 @@ class ArraySlot(Slot):
         """Makes the envs at ``rows`` reset instead of stepping this step (hooks ask for it)."""
         self._needs_reset[np.atleast_1d(rows)] = True
 
+    def _end_episodes(self, rows: np.ndarray, infos: dict[str, np.ndarray] | None) -> None:
+        """``_end_episode`` for the envs at ``rows`` at once; ``infos``: the slot's final info columns
+        by key (what the episode metrics read), or None without metrics."""
+        self._episode_return[rows] = self._returns[rows]
+        self._episode_length[rows] = self._lengths[rows]
+        self._episode_time[rows] = np.round(time.perf_counter() - self._starts[rows], 6)
+        self._episodes.append_many(
+            self.start + rows,
+            self._episode_index[rows],
+            self.global_step,
+            self._returns[rows],
+            self._lengths[rows],
+            self._terminations[rows],
+            self._truncations[rows],
+            None if infos is None else {key: values[rows] for key, values in infos.items()},
+        )
+
     def _begin_episodes(self, rows: np.ndarray) -> None:
         """``_begin_episode`` for the envs at ``rows`` at once, for an engine that refuses rebuild
         parameters (none is re-made)."""

@@ -412,10 +412,7 @@ class MujocoSlot(ArraySlot):
         shown = rows
         if len(ended_rows):
             metrics = bool(self._config.episode_metrics)
-            for index in ended_rows.tolist():
-                self.current_env = self.start + index
-                record_info = {key: values[index] for key, (values, _) in infos.items()} if metrics else None
-                self._end_episode(index, bool(self._terminations[index]), bool(self._truncations[index]), record_info)
+            self._end_episodes(ended_rows, {key: values for key, (values, _) in infos.items()} if metrics else None)
             if self.same_step:
                 assert self._final_obs is not None
                 self._final_obs[ended_rows] = self._obs[ended_rows]
@@ -425,7 +422,6 @@ class MujocoSlot(ArraySlot):
                 shown = stepped & ~ended
             elif self.autoreset:
                 self._needs_reset[ended_rows] = True
-            self.current_env = None
         self._add_infos(infos, shown, ())
         if self.hooks is not None:
             self.hooks.on_reset(same_step_resets, lengths)  # type: ignore[arg-type]
