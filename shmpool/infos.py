@@ -157,6 +157,10 @@ def _as_key(part: Any) -> Any:
     return tuple(_as_key(item) for item in part) if isinstance(part, list) else part
 
 
+def _same_kind(one: _Key, other: _Key) -> bool:
+    return (one.path, one.dtype, one.shape, one.batch) == (other.path, other.dtype, other.shape, other.batch)
+
+
 def _indices(rows: Any) -> np.ndarray:
     """A slice of rows (with a stop) as the array of its indices; an index array as itself."""
     return np.arange(rows.start, rows.stop) if isinstance(rows, slice) else rows
@@ -203,10 +207,45 @@ class InfoReader:
         self._overflow_warned = [0] * len(slots)
         self._warned: set[tuple[str, Path]] = set()
 
-    def read_into(self, infos: dict[str, Any], worker_id: int, at: int | None = None, size: int | None = None) -> None:
+    def read_all(self, infos: dict[str, Any], workers: list[int]) -> None:
+        """``read_into`` for each of ``workers`` (those that reported infos this step, in slot
+        order), in one pass per key where it can: a key that every worker records alike, at the
+        same record, is copied for every env of the pool at once when the first worker reads it."""
+        everywhere = self._everywhere() if len(workers) == len(self._slots) > 1 else set()
+        if everywhere:  # read with the first worker's keys, in their order: those it reported
+            start, stop = self._slots[workers[0]]
+            first_reported = self._mask[start:stop].any(axis=0)
+            everywhere = {slot for slot in everywhere if first_reported[slot]}
+        for worker_id in workers:
+            self.read_into(infos, worker_id, everywhere=everywhere, lead=worker_id == workers[0])
+
+    def _everywhere(self) -> set[int]:
+        """The records that hold the same key (path, dtype, shape, batching) in every worker."""
+        keys = [self._refresh(worker_id) for worker_id in range(len(self._slots))]
+        if any(self._several):
+            return set()
+        width = min(len(each) for each in keys)
+        return {
+            slot
+            for slot in range(width)
+            if keys[0][slot].view is not None
+            and keys[0][slot].batch == BATCH_TYPED
+            and all(_same_kind(each[slot], keys[0][slot]) for each in keys[1:])
+        }
+
+    def read_into(
+        self,
+        infos: dict[str, Any],
+        worker_id: int,
+        at: int | None = None,
+        size: int | None = None,
+        everywhere: set[int] | frozenset[int] = frozenset(),
+        lead: bool = False,
+    ) -> None:
         """Adds the infos that ``worker_id`` reported this step to ``infos``: in arrays of one row per
         env, or, with ``at``, in arrays of ``size`` rows where the slot's rows start at row ``at``
-        (an async batch of a few slots)."""
+        (an async batch of a few slots). ``everywhere``: records read for every env of the pool by
+        the ``lead`` worker's read (``read_all``), and skipped by the others'."""
         keys = self._refresh(worker_id)
         start, stop = self._slots[worker_id]
         first = start if at is None else at
@@ -222,11 +261,22 @@ class InfoReader:
             key = keys[slot]
             if key.view is None and key.batch != BATCH_DICT:
                 continue
-            if reported[slot] == count:  # every env of the slot: slices, no index arrays
-                self._put(infos, key, slice(start, stop), slice(first, first + count), rows)
+            if slot in everywhere:
+                if lead:  # every env of the pool that reported it, from the first worker on
+                    self._put_rows(infos, key, self._mask[:, slot], 0, 0, rows)
             else:
-                local = np.flatnonzero(mask[:, slot])
-                self._put(infos, key, local + start, local + first, rows)
+                self._put_rows(infos, key, mask[:, slot], start, first, rows, int(reported[slot]))
+
+    def _put_rows(
+        self, infos: dict[str, Any], key: _Key, reported: np.ndarray, start: int, first: int, rows: int, count: int = -1
+    ) -> None:
+        """``_put`` of the envs where ``reported`` (a mask of envs from env id ``start``, placed from
+        row ``first``) is set: slices when it is set for all of them."""
+        if (count if count >= 0 else int(reported.sum())) == len(reported):  # every env: no index arrays
+            self._put(infos, key, slice(start, start + len(reported)), slice(first, first + len(reported)), rows)
+        else:
+            local = np.flatnonzero(reported)
+            self._put(infos, key, local + start, local + first, rows)
 
     def _put(self, infos: dict[str, Any], key: _Key, source: Any, target: Any, rows: int) -> None:
         """Copies ``key``'s values of the envs ``source`` (env ids) to rows ``target`` of its array."""

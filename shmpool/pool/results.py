@@ -136,9 +136,10 @@ class Results:
         return self.observations(), infos
 
     def _read_infos(self, infos: dict[str, Any]) -> None:
-        for worker_id in range(self._num_workers):
-            if self._words[worker_id * CONTROL_WORDS + CTL_NUM_INFO]:
-                self._infos.read_into(infos, worker_id)
+        words = self._words
+        reported = [worker for worker in range(self._num_workers) if words[worker * CONTROL_WORDS + CTL_NUM_INFO]]
+        if reported:
+            self._infos.read_all(infos, reported)
 
     def _add_param_infos(self, infos: dict[str, Any]) -> None:
         applied = self._views["applied"]
