@@ -206,46 +206,59 @@ class InfoReader:
         self._several = [False] * len(slots)  # whether a worker has a key with records of two kinds
         self._overflow_warned = [0] * len(slots)
         self._warned: set[tuple[str, Path]] = set()
+        self._columns_counts: tuple[int, ...] = ()
+        self._columns: list[tuple[str, str, np.ndarray, tuple[int, ...]]] | None = None
 
     def read_all(self, infos: dict[str, Any], workers: list[int]) -> None:
-        """``read_into`` for each of ``workers`` (those that reported infos this step, in slot
-        order), in one pass per key where it can: a key that every worker records alike, at the
-        same record, is copied for every env of the pool at once when the first worker reads it."""
-        everywhere = self._everywhere() if len(workers) == len(self._slots) > 1 else set()
-        if everywhere:  # read with the first worker's keys, in their order: those it reported
-            start, stop = self._slots[workers[0]]
-            first_reported = self._mask[start:stop].any(axis=0)
-            everywhere = {slot for slot in everywhere if first_reported[slot]}
-        for worker_id in workers:
-            self.read_into(infos, worker_id, everywhere=everywhere, lead=worker_id == workers[0])
+        """``read_into`` for each of ``workers`` (those that reported infos this step), into an empty
+        ``infos``. When every worker has the same flat keys, recorded alike, and all reported this
+        step, each key is one copy of its column over the pool instead of a copy per worker."""
+        columns = self._same_columns() if len(workers) == len(self._slots) else None
+        if columns is None:
+            for worker_id in workers:
+                self.read_into(infos, worker_id)
+            return
+        mask = self._mask[:, : len(columns)]
+        if mask.all():  # every env reported every key (the common case): no zeros, no index arrays
+            for name, mask_name, view, _ in columns:
+                infos[name], infos[mask_name] = view.copy(), np.ones(self._num_envs, dtype=np.bool_)
+            return
+        reported_by_some = mask.any(axis=0)
+        for slot, (name, mask_name, view, rows_shape) in enumerate(columns):
+            if reported_by_some[slot]:  # zeros where an env did not report it, as gymnasium leaves them
+                reported = mask[:, slot]
+                infos[name] = np.where(reported.reshape(rows_shape), view, np.zeros((), view.dtype))
+                infos[mask_name] = reported.copy()
 
-    def _everywhere(self) -> set[int]:
-        """The records that hold the same key (path, dtype, shape, batching) in every worker."""
+    def _same_columns(self) -> list[tuple[str, str, np.ndarray, tuple[int, ...]]] | None:
+        """When every worker's keys are the same top-level keys of numbers, each recorded alike at
+        the same record: per record, the key, its mask's key, its values over the pool and the shape
+        that spreads a mask of envs over them; None otherwise."""
         keys = [self._refresh(worker_id) for worker_id in range(len(self._slots))]
-        if any(self._several):
-            return set()
-        width = min(len(each) for each in keys)
-        return {
-            slot
-            for slot in range(width)
-            if keys[0][slot].view is not None
-            and keys[0][slot].batch == BATCH_TYPED
-            and all(_same_kind(each[slot], keys[0][slot]) for each in keys[1:])
-        }
+        counts = tuple(len(each) for each in keys)
+        if counts != self._columns_counts:  # keys only grow: the answer changes when they do
+            self._columns_counts = counts
+            first = keys[0]
+            same = (
+                not any(self._several)
+                and len(set(counts)) == 1
+                and all(
+                    key.view is not None and key.batch == BATCH_TYPED and len(key.path) == 1 and isinstance(key.path[0], str)
+                    for key in first
+                )
+                and all(_same_kind(key, other[slot]) for other in keys[1:] for slot, key in enumerate(first))
+            )
+            self._columns = (
+                [(key.path[0], f"_{key.path[0]}", key.view, (-1, *(1,) * len(key.shape))) for key in first]  # type: ignore[misc]
+                if same and first
+                else None
+            )
+        return self._columns
 
-    def read_into(
-        self,
-        infos: dict[str, Any],
-        worker_id: int,
-        at: int | None = None,
-        size: int | None = None,
-        everywhere: set[int] | frozenset[int] = frozenset(),
-        lead: bool = False,
-    ) -> None:
+    def read_into(self, infos: dict[str, Any], worker_id: int, at: int | None = None, size: int | None = None) -> None:
         """Adds the infos that ``worker_id`` reported this step to ``infos``: in arrays of one row per
         env, or, with ``at``, in arrays of ``size`` rows where the slot's rows start at row ``at``
-        (an async batch of a few slots). ``everywhere``: records read for every env of the pool by
-        the ``lead`` worker's read (``read_all``), and skipped by the others'."""
+        (an async batch of a few slots)."""
         keys = self._refresh(worker_id)
         start, stop = self._slots[worker_id]
         first = start if at is None else at
@@ -261,22 +274,11 @@ class InfoReader:
             key = keys[slot]
             if key.view is None and key.batch != BATCH_DICT:
                 continue
-            if slot in everywhere:
-                if lead:  # every env of the pool that reported it, from the first worker on
-                    self._put_rows(infos, key, self._mask[:, slot], 0, 0, rows)
+            if reported[slot] == count:  # every env of the slot: slices, no index arrays
+                self._put(infos, key, slice(start, stop), slice(first, first + count), rows)
             else:
-                self._put_rows(infos, key, mask[:, slot], start, first, rows, int(reported[slot]))
-
-    def _put_rows(
-        self, infos: dict[str, Any], key: _Key, reported: np.ndarray, start: int, first: int, rows: int, count: int = -1
-    ) -> None:
-        """``_put`` of the envs where ``reported`` (a mask of envs from env id ``start``, placed from
-        row ``first``) is set: slices when it is set for all of them."""
-        if (count if count >= 0 else int(reported.sum())) == len(reported):  # every env: no index arrays
-            self._put(infos, key, slice(start, start + len(reported)), slice(first, first + len(reported)), rows)
-        else:
-            local = np.flatnonzero(reported)
-            self._put(infos, key, local + start, local + first, rows)
+                local = np.flatnonzero(mask[:, slot])
+                self._put(infos, key, local + start, local + first, rows)
 
     def _put(self, infos: dict[str, Any], key: _Key, source: Any, target: Any, rows: int) -> None:
         """Copies ``key``'s values of the envs ``source`` (env ids) to rows ``target`` of its array."""
