@@ -67,10 +67,10 @@ class Settings:
     """the width of the --loop policy's two hidden layers."""
     ppo: bool = False
     """instead of the table: CleanRL's PPO iteration (scripts/ppo.py's agent and update, torch with
-    its default threads) on gymnasium Sync, a default launch and engine="numba", timed in turns, an
-    iteration (a rollout of 128 steps per env, then 4 epochs of 4 minibatches) each; with the env
-    steps' share of Sync's iteration, and so the best ratio any vector env could reach; --envs and
-    --num-envs default to CartPole-v1 at 8 and 32."""
+    its default threads) on gymnasium Sync, a default launch and engine="numba" (for a MuJoCo env:
+    engine="mujoco" and EnvPool), timed in turns, an iteration (a rollout of 128 steps per env, then
+    4 epochs of 4 minibatches) each; with the env steps' share of Sync's iteration, and so the best
+    ratio any vector env could reach; --envs and --num-envs default to CartPole-v1 at 8 and 32."""
     profile: bool = False
     """instead of the table: where a step's time goes, phase by phase (us per step, trainer and
     workers), for the first of --envs at the first of --num-envs: plain, and for CartPole also with 3
@@ -852,10 +852,36 @@ def whole_loop(settings: Settings) -> None:
 # -- --ppo: CleanRL's PPO iteration, as users run it -------------------------------------------
 
 
+class EnvPoolVector:
+    """EnvPool's synchronous gymnasium API as ``PpoIteration`` reads a vector env. EnvPool resets a
+    finished env at its next step (gymnasium's next-step autoreset), not within the step: the
+    rollout's bookkeeping is then off by a step at episode ends, which does not change its cost."""
+
+    def __init__(self, env_id: str, num_envs: int, threads: int) -> None:
+        import envpool
+
+        self._envs = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, num_threads=threads, seed=0)
+        self.num_envs = num_envs
+        self.single_observation_space = self._envs.observation_space
+        self.single_action_space = self._envs.action_space
+
+    def reset(self, seed: int | None = None) -> Any:
+        return self._envs.reset()  # seeded at make
+
+    def step(self, actions: Any) -> Any:
+        return self._envs.step(actions)
+
+    def close(self) -> None:
+        self._envs.close()
+
+
 def ppo_runners(env_id: str, num_envs: int) -> dict[str, Callable[[], Any]]:
     """The vector envs that --ppo compares, same-step autoreset each: gymnasium Sync, a default
-    launch, and the numba engine where the env has a kernel."""
+    launch, the numba engine where the env has a kernel; for the MuJoCo envs the mujoco engine
+    has a task for, that engine and EnvPool (as many threads as cores), where installed."""
     from shmpool import kernels
+    from shmpool.mujoco_tasks import TASKS
+    from shmpool.system import usable_cores
 
     same_step = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
     fns = [lambda: gym.make(env_id) for _ in range(num_envs)]
@@ -865,6 +891,10 @@ def ppo_runners(env_id: str, num_envs: int) -> dict[str, Callable[[], Any]]:
     }
     if env_id in kernels.compiled_ids() and importlib.util.find_spec("numba") is not None:
         runners["shmpool numba"] = lambda: shmpool.launch(env_id, num_envs, seed=0, engine="numba", **same_step)
+    if env_id in TASKS and importlib.util.find_spec("mujoco.batch") is not None:
+        runners["shmpool mujoco"] = lambda: shmpool.launch(env_id, num_envs, seed=0, engine="mujoco", **same_step)
+        if envpool_installed():
+            runners[f"{ENVPOOL} ({usable_cores()} threads)"] = lambda: EnvPoolVector(env_id, num_envs, usable_cores())
     return runners
 
 
@@ -906,6 +936,9 @@ def ppo_loops(settings: Settings) -> None:
                 f"{'':<12} {'':>8}  env steps take {shares['gymnasium Sync']:.0%} of Sync's iteration: a vector env "
                 f"whose steps took no time would reach {1 / (1 - shares['gymnasium Sync']):.2f}x Sync"
             )
+            envpool = next((rate for label, rate in rates.items() if label.startswith(ENVPOOL)), None)
+            if envpool and "shmpool mujoco" in rates:
+                lines.append(f"{'':<12} {'':>8}  shmpool mujoco runs at {rates['shmpool mujoco'] / envpool:.2f}x EnvPool")
     print("\n".join(lines))
 
 
