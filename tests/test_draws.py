@@ -1,0 +1,63 @@
+"""``shmpool.draws``: every draw is a pure function of (seed, env, episode, parameter, step), the same
+whether a parameter is drawn alone or with others in one grid (a reset draws all of them at once)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shmpool import Param
+from shmpool.draws import derive_seed, draws, uniform01, uniform01_grid
+from shmpool.params import ParamSpec, block_dtype, compile_specs
+
+SPECS = compile_specs(
+    {
+        "mass": Param(dist="uniform", default={"low": 0.5, "high": 2.0}, low=0.0, high=3.0, bind=False),
+        "offsets": Param(dist="normal", default={"mean": 0.0, "std": 1.0}, low=-5, high=5, shape=(3,), bind=False),
+        "gains": Param(dist="loguniform", default={"low": 0.1, "high": 10.0}, low=0.01, high=100, shape=(2,), bind=False),
+        "plain": Param(1.0, low=0.0, high=2.0, bind=False),
+    }
+)
+DRAWN = [spec for spec in SPECS if spec.dist]
+
+
+ARGUMENTS = {"uniform": (0.5, 2.0), "loguniform": (0.1, 10.0), "normal": (0.0, 1.0)}
+
+
+def arguments(spec: ParamSpec, rows: int) -> np.ndarray:
+    """``rows`` records of the spec's distribution arguments (its fields in the params block)."""
+    records = np.zeros(rows, dtype=block_dtype(SPECS)[spec.name])
+    for field, value in zip(spec.arguments, ARGUMENTS[spec.dist]):  # type: ignore[index]
+        records[field] = value
+    return records
+
+
+def test_a_parameter_draws_the_same_alone_or_with_others() -> None:
+    env_ids, episodes = np.array([0, 3, 7, 7]), np.array([0, 5, 1, 2])
+    for step in (0, np.array([1, 9, 4, 4])):
+        together = draws(DRAWN, [arguments(spec, 4) for spec in DRAWN], 11, env_ids, episodes, step)
+        for spec, values in zip(DRAWN, together):
+            (alone,) = draws([spec], [arguments(spec, 4)], 11, env_ids, episodes, step)
+            assert alone.tobytes() == values.tobytes(), spec.name
+            assert values.shape == (4, *spec.shape) and values.dtype == spec.dtype
+            assert (values >= spec.low).all() and (values <= spec.high).all()
+
+
+def test_a_draw_depends_on_every_key_and_on_nothing_else() -> None:
+    env_ids, episodes = np.array([2, 2, 5]), np.array([1, 1, 1])
+    grid = uniform01_grid(3, env_ids, episodes, [0, 1, 2], 7, size=4, lanes=2)
+    assert grid.shape == (3, 3, 2, 4) and (grid >= 0).all() and (grid < 1).all()
+    assert np.array_equal(grid[0], grid[1])  # the same env and episode: the same draws
+    for axis in range(3):  # env, parameter, lane: each changes every draw
+        first, second = np.take(grid, 0, axis=axis), np.take(grid, -1, axis=axis)
+        assert not np.isin(first, second).any(), f"axis {axis}"
+    for changed in ({"seed": 4}, {"episodes": episodes + 1}, {"step": 8}):
+        keys = {"seed": 3, "env_ids": env_ids, "episodes": episodes, "param": 1, "step": 7, "size": 4, **changed}
+        assert not np.isin(uniform01(**keys), grid[:, 1, 0]).any(), changed
+    one = uniform01(3, env_ids, episodes, 1, 7, 2, lane=1)
+    assert one.tobytes() == grid[:, 1, 1, :2].copy().tobytes()  # fewer elements: the same first ones
+
+
+def test_a_derived_seed_is_a_reproducible_31_bit_int() -> None:
+    seeds = {derive_seed(9, env, episode) for env in range(5) for episode in range(5)}
+    assert len(seeds) == 25 and all(0 <= seed < 2**31 for seed in seeds)
+    assert derive_seed(9, 1, 2) == derive_seed(9, 1, 2) != derive_seed(10, 1, 2)
