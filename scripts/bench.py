@@ -938,7 +938,9 @@ def ppo_loops(settings: Settings) -> None:
             )
             envpool = next((rate for label, rate in rates.items() if label.startswith(ENVPOOL)), None)
             if envpool and "shmpool mujoco" in rates:
-                lines.append(f"{'':<12} {'':>8}  shmpool mujoco runs at {rates['shmpool mujoco'] / envpool:.2f}x EnvPool")
+                lines.append(
+                    f"{'':<12} {'':>8}  shmpool mujoco runs at {rates['shmpool mujoco'] / envpool:.2f}x EnvPool"
+                )
     print("\n".join(lines))
 
 

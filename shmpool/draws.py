@@ -31,7 +31,13 @@ def _words(part: Any) -> np.ndarray:
 
 
 def uniform01_grid(
-    seed: int, env_ids: np.ndarray, episodes: np.ndarray, params: list[int], step: int | np.ndarray, size: int, lanes: int
+    seed: int,
+    env_ids: np.ndarray,
+    episodes: np.ndarray,
+    params: list[int],
+    step: int | np.ndarray,
+    size: int,
+    lanes: int,
 ) -> np.ndarray:
     """Uniform floats in [0, 1) of shape ``(len(env_ids), len(params), lanes, size)``: element
     ``[i, p, lane, k]`` is a pure function of (seed, env, episode, parameter, step, lane, k), the
@@ -97,4 +103,3 @@ def draws(
             values = records["mean"].astype(np.float64) + records["std"].astype(np.float64) * normal
         results.append(np.clip(values, spec.low, spec.high).astype(spec.dtype))
     return results
-

@@ -223,7 +223,7 @@ class InfoReader:
             for name, mask_name, view, _ in columns:
                 infos[name], infos[mask_name] = view.copy(), np.ones(self._num_envs, dtype=np.bool_)
             return
-        reported_by_some = mask.any(axis=0)
+        reported_by_some = np.asarray(mask.any(axis=0))
         for slot, (name, mask_name, view, rows_shape) in enumerate(columns):
             if reported_by_some[slot]:  # zeros where an env did not report it, as gymnasium leaves them
                 reported = mask[:, slot]
@@ -243,7 +243,10 @@ class InfoReader:
                 not any(self._several)
                 and len(set(counts)) == 1
                 and all(
-                    key.view is not None and key.batch == BATCH_TYPED and len(key.path) == 1 and isinstance(key.path[0], str)
+                    key.view is not None
+                    and key.batch == BATCH_TYPED
+                    and len(key.path) == 1
+                    and isinstance(key.path[0], str)
                     for key in first
                 )
                 and all(_same_kind(key, other[slot]) for other in keys[1:] for slot, key in enumerate(first))

@@ -13,7 +13,9 @@ SPECS = compile_specs(
     {
         "mass": Param(dist="uniform", default={"low": 0.5, "high": 2.0}, low=0.0, high=3.0, bind=False),
         "offsets": Param(dist="normal", default={"mean": 0.0, "std": 1.0}, low=-5, high=5, shape=(3,), bind=False),
-        "gains": Param(dist="loguniform", default={"low": 0.1, "high": 10.0}, low=0.01, high=100, shape=(2,), bind=False),
+        "gains": Param(
+            dist="loguniform", default={"low": 0.1, "high": 10.0}, low=0.01, high=100, shape=(2,), bind=False
+        ),
         "plain": Param(1.0, low=0.0, high=2.0, bind=False),
     }
 )

@@ -89,7 +89,9 @@ def test_an_env_whose_reset_the_user_changed_resets_through_it(pool_name: str) -
         env_kwargs={"max_episode_steps": 10},
         name=pool_name,
     ) as pool:
-        initial_pose = np.concatenate(pool.env_apply(lambda env: (env.unwrapped.init_qpos[1:], env.unwrapped.init_qvel))[0])
+        initial_pose = np.concatenate(
+            pool.env_apply(lambda env: (env.unwrapped.init_qpos[1:], env.unwrapped.init_qvel))[0]
+        )
         pool.env_apply(use_still_resets, [1])
         pool.reset(seed=0)
         _, observations = run(pool, 35)
