@@ -199,6 +199,7 @@ class MujocoSlot(ArraySlot):
     def _read_envs(self) -> None:
         """Takes the task's constants and each env's time limit from the envs."""
         self.task.read_constants(self.envs, self.start)
+        self._shared_dt = self.nominal.opt.timestep * self.task.c["frame_skip"]  # the nominal is never written
         for local, env in enumerate(self.envs):
             limit = _time_limit(env)
             self._limits[local] = NO_LIMIT if limit is None else min(int(limit._max_episode_steps), NO_LIMIT - 1)
@@ -370,10 +371,9 @@ class MujocoSlot(ArraySlot):
 
     def _dt(self) -> Any:
         """Each simulation's ``env.dt`` (the timestep times the frame skip), or the one they share."""
-        frame_skip = self.task.c["frame_skip"]
         if "opt.timestep" not in self.expanded:
-            return self.nominal.opt.timestep * frame_skip
-        return self.batch.expanded("opt.timestep") * frame_skip
+            return self._shared_dt
+        return self.batch.expanded("opt.timestep") * self.task.c["frame_skip"]
 
     def _contact_forces(self, ids: np.ndarray | None) -> np.ndarray:
         """``cfrc_ext`` as gymnasium's env has it after a step: ``mj_rnePostConstraint`` on each
@@ -406,11 +406,11 @@ class MujocoSlot(ArraySlot):
         returns[rows] += self._rewards[rows]
         lengths[rows] += 1
         ended = stepped & (self._terminations | self._truncations)
-        ended_rows = np.flatnonzero(ended)
+        ended_rows = ended.nonzero()[0] if ended.any() else None
         same_step_resets: list[int] = []
         infos = self._step_infos
         shown = rows
-        if len(ended_rows):
+        if ended_rows is not None:
             metrics = bool(self._config.episode_metrics)
             self._end_episodes(ended_rows, {key: values for key, (values, _) in infos.items()} if metrics else None)
             if self.same_step:
@@ -425,7 +425,7 @@ class MujocoSlot(ArraySlot):
         self._add_infos(infos, shown, ())
         if self.hooks is not None:
             self.hooks.on_reset(same_step_resets, lengths)  # type: ignore[arg-type]
-        return len(ended_rows)
+        return 0 if ended_rows is None else len(ended_rows)
 
     def _add_infos(self, infos: Infos, rows: Any, prefix: tuple[str, ...]) -> None:
         """Adds the step infos of the envs at ``rows`` (a bool mask, or a slice of them all)."""

@@ -105,4 +105,5 @@ def _squares(values: np.ndarray) -> np.ndarray:
 
 
 def _control_cost(weight: float, actions: np.ndarray) -> np.ndarray:
-    return weight * np.sum(np.square(actions), axis=1)
+    # np.add.reduce is what np.sum calls (the same sums), without its Python dispatch on every step.
+    return weight * np.add.reduce(np.square(actions), axis=1)
