@@ -134,7 +134,9 @@ class EpisodeWriter:
         for name, key in zip(self._metric_names, self._metric_keys):
             records["metrics"][name] = _metric_column((infos or {}).get(key), count)
         head = self.reserve(count)
-        self._records[(head + np.arange(count)) % self._capacity] = records
+        # More records than the ring holds: the newest stay, as one append at a time would leave them.
+        skip = max(0, count - self._capacity)
+        self._records[(head + np.arange(skip, count)) % self._capacity] = records[skip:]
         self.publish(count)
 
 

@@ -214,6 +214,23 @@ def test_episode_records_equal_the_python_engines(mode: AutoresetMode, pool_name
     assert np.isfinite(batched["metrics"]["x"]).all()
 
 
+def test_more_episode_ends_than_the_ring_holds_keep_the_newest_as_the_python_engine(pool_name: str) -> None:
+    kept = {}
+    for engine in ("python", "mujoco"):
+        options = dict(engine=engine, num_workers=1, episode_capacity=2, env_kwargs={"max_episode_steps": 3})
+        with shmpool.launch("Hopper-v5", 5, name=f"{pool_name}-{engine}", **options) as pool:
+            pool.reset(seed=0)
+            for _ in range(3):  # every env's time limit at the same step: 5 records for a ring of 2
+                pool.step(np.zeros(pool.action_space.shape))
+            reader = pool.episodes
+            kept[engine] = (reader.read(), reader.lost)
+    (python, python_lost), (batched, batched_lost) = kept["python"], kept["mujoco"]
+    assert python["env_id"].tolist() == batched["env_id"].tolist() == [3, 4]
+    assert batched_lost == python_lost == 3
+    for name in ("episode", "step", "return", "length", "truncated"):
+        np.testing.assert_array_equal(batched[name], python[name], err_msg=name)
+
+
 def randomized_run(env_id: str, engine: str, pool_name: str, spec: dict[str, Param], push: Any) -> list[Any]:
     hooks = [] if push is None else [Perturb(40.0, every=7, dims=3, kick=push)]
     results = []

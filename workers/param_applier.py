@@ -24,7 +24,7 @@ from shmpool.workers.targets import Targets
 
 
 class ParamApplier:
-    """The params of one slot: ``sync`` once per command, ``begin_episode`` at each env reset,
+    """The params of one slot: ``sync`` once per command, ``begin_episodes`` at env resets,
     ``before_step`` before the slot's envs step. ``targets``: where values land (None until
     ``land_in``)."""
 
