@@ -169,6 +169,27 @@ def test_bench_ppo_times_cleanrls_loop_on_sync_and_the_pool() -> None:
     assert re.search(r"env steps take \d+% of Sync's iteration: .* would reach \d+\.\d\dx Sync", lines[-1])
 
 
+@helpers.needs("torch", "mujoco")
+def test_bench_ppo_on_a_robot_adds_the_mujoco_engine_and_envpool() -> None:
+    result = subprocess.run(
+        [sys.executable, "scripts/bench.py", "--ppo", "--quick", "--envs", "Hopper-v5", "--num-envs", "2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    row = re.compile(r"Hopper-v5 +2 +(.+?) +([\d,]+) +(\d+\.\d\d) +(\d+)%")
+    rows = [m[1] for m in map(row.fullmatch, lines) if m]
+    envpool = importlib.util.find_spec("envpool") is not None
+    assert rows[:3] == ["gymnasium Sync", "shmpool (defaults)", "shmpool mujoco"]
+    assert len(rows) == 3 + envpool
+    if envpool:
+        assert re.fullmatch(r"EnvPool \(\d+ threads\)", rows[3])
+        assert re.fullmatch(r" +shmpool mujoco runs at \d+\.\d\dx EnvPool", lines[-1])
+
+
 def test_bench_quick_prints_a_table() -> None:
     lines = bench_lines()
     assert "x Async" in lines[0] and "x Sync" in lines[0]
