@@ -143,7 +143,7 @@ class EpisodeWriter:
 def _metric_column(values: np.ndarray | None, count: int) -> np.ndarray:
     """A metric's values for ``count`` episodes from an info column: NaN where ``metric_value``
     gives NaN (no such key, or a value that is not one number)."""
-    if values is None or values.dtype.kind not in "biuf" or values.size != count:
+    if values is None or values.dtype.kind not in "biuf" or values.shape != (count,):
         return np.full(count, math.nan)
     return values.reshape(count).astype(np.float64)
 

@@ -212,7 +212,8 @@ class InfoReader:
     def read_all(self, infos: dict[str, Any], workers: list[int]) -> None:
         """``read_into`` for each of ``workers`` (those that reported infos this step), into an empty
         ``infos``. When every worker has the same flat keys, recorded alike, and all reported this
-        step, each key is one copy of its column over the pool instead of a copy per worker."""
+        step, each key is one copy of its column over the pool instead of a copy per worker: the same
+        arrays, the keys in the order of their records."""
         columns = self._same_columns() if len(workers) == len(self._slots) else None
         if columns is None:
             for worker_id in workers:
@@ -250,6 +251,8 @@ class InfoReader:
                     for key in first
                 )
                 and all(_same_kind(key, other[slot]) for other in keys[1:] for slot, key in enumerate(first))
+                # A key named as another's mask ("x" and "_x") shares its array in gymnasium's way.
+                and not {f"_{key.path[0]}" for key in first} & {key.path[0] for key in first}
             )
             self._columns = (
                 [(key.path[0], f"_{key.path[0]}", key.view, (-1, *(1,) * len(key.shape))) for key in first]  # type: ignore[misc]

@@ -177,3 +177,41 @@ def test_info_values_that_do_not_fit_one_step_warn_once_per_key(pool_name: str) 
             warnings.simplefilter("error")
             infos = pool.step([0, 0])[4]  # warned once per key, not per step
         assert infos["mixed_vec"].tolist() == [[2.0, 2.0], [0.0, 0.0]]
+
+
+class FlatInfoEnv(gym.Env):
+    """Flat numeric infos on some steps only, every worker registering them in the same order (the
+    trainer's one-copy-per-key path), with a key named as another's mask if asked."""
+
+    def __init__(self, index: int, with_mask_name: bool) -> None:
+        self.observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.index, self.with_mask_name, self.t = index, with_mask_name, 0
+
+    def reset(self, *, seed=None, options=None):  # type: ignore[no-untyped-def]
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(1, np.float32), {"x": 0.5, "_x": 2.0} if self.with_mask_name else {"x": 0.5}
+
+    def step(self, action):  # type: ignore[no-untyped-def]
+        self.t += 1
+        info = {"x": self.t * 1.5, "n": np.int32(self.index)} if (self.t + self.index + int(action)) % 2 else {}
+        if self.with_mask_name and info:
+            info["_x"] = 3.0
+        return np.zeros(1, np.float32), 1.0, self.t >= 5, False, info
+
+
+@pytest.mark.filterwarnings("ignore:info key '_x'")  # a float into the mask's bool array, as gymnasium does
+@pytest.mark.parametrize("with_mask_name", [False, True])
+def test_flat_infos_read_for_the_whole_pool_match_sync(with_mask_name: bool, pool_name: str) -> None:
+    fns = [functools.partial(FlatInfoEnv, index, with_mask_name) for index in range(4)]
+    reference = SyncVectorEnv(fns)
+    with shmpool.launch(fns, 4, num_workers=2, name=pool_name, episode_statistics=False) as pool:
+        assert_same(pool.reset(seed=0)[1], reference.reset(seed=0)[1], "reset")
+        rng = np.random.default_rng(0)
+        for t in range(12):
+            actions = rng.integers(0, 2, 4)
+            ours, theirs = pool.step(actions)[4], reference.step(actions)[4]
+            assert set(ours) == set(theirs), t
+            assert_same(ours, theirs, f"step {t}")
+    reference.close()

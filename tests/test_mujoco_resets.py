@@ -4,6 +4,7 @@ with ``SyncVectorEnv``), and through the env's ``reset`` where the user changed 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -16,23 +17,24 @@ pytest.importorskip("mujoco.batch", reason='needs mujoco>=4.0: pip install -e ".
 
 
 def count_gymnasium_resets() -> None:
-    """A worker's ``worker_init``: counts the calls of gymnasium's ``MujocoEnv.reset`` (the patched
-    method stays gymnasium's: its module is the original's)."""
-    from gymnasium.envs.mujoco.mujoco_env import MujocoEnv
+    """A worker's ``worker_init``: counts ``mj_resetData``, which gymnasium's ``MujocoEnv.reset``
+    calls on every reset (and the slot once, for its template state, while it is built)."""
+    import mujoco
 
-    reset = MujocoEnv.reset
+    reset_data = mujoco.mj_resetData
 
-    def counted(self: Any, **kwargs: Any) -> Any:
-        MujocoEnv.resets_counted += 1  # type: ignore[attr-defined]
-        return reset(self, **kwargs)
+    def counted(*args: Any) -> None:
+        counted.calls += 1  # type: ignore[attr-defined]
+        reset_data(*args)
 
-    counted.__module__ = reset.__module__
-    MujocoEnv.resets_counted = 0  # type: ignore[attr-defined]
-    MujocoEnv.reset = counted  # type: ignore[method-assign]
+    counted.calls = 0  # type: ignore[attr-defined]
+    mujoco.mj_resetData = counted
 
 
 def resets_counted(env: Any) -> int:
-    return int(type(env.unwrapped).resets_counted)
+    import mujoco
+
+    return int(mujoco.mj_resetData.calls)
 
 
 def still_reset_model(env: Any) -> Any:
@@ -42,8 +44,26 @@ def still_reset_model(env: Any) -> Any:
     return unwrapped._get_obs()
 
 
-def use_still_resets(env: Any) -> None:
+def on_the_instance(env: Any) -> None:
     env.unwrapped.reset_model = lambda: still_reset_model(env)
+
+
+def on_the_class_with_wraps(env: Any) -> None:
+    """Patched onto gymnasium's class (every env of the worker) by a wrapper that copies gymnasium's
+    names and module (``functools.wraps``)."""
+    kind = type(env.unwrapped)
+
+    @functools.wraps(kind.reset_model)
+    def reset_model(self: Any) -> Any:
+        return still_reset_model(self)
+
+    kind.reset_model = reset_model
+
+
+def in_a_refused_call(env: Any) -> None:
+    """Changes the reset, and a constant the slot's envs must share: the call is refused."""
+    on_the_instance(env)
+    env.unwrapped._ctrl_cost_weight = 0.5
 
 
 def run(pool: Any, steps: int) -> tuple[int, list[tuple[int, np.ndarray]]]:
@@ -72,14 +92,20 @@ def test_autoresets_do_not_call_gymnasiums_reset(mode: AutoresetMode, pool_name:
         env_kwargs={"max_episode_steps": 20},
         name=pool_name,
     ) as pool:
+        built = pool.env_apply(resets_counted, [0, 2])  # one env of each worker: the count is the worker's
         pool.reset(seed=0)
         ended, _ = run(pool, 60)
         assert ended >= 12  # every env's time limit, three times
-        counts = pool.env_apply(resets_counted, [0, 2])  # one env of each worker: the count is the worker's
-        assert sum(counts) == 4, "only the pool's reset goes through gymnasium's"
+        counts = pool.env_apply(resets_counted, [0, 2])
+        assert sum(counts) - sum(built) == 4, "only the pool's reset goes through gymnasium's"
 
 
-def test_an_env_whose_reset_the_user_changed_resets_through_it(pool_name: str) -> None:
+@pytest.mark.parametrize(
+    ("patch", "changed_envs"), [(on_the_instance, {1}), (on_the_class_with_wraps, {0, 1}), (in_a_refused_call, {1})]
+)
+def test_an_env_whose_reset_the_user_changed_resets_through_it(
+    patch: Any, changed_envs: set[int], pool_name: str
+) -> None:
     with shmpool.launch(
         "Hopper-v5",
         2,
@@ -92,11 +118,16 @@ def test_an_env_whose_reset_the_user_changed_resets_through_it(pool_name: str) -
         initial_pose = np.concatenate(
             pool.env_apply(lambda env: (env.unwrapped.init_qpos[1:], env.unwrapped.init_qvel))[0]
         )
-        pool.env_apply(use_still_resets, [1])
+        (built,) = pool.env_apply(resets_counted, [0])
+        if patch is in_a_refused_call:  # the last call before the steps: no later call reads the envs anew
+            with pytest.raises(ValueError, match="_ctrl_cost_weight"):
+                pool.env_apply(patch, [1])
+        else:
+            pool.env_apply(patch, [1])
         pool.reset(seed=0)
         _, observations = run(pool, 35)
         assert {env for env, _ in observations} == {0, 1}
         for env, obs in observations:
-            assert np.array_equal(obs, initial_pose) == (env == 1), f"env {env}: the user's reset only"
-        changed = sum(env == 1 for env, _ in observations)
-        assert pool.env_apply(resets_counted, [0]) == [2 + changed], "the pool's 2 resets, then env 1's own"
+            assert np.array_equal(obs, initial_pose) == (env in changed_envs), f"env {env}: the user's reset only"
+        changed = sum(env in changed_envs for env, _ in observations)
+        assert pool.env_apply(resets_counted, [0]) == [built + 2 + changed], "the pool's resets, then the user's"

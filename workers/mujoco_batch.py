@@ -272,8 +272,10 @@ class MujocoSlot(ArraySlot):
         moved = np.flatnonzero((batch.state != self._states_before_call).any(axis=1))
         if len(moved):
             batch.forward(moved)
-        self._read_envs()
-        self._resets.plan(self.envs)
+        try:
+            self._read_envs()  # raises for constants the envs may not differ in (the call is refused)
+        finally:
+            self._resets.plan(self.envs)  # what the call changed about resets holds either way
 
     # -- resets --------------------------------------------------------------------------------------
 
@@ -295,7 +297,11 @@ class MujocoSlot(ArraySlot):
         """Starts the next episode of the envs at ``rows`` and resets them (autoreset, or a hook's
         request): in the batch where the reset is gymnasium's own (``BatchResets``), else through
         the env's ``reset``; then their observations and reset infos."""
-        self._begin_episodes(rows)
+        try:
+            self._begin_episodes(rows)
+        except Exception:
+            self._name_failing_env(rows)
+            raise
         in_batch = self._resets.in_batch[rows]
         for index in rows[~in_batch].tolist():
             self.current_env = self.start + index
@@ -310,6 +316,18 @@ class MujocoSlot(ArraySlot):
             shown = np.zeros(len(self.envs), dtype=np.bool_)
             shown[batched] = True
             self._add_infos(self.task.reset_infos(), shown, ())
+
+    def _name_failing_env(self, rows: np.ndarray) -> None:
+        """Names the env whose per-episode parameters failed to apply (a binding of the user's, say):
+        they are applied again row by row, which gives the same values (the draws are keyed by
+        episode); the first of ``rows`` if none fails again."""
+        self.current_env = self.start + int(rows[0])
+        for index in rows.tolist() if self._params is not None else []:
+            try:
+                self._params.begin_episodes(np.array([index]))  # type: ignore[union-attr]
+            except Exception:  # noqa: BLE001 - found it: the original failure is raised
+                self.current_env = self.start + index
+                return
 
     def _observe_reset(self, rows: np.ndarray) -> None:
         """Computes the reset simulations' derived fields with their own models (``mj_forward``, as

@@ -7,6 +7,7 @@ Why and how: ``docs/internals.md``, "workers/mujoco_resets.py".
 from __future__ import annotations
 
 import inspect
+import os
 from typing import Any
 
 import gymnasium
@@ -20,6 +21,7 @@ from shmpool.mujoco_tasks import Task
 _MAKES_WRAPPERS = (TimeLimit, OrderEnforcing, PassiveEnvChecker)
 #: What decides a reset of a gymnasium MuJoCo env: none of it may be the user's.
 _RESET_METHODS = ("reset", "reset_model", "_get_reset_info", "set_state", "np_random")
+_GYMNASIUM_DIR = os.path.realpath(os.path.dirname(gymnasium.__file__)) + os.sep
 
 
 def resets_as_gymnasiums(env: gymnasium.Env) -> bool:
@@ -37,11 +39,21 @@ def resets_as_gymnasiums(env: gymnasium.Env) -> bool:
     for name in _RESET_METHODS:
         found = inspect.getattr_static(type(layer), name, None)
         function = found.fget if isinstance(found, property) else found
-        # By the function's own module: a subclass's override and a method patched onto
-        # gymnasium's class are both the user's.
-        if name in own or not getattr(function, "__module__", "").startswith("gymnasium."):
+        if name in own or not _gymnasiums_own(function):
             return False
     return True
+
+
+def _gymnasiums_own(function: Any) -> bool:
+    """Whether ``function`` is gymnasium's own code: by the file its code was compiled from, so that
+    a subclass's override, a method patched onto gymnasium's class and a wrapper that copied
+    gymnasium's names (``functools.wraps``) are all the user's."""
+    code = getattr(function, "__code__", None)
+    return (
+        code is not None
+        and not hasattr(function, "__wrapped__")
+        and os.path.realpath(code.co_filename).startswith(_GYMNASIUM_DIR)
+    )
 
 
 class BatchResets:
@@ -50,7 +62,8 @@ class BatchResets:
     The state a gymnasium env resets to is ``mj_resetData``'s, with ``qpos`` and ``qvel`` set to
     ``init_qpos``/``init_qvel`` plus noise drawn from its ``np_random``. ``mj_resetData``'s state
     depends on the model only through ``qpos0`` (overwritten), and through equality constraints,
-    mocap bodies and plugins, which the slot's model has none of when this is used.
+    mocap bodies, plugins, and history or plasticity state, which the slot's model has none of when
+    this is used.
     """
 
     def __init__(self, mujoco: Any, nominal: Any, task: Task) -> None:
@@ -65,7 +78,13 @@ class BatchResets:
         self._qvel = slice(start + nominal.nq, start + nominal.nq + nominal.nv)
         self._nq, self._nv = nominal.nq, nominal.nv
         self._noise = task.reset_noise
-        self._usable = task.reset_noise is not None and nominal.nmocap == nominal.neq == nominal.nplugin == 0
+        # State that mj_resetData takes from the model beyond qpos0, or that set_state leaves alone.
+        extra = sum(getattr(mujoco.mjtState, name, 0) for name in ("mjSTATE_HISTORY", "mjSTATE_PLASTIC"))
+        self._usable = (
+            task.reset_noise is not None
+            and nominal.nmocap == nominal.neq == nominal.nplugin == 0
+            and (not extra or mujoco.mj_stateSize(nominal, int(extra)) == 0)
+        )
         #: Per env: whether it resets here (else through gymnasium's ``reset``).
         self.in_batch = np.zeros(0, dtype=np.bool_)
         self._unwrapped: list[Any] = []
@@ -75,14 +94,32 @@ class BatchResets:
 
     def plan(self, envs: list[gymnasium.Env]) -> None:
         """Reads which envs reset here and their constants (after the envs are made, and after every
-        control call, which may have wrapped an env or changed its ``init_qpos``)."""
-        self._unwrapped = [env.unwrapped for env in envs]
-        self.in_batch = np.array([self._usable and resets_as_gymnasiums(env) for env in envs], dtype=np.bool_)
-        if not self.in_batch.any():
-            return
-        self._scales = np.array([float(one._reset_noise_scale) for one in self._unwrapped])
-        self._init_qpos = np.array([np.asarray(one.init_qpos, dtype=np.float64) for one in self._unwrapped])
-        self._init_qvel = np.array([np.asarray(one.init_qvel, dtype=np.float64) for one in self._unwrapped])
+        control call, which may have wrapped an env or changed its ``init_qpos``). An env whose
+        constants are not what ``reset_model`` draws with here (a scale that is no number, say)
+        resets through gymnasium."""
+        unwrapped: list[Any] = [env.unwrapped for env in envs]
+        in_batch = np.zeros(len(envs), dtype=np.bool_)
+        scales, init_qpos, init_qvel = (
+            np.zeros(len(envs)),
+            np.zeros((len(envs), self._nq)),
+            np.zeros((len(envs), self._nv)),
+        )
+        for row, (env, one) in enumerate(zip(envs, unwrapped)):
+            if not (self._usable and resets_as_gymnasiums(env)):
+                continue
+            scale = getattr(one, "_reset_noise_scale", None)
+            position, velocity = np.asarray(one.init_qpos), np.asarray(one.init_qvel)
+            if (
+                isinstance(scale, (int, float, np.integer, np.floating))
+                and not isinstance(scale, (bool, np.bool_))
+                and position.shape == (self._nq,)
+                and velocity.shape == (self._nv,)
+                and position.dtype == velocity.dtype == np.float64
+            ):
+                in_batch[row], scales[row], init_qpos[row], init_qvel[row] = True, scale, position, velocity
+        # Assigned together: a plan is never half read.
+        self._unwrapped, self.in_batch = unwrapped, in_batch
+        self._scales, self._init_qpos, self._init_qvel = scales, init_qpos, init_qvel
 
     def write(self, rows: np.ndarray, state: np.ndarray) -> None:
         """Draws the reset noise of the envs at ``rows`` from their own generators, as their
