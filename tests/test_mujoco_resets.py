@@ -12,6 +12,8 @@ import pytest
 from gymnasium.vector import AutoresetMode
 
 import shmpool
+from shmpool import Param, WorkerError
+from shmpool import mujoco as smj
 
 pytest.importorskip("mujoco.batch", reason='needs mujoco>=4.0: pip install -e ".[mujoco]"')
 
@@ -131,3 +133,48 @@ def test_an_env_whose_reset_the_user_changed_resets_through_it(
             assert np.array_equal(obs, initial_pose) == (env in changed_envs), f"env {env}: the user's reset only"
         changed = sum(env in changed_envs for env, _ in observations)
         assert pool.env_apply(resets_counted, [0]) == [built + 2 + changed], "the pool's resets, then the user's"
+
+
+class FailsAtSecondEpisode(smj.ModelBinding):
+    """The torso's mass, whose write for the second simulation of a slot fails from its second
+    episode on (a user's binding that raises)."""
+
+    def resolve_in_batch(self, simulation: Any) -> Any:
+        read, write = super().resolve_in_batch(simulation)
+        writes = [0]
+
+        def failing(value: Any) -> None:
+            writes[0] += 1
+            if simulation.index == 1 and writes[0] > 1:
+                raise RuntimeError("this mass is refused on purpose")
+            write(value)
+
+        return read, failing
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_a_binding_failing_at_an_autoreset_names_its_env(mode: AutoresetMode, pool_name: str) -> None:
+    mass = Param(
+        dist="uniform",
+        default={"low": 0.9, "high": 1.1},
+        low=0.5,
+        high=2.0,
+        when="reset",
+        bind=FailsAtSecondEpisode("body_mass", "body", "torso", None, relative=True, set_const=True),
+    )
+    with shmpool.launch(
+        "Hopper-v5",
+        4,
+        num_workers=2,
+        engine="mujoco",
+        params={"mass": mass},
+        autoreset_mode=mode,
+        env_kwargs={"max_episode_steps": 3},
+        name=pool_name,
+    ) as pool:
+        pool.reset(seed=0)
+        with pytest.raises(WorkerError) as caught:
+            for _ in range(5):  # every env ends its episode at the third step, and resets together
+                pool.step(np.zeros(pool.action_space.shape))
+    assert (caught.value.worker_id, caught.value.env_id) in {(0, 1), (1, 3)}
+    assert "this mass is refused on purpose" in caught.value.__cause__.text
