@@ -701,8 +701,10 @@ def async_loop(make: Callable[[], Any], hidden: int) -> Iterator[Callable[[], in
         pool.close()
 
 
-class _EnvPoolVector:
-    """EnvPool's envs with what :func:`sync_loop` uses of a vector env."""
+class EnvPoolVector:
+    """EnvPool's envs with what :func:`sync_loop` and ``PpoIteration`` use of a vector env. EnvPool
+    resets a finished env at its next step (gymnasium's next-step autoreset), not within the step:
+    a PPO rollout's bookkeeping is then off by a step at episode ends, which does not change its cost."""
 
     def __init__(self, env_id: str, num_envs: int, threads: int) -> None:
         import envpool
@@ -713,7 +715,7 @@ class _EnvPoolVector:
         self.single_action_space = self._envs.action_space
 
     def reset(self, seed: int | None = None) -> Any:
-        return self._envs.reset()
+        return self._envs.reset()  # seeded at make
 
     def step(self, actions: Any) -> Any:
         return self._envs.step(actions)
@@ -740,7 +742,7 @@ def loop_cases(env_id: str, num_envs: int, workers: int, hidden: int) -> list[Ro
             extra.append(
                 (
                     f"{ENVPOOL} ({workers} threads)",
-                    lambda: sync_loop(lambda: _EnvPoolVector(env_id, num_envs, workers), hidden),
+                    lambda: sync_loop(lambda: EnvPoolVector(env_id, num_envs, workers), hidden),
                 )
             )
     return extra + [
@@ -850,29 +852,6 @@ def whole_loop(settings: Settings) -> None:
 
 
 # -- --ppo: CleanRL's PPO iteration, as users run it -------------------------------------------
-
-
-class EnvPoolVector:
-    """EnvPool's synchronous gymnasium API as ``PpoIteration`` reads a vector env. EnvPool resets a
-    finished env at its next step (gymnasium's next-step autoreset), not within the step: the
-    rollout's bookkeeping is then off by a step at episode ends, which does not change its cost."""
-
-    def __init__(self, env_id: str, num_envs: int, threads: int) -> None:
-        import envpool
-
-        self._envs = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, num_threads=threads, seed=0)
-        self.num_envs = num_envs
-        self.single_observation_space = self._envs.observation_space
-        self.single_action_space = self._envs.action_space
-
-    def reset(self, seed: int | None = None) -> Any:
-        return self._envs.reset()  # seeded at make
-
-    def step(self, actions: Any) -> Any:
-        return self._envs.step(actions)
-
-    def close(self) -> None:
-        self._envs.close()
 
 
 def ppo_runners(env_id: str, num_envs: int) -> dict[str, Callable[[], Any]]:

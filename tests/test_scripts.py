@@ -171,15 +171,7 @@ def test_bench_ppo_times_cleanrls_loop_on_sync_and_the_pool() -> None:
 
 @helpers.needs("torch", "mujoco")
 def test_bench_ppo_on_a_robot_adds_the_mujoco_engine_and_envpool() -> None:
-    result = subprocess.run(
-        [sys.executable, "scripts/bench.py", "--ppo", "--quick", "--envs", "Hopper-v5", "--num-envs", "2"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    lines = result.stdout.splitlines()
+    lines = bench_lines("--ppo", "--envs", "Hopper-v5", "--num-envs", "2")  # the later options win
     row = re.compile(r"Hopper-v5 +2 +(.+?) +([\d,]+) +(\d+\.\d\d) +(\d+)%")
     rows = [m[1] for m in map(row.fullmatch, lines) if m]
     envpool = importlib.util.find_spec("envpool") is not None
