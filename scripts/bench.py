@@ -101,8 +101,9 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         given.setdefault("num_envs", [8, 32])
     if given["loop"] and "envs" not in given and "num_envs" not in given:
         given.update(envs=["CartPole-v1", "HalfCheetah-v5"], num_envs=[32, 16])
-    if given["quick"]:
-        given.update(windows=3, window_seconds=0.2)
+    if given["quick"]:  # what the command line gives wins
+        given.setdefault("windows", 3)
+        given.setdefault("window_seconds", 0.2)
         given.setdefault("num_envs", [32])
     if given["ray"]:
         given.setdefault("num_envs", [32])

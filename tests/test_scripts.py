@@ -117,10 +117,10 @@ def test_scripts_document_their_options(script: str) -> None:
     assert "(default: " in result.stdout
 
 
-def bench_lines(*options: str) -> list[str]:
-    """What ``scripts/bench.py --quick --envs CartPole-v1 --num-envs 8 OPTIONS`` prints, line by line."""
+def bench_lines(*options: str, env: str = "CartPole-v1", num_envs: int = 8) -> list[str]:
+    """What ``scripts/bench.py --quick --envs ENV --num-envs NUM_ENVS OPTIONS`` prints, line by line."""
     result = subprocess.run(
-        [sys.executable, "scripts/bench.py", "--quick", "--envs", "CartPole-v1", "--num-envs", "8", *options],
+        [sys.executable, "scripts/bench.py", "--quick", "--envs", env, "--num-envs", str(num_envs), *options],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -171,7 +171,7 @@ def test_bench_ppo_times_cleanrls_loop_on_sync_and_the_pool() -> None:
 
 @helpers.needs("torch", "mujoco")
 def test_bench_ppo_on_a_robot_adds_the_mujoco_engine_and_envpool() -> None:
-    lines = bench_lines("--ppo", "--envs", "Hopper-v5", "--num-envs", "2")  # the later options win
+    lines = bench_lines("--ppo", "--windows", "1", env="Hopper-v5", num_envs=2)
     row = re.compile(r"Hopper-v5 +2 +(.+?) +([\d,]+) +(\d+\.\d\d) +(\d+)%")
     rows = [m[1] for m in map(row.fullmatch, lines) if m]
     envpool = importlib.util.find_spec("envpool") is not None
