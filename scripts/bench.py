@@ -58,7 +58,7 @@ class Settings:
     window_seconds: float = 1.0
     """the length of one timed window."""
     quick: bool = False
-    """a short run for CI: one env size (32), three 0.2 s windows."""
+    """a short run for CI: one env size (32), three 0.2 s windows (unless the options say otherwise)."""
     loop: bool = False
     """instead of the table: whole-loop steps/s with a fixed-cost policy (an MLP forward of each
     batch) between steps, for gymnasium Sync and Async and shmpool sync and async (batch_size =
