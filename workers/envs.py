@@ -95,7 +95,7 @@ class Slot:
             if params.needs_rebuild(index):
                 env = self.envs[index] = self._remake(index)
                 seed = params.rebuilt_seed(index)
-            params.begin_episodes(np.array([index]))
+            params.begin_episodes(index)
         return env, seed
 
     def _end_episode(self, index: int, terminated: bool, truncated: bool, info: dict[str, Any] | None) -> None:
@@ -103,10 +103,6 @@ class Slot:
         self._episode_return[index] = self._returns[index]
         self._episode_length[index] = self._lengths[index]
         self._episode_time[index] = round(time.perf_counter() - self._starts[index], 6)
-        self._record_episode(index, terminated, truncated, info)
-
-    def _record_episode(self, index: int, terminated: bool, truncated: bool, info: dict[str, Any] | None) -> None:
-        """Appends the record of env ``index``'s finished episode (its statistics as they are now)."""
         self._episodes.append(
             self.start + index,
             int(self._episode_index[index]),
@@ -236,6 +232,11 @@ class ArraySlot(Slot):
         self._episode_return[rows] = self._returns[rows]
         self._episode_length[rows] = self._lengths[rows]
         self._episode_time[rows] = np.round(time.perf_counter() - self._starts[rows], 6)
+        self._record_episodes(rows, infos)
+
+    def _record_episodes(self, rows: np.ndarray, infos: dict[str, np.ndarray] | None) -> None:
+        """Appends the records of the finished episodes of the envs at ``rows`` (their statistics as
+        they are now), published together."""
         self._episodes.append_many(
             self.start + rows,
             self._episode_index[rows],

@@ -304,8 +304,7 @@ class KernelSlot(ArraySlot):
         episodes = self._episodes
         ring = episodes.plain_ring
         if ring is None:
-            for index in np.flatnonzero(self._ended).tolist():
-                self._record_episode(index, self._terminations[index], self._truncations[index], None)
+            self._record_episodes(np.flatnonzero(self._ended), None)
             return
         head = episodes.reserve(count)
         self._slot.record_episodes(

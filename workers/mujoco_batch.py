@@ -324,7 +324,7 @@ class MujocoSlot(ArraySlot):
         self.current_env = self.start + int(rows[0])
         for index in rows.tolist() if self._params is not None else []:
             try:
-                self._params.begin_episodes(np.array([index]))  # type: ignore[union-attr]
+                self._params.begin_episodes(index)  # type: ignore[union-attr]
             except Exception:  # noqa: BLE001 - found it: the original failure is raised
                 self.current_env = self.start + index
                 return

@@ -104,8 +104,8 @@ class BatchResets:
             np.zeros((len(envs), self._nq)),
             np.zeros((len(envs), self._nv)),
         )
-        for row, (env, one) in enumerate(zip(envs, unwrapped)):
-            if not (self._usable and resets_as_gymnasiums(env)):
+        for row, (env, one) in enumerate(zip(envs, unwrapped) if self._usable else ()):
+            if not resets_as_gymnasiums(env):
                 continue
             scale = getattr(one, "_reset_noise_scale", None)
             position, velocity = np.asarray(one.init_qpos), np.asarray(one.init_qvel)

@@ -118,11 +118,12 @@ class ParamApplier:
         """Whether a ``rebuild`` parameter of env ``local`` changed since it was built."""
         return bool(self.rebuild) and self._rebuild_key(local) != self._built_with[local]
 
-    def begin_episodes(self, rows: np.ndarray) -> None:
+    def begin_episodes(self, rows: np.ndarray | int) -> None:
         """Applies the per-episode values (``reset`` ones, fresh draws) of the envs at local
-        ``rows``, whose episode indices have just advanced."""
+        ``rows`` (an array, or one row), whose episode indices have just advanced."""
         if not self._episode_specs:
             return
+        rows = np.atleast_1d(rows)
         drawn = self._episode_draws
         fresh = self._draws(drawn, rows, self._episodes[rows], 0) if drawn else []
         by_index = {spec.index: values for spec, values in zip(drawn, fresh)}

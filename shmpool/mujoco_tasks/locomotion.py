@@ -119,13 +119,16 @@ class Swimming(Forward):
     skipped = 2
     reset_noise = "uniform"
 
-    def reset_infos(self) -> Infos:
+    def _positions(self) -> Infos:
+        """Where each env is in the plane: its reset infos, and the first of its step infos."""
         qpos = self.arrays["qpos"]
         return {
             "x_position": (qpos[:, 0].copy(), FLOAT64),
             "y_position": (qpos[:, 1].copy(), FLOAT64),
             "distance_from_origin": (_norm(qpos[:, 0:2]), FLOAT64),
         }
+
+    reset_infos = _positions
 
     def before(self) -> Any:
         return self.arrays["qpos"][:, 0:2].copy()
@@ -136,11 +139,8 @@ class Swimming(Forward):
     def _planar(self, before: Any, dt: Any) -> tuple[np.ndarray, Infos]:
         xy = self._xy()
         velocity = (xy - before) / (dt if np.ndim(dt) == 0 else dt[:, None])
-        qpos = self.arrays["qpos"]
         infos: Infos = {
-            "x_position": (qpos[:, 0].copy(), FLOAT64),
-            "y_position": (qpos[:, 1].copy(), FLOAT64),
-            "distance_from_origin": (_norm(qpos[:, 0:2]), FLOAT64),
+            **self._positions(),
             "x_velocity": (velocity[:, 0].copy(), FLOAT64),
             "y_velocity": (velocity[:, 1].copy(), FLOAT64),
         }
@@ -254,7 +254,7 @@ class Humanoid(Swimming):
         }
 
     def reset_infos(self) -> Infos:
-        planar = super().reset_infos()
+        planar = self._positions()
         return {
             "x_position": planar["x_position"],
             "y_position": planar["y_position"],
