@@ -71,6 +71,8 @@ class Settings:
     engine="mujoco" and EnvPool), timed in turns, an iteration (a rollout of 128 steps per env, then
     4 epochs of 4 minibatches) each; with the env steps' share of Sync's iteration, and so the best
     ratio any vector env could reach; --envs and --num-envs default to CartPole-v1 at 8 and 32."""
+    torch_threads: int = 0
+    """--ppo: torch's threads (0: as many as cores, torch's default, which users get)."""
     profile: bool = False
     """instead of the table: where a step's time goes, phase by phase (us per step, trainer and
     workers), for the first of --envs at the first of --num-envs: plain, and for CartPole also with 3
@@ -887,7 +889,8 @@ def ppo_loops(settings: Settings) -> None:
         raise SystemExit(f"--ppo: {exc}") from None
     from shmpool.system import usable_cores
 
-    ppo.torch.set_num_threads(usable_cores())  # torch's default, which OMP_NUM_THREADS=1 above hid
+    # torch's default (as many threads as cores), which OMP_NUM_THREADS=1 above hid
+    ppo.torch.set_num_threads(settings.torch_threads or usable_cores())
     header = f"{'env':<12} {'num_envs':>8}  {'runner':<22} {'steps/s':>8} {'x Sync':>7} {'in step':>8}"
     lines = [f"CleanRL's PPO iteration, torch with {ppo.torch.get_num_threads()} threads", header, "-" * len(header)]
     for env_id in settings.envs:

@@ -23,6 +23,9 @@ def ray_environment(patch: pytest.MonkeyPatch, temp: str) -> None:
     # Loopback only: without it a local Cluster binds the machine's network address.
     patch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     patch.setenv("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves the machine
+    # Ray starts its workers (each node's host actor, so its pool's workers too) at nice 15: beside the
+    # suite's other tests they would get a few percent of a core, and a launch took over a minute.
+    patch.setenv("RAY_worker_niceness", "0")
     # Sessions, sockets and the "current cluster" file in a folder of our own, not /tmp/ray,
     # where another user's ray.init() would find this cluster.
     patch.setenv("RAY_TMPDIR", temp)

@@ -56,7 +56,7 @@ def test_phase_profile_needs_profile_at_launch(pool_name: str) -> None:
 
 
 def test_bench_profile_prints_the_phase_table() -> None:
-    lines = bench_lines("--profile")
+    lines = bench_lines("--profile", "--window-seconds", "0.3")  # long enough for some 300 events
     assert "us per step" in lines[0]
     header = "plain | 3 built-in hooks | 3 params written/step | Perturb, 1,000 wake-ups/s | Perturb, 1,000 events/s"
     assert lines[1][28:].split() == header.replace("|", "").split()

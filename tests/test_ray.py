@@ -32,9 +32,6 @@ import shmpool.ray  # cheap: Ray itself is imported on first use
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason='needs Ray: pip install -e ".[ray]"'),
     pytest.mark.xdist_group("ray"),  # one cluster for the module
-    # A cluster's many processes crawl when the suite's other tests take the cores (a curriculum
-    # that widened within a second took over a minute): the module runs last, by itself.
-    pytest.mark.alone,
 ]
 
 ROOT = Path(__file__).resolve().parents[1]
