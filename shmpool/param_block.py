@@ -120,11 +120,7 @@ class ParamBlock:
         if name.startswith("_") or name == "specs" or callable(getattr(type(self), name, None)):
             object.__setattr__(self, name, value)
             return
-        hint = "" if name in self.specs else did_you_mean(name, self.names)
-        raise AttributeError(
-            f"params.{name} = ... writes no parameter: say params[{name!r}][env_ids] = value, or "
-            f"params.write(None, {name}=value) for every env{hint}"
-        )
+        raise attribute_write(name, self.names, f"params[{name!r}][env_ids] = value")
 
     def __getattr__(self, name: str) -> Any:  # only for names that are not attributes
         if isinstance(getattr(type(self), name, None), property):  # a property that raised: its own error
@@ -263,6 +259,16 @@ def named_specs(specs: Mapping[str, ParamSpec], names: Iterable[str]) -> list[Pa
             raise unknown_parameter(name, list(specs))
         found.append(spec)
     return found
+
+
+def attribute_write(name: str, names: Sequence[str], per_env: str) -> AttributeError:
+    """The error for ``params.NAME = value``, which writes no parameter: ``per_env`` says how to
+    write some envs' values instead."""
+    hint = "" if name in names else did_you_mean(name, names)
+    return AttributeError(
+        f"params.{name} = ... writes no parameter: say {per_env}, or params.write(None, {name}=value) "
+        f"for every env{hint}"
+    )
 
 
 def env_rows(env_ids: Any, num_envs: int) -> np.ndarray:

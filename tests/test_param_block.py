@@ -196,6 +196,16 @@ def test_write_refuses_values_the_parameters_dtype_cannot_hold(pool_name: str) -
         assert pool.params.refusals == dict.fromkeys(params, 0)
 
 
+def test_an_attribute_assignment_writes_nothing_and_says_how_to_write(pool_name: str) -> None:
+    params = {"length": Param(0.5, low=0.1, high=2.0)}
+    with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, params=params) as pool:
+        with pytest.raises(AttributeError, match=r"params.length = \.\.\. writes no parameter: say params\['length'\]"):
+            pool.params.length = 0.9
+        with pytest.raises(AttributeError, match=r"params.lenght = .*\(did you mean 'length'\?\)"):
+            pool.params.lenght = 0.9
+        assert pool.params["length"].tolist() == [0.5, 0.5] and not hasattr(pool.params, "lenght")
+
+
 def test_numbers_for_every_env_are_written_as_arrays_of_them_are(pool_name: str) -> None:
     """A number (float, int, numpy float) for a float64 parameter goes the quick way; it must give
     what an array of it gives, and be refused the same way, naming the parameter and the value."""

@@ -175,6 +175,10 @@ def test_a_write_reaches_exactly_those_envs_on_their_nodes(pool_name: str) -> No
             fleet.params.write(None, c=1.0)
         with pytest.raises(TypeError, match="write them with params.write"):
             fleet.params["a"] = 1.0
+        with pytest.raises(AttributeError, match=r"params.a = \.\.\. writes no parameter: say params.write\(env_ids"):
+            fleet.params.a = 1.0
+        with pytest.raises(AttributeError, match="did you mean 'b'"):
+            fleet.params.bb = 1.0
         fleet.step(np.zeros(6, np.int64))
         np.testing.assert_array_equal(fleet.params["a"], [0, 5, 0, 0, 5, 0])
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from shmpool.param_block import env_rows, named_specs, validate
+from shmpool.param_block import attribute_write, env_rows, named_specs, validate
 from shmpool.params import ParamSpec, unknown_parameter
 
 from .fleet import _Fleet
@@ -37,6 +37,12 @@ class ClusterParams:
     def names(self) -> list[str]:
         """The declared parameters, in declaration order."""
         return list(self.specs)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_") or name == "specs":  # the block's own state, set by __init__
+            object.__setattr__(self, name, value)
+            return
+        raise attribute_write(name, self.names, f"params.write(env_ids, {name}=values)")
 
     def __len__(self) -> int:
         return self._fleet.num_envs
