@@ -1131,8 +1131,11 @@ def ray_cluster(simulated_nodes: int) -> Iterator[int]:
             ray.shutdown()
         return
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray puts Unix sockets in it
-    # Set before Ray is imported, which reads them: loopback addresses, no usage report, our folder.
-    os.environ.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0", RAY_TMPDIR=temp)
+    # Set before Ray is imported, which reads them: loopback addresses, no usage report, our folder,
+    # and the workers at the local pool's priority (Ray's default, nice 15, would skew the ratio).
+    os.environ.update(
+        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0", RAY_TMPDIR=temp, RAY_worker_niceness="0"
+    )
     import ray
     from ray.cluster_utils import Cluster
 

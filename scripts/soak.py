@@ -177,7 +177,8 @@ class Settings:
     quick: bool = False
     """a CI-sized run: 10 s for the workers phase, 7 s for each other one, writer 0 killed every 0.5 s
     once it writes (a restarted writer takes a few seconds to start under the soak's load), SIGINT
-    bursts every 0.5 s and gusts every 4 s (so each phase sees a kill, a burst and a gust)."""
+    bursts every 0.5 s and gusts every 4 s: on an idle machine each phase sees a kill, a burst and a
+    gust, as the tests check."""
 
 
 @dataclass
@@ -608,7 +609,8 @@ def run_storm(settings: Settings, role: Role) -> int:
     def after(mean: float) -> float:
         return time.monotonic() + mean * rng.uniform(0.5, 1.5) if mean > 0 else float("inf")
 
-    # The first gust at half the mean wait: a phase of 1.5 x gust_every sees one.
+    # The first gust at half the mean wait: a phase of 1.5 x gust_every (after this process's start)
+    # sees one.
     next_burst, next_gust = after(settings.burst_every), after(settings.gust_every / 2)
     while not stop.is_set():
         now = time.monotonic()

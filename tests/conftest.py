@@ -40,8 +40,10 @@ def _is_helper(pid: int) -> bool:
 
 #: The modules whose tests take longest (scripts, the soak, other projects' suites),
 #: in the order pytest-xdist's workers start them: first, so that none is what the session ends
-#: waiting for. Tests marked ``alone`` go last, when little is left to wait for (see
-#: ``alone_when_marked``). Run in one process (``-n 0``), the suite keeps the order it was given.
+#: waiting for. Tests marked ``alone`` go last in each worker's queue, when little is left to wait
+#: for (see ``alone_when_marked``); a group that xdist sends out whole (``xdist_group``: the Ray
+#: tests') keeps the place xdist gives it. Run in one process (``-n 0``), the suite keeps the order
+#: it was given.
 LONG_FIRST = ("test_e2e_soak.py", "test_scripts.py", "test_sb3.py", "test_docs.py", "test_interrupts.py")
 
 
@@ -111,7 +113,7 @@ def session_locks(
 def alone_when_marked(request: pytest.FixtureRequest, session_locks: tuple[int, int]) -> Iterator[None]:
     """Runs a test marked ``alone`` while no other test of the session runs (the suite runs on
     pytest-xdist's workers): one that makes stale pools on purpose (every launch removes them), or
-    whose processes must not wait for the cores (a Ray cluster, the soak). Other tests share the run
+    whose processes must not wait for the cores (the soak). Other tests share the run
     lock; the turnstile keeps new ones from starving an ``alone`` one."""
     turnstile, run = session_locks
     alone = request.node.get_closest_marker("alone") is not None

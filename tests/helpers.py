@@ -8,7 +8,6 @@ import ctypes
 import functools
 import importlib.util
 import os
-import re
 import resource
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium import spaces
+from packaging.requirements import Requirement
 
 #: The modules of the optional extras, each with the extra that installs it: tests that need one skip
 #: where it is missing (CI installs them all; the run on the oldest gymnasium installs fewer).
@@ -56,19 +56,25 @@ def _installed(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     distribution, extra = EXTRA_OF_DISTRIBUTION[module]
     try:
-        requirements = metadata.requires(distribution) or []
+        lines = metadata.requires(distribution) or []
     except metadata.PackageNotFoundError:
         return False
-    wanted = [re.match(r"[A-Za-z0-9._-]+", line)[0] for line in requirements if f'extra == "{extra}"' in line]
-    return bool(wanted) and all(_distributed(name) for name in wanted)
+    wanted = [
+        requirement
+        for requirement in map(Requirement, lines)
+        if requirement.marker is not None
+        and requirement.marker.evaluate({"extra": extra})
+        and not requirement.marker.evaluate({"extra": ""})  # the extra's own, not the base's
+    ]
+    return bool(wanted) and all(_satisfied(requirement) for requirement in wanted)
 
 
-def _distributed(name: str) -> bool:
+def _satisfied(requirement: Requirement) -> bool:
     try:
-        metadata.distribution(name)
+        version = metadata.version(requirement.name)
     except metadata.PackageNotFoundError:
         return False
-    return True
+    return requirement.specifier.contains(version, prereleases=True)
 
 
 def needs(*modules: str) -> pytest.MarkDecorator:
