@@ -116,11 +116,7 @@ class ParamBlock:
         self[name][...] = value
 
     def __setattr__(self, name: str, value: Any) -> None:
-        # the block's own state (set by __init__), and its methods (which test doubles replace)
-        if name.startswith("_") or name == "specs" or callable(getattr(type(self), name, None)):
-            object.__setattr__(self, name, value)
-            return
-        raise attribute_write(name, self.names, f"params[{name!r}][env_ids] = value")
+        set_own_attribute(self, name, value, "params[{name!r}][env_ids] = value")
 
     def __getattr__(self, name: str) -> Any:  # only for names that are not attributes
         if isinstance(getattr(type(self), name, None), property):  # a property that raised: its own error
@@ -261,13 +257,18 @@ def named_specs(specs: Mapping[str, ParamSpec], names: Iterable[str]) -> list[Pa
     return found
 
 
-def attribute_write(name: str, names: Sequence[str], per_env: str) -> AttributeError:
-    """The error for ``params.NAME = value``, which writes no parameter: ``per_env`` says how to
-    write some envs' values instead."""
-    hint = "" if name in names else did_you_mean(name, names)
-    return AttributeError(
-        f"params.{name} = ... writes no parameter: say {per_env}, or params.write(None, {name}=value) "
-        f"for every env{hint}"
+def set_own_attribute(params: Any, name: str, value: Any, per_env: str) -> None:
+    """``params.NAME = value`` on a block of parameters (``ParamBlock``, ``shmpool.ray``'s
+    ``ClusterParams``): sets the block's own state (``_`` names and ``specs``, set by ``__init__``)
+    and its methods (which test doubles replace); anything else writes no parameter and raises,
+    saying how to write instead: ``per_env`` (formatted with ``name``) for some envs' values."""
+    if name.startswith("_") or name == "specs" or callable(getattr(type(params), name, None)):
+        object.__setattr__(params, name, value)
+        return
+    hint = "" if name in params.specs else did_you_mean(name, params.names)
+    raise AttributeError(
+        f"params.{name} = ... writes no parameter: say {per_env.format(name=name)}, or "
+        f"params.write(None, {name}=value) for every env{hint}"
     )
 
 

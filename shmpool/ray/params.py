@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from shmpool.param_block import attribute_write, env_rows, named_specs, validate
+from shmpool.param_block import env_rows, named_specs, set_own_attribute, validate
 from shmpool.params import ParamSpec, unknown_parameter
 
 from .fleet import _Fleet
@@ -39,11 +39,7 @@ class ClusterParams:
         return list(self.specs)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        # the block's own state (set by __init__), and its methods (which test doubles replace), as ParamBlock
-        if name.startswith("_") or name == "specs" or callable(getattr(type(self), name, None)):
-            object.__setattr__(self, name, value)
-            return
-        raise attribute_write(name, self.names, f"params.write(env_ids, {name}=values)")
+        set_own_attribute(self, name, value, "params.write(env_ids, {name}=values)")
 
     def __len__(self) -> int:
         return self._fleet.num_envs
