@@ -15,11 +15,11 @@ While each pool runs:
   land atomically; writer 1 also to every env or to one, which after a few writes take the
   compiled write) and move the arguments of two ``dist="uniform"`` parameters one argument at a
   time (``u={"low": ...}``), which is valid only if ``write()`` merges with what the block holds
-  under the writers' lock; writer 0 is SIGKILLed and restarted every ``--kill-every`` seconds, and
-  at each start forks a child while another of its threads makes its first writes (which load the
-  compiled write): the child writes too, and must exit on its own; writer 1 takes its own SIGALRMs
-  and SIGTERMs (``--handler-every``), whose handlers raise (an error, ``sys.exit``) wherever they
-  land in its writes, as a preempted job's handler does;
+  under the writers' lock; writer 0 is SIGKILLed every ``--kill-every`` seconds and replaced by a
+  standby started ahead, and at each start forks a child while another of its threads makes its
+  first writes (which load the compiled write): the child writes too, and must exit on its own;
+  writer 1 takes its own SIGALRMs and SIGTERMs (``--handler-every``), whose handlers raise (an
+  error, ``sys.exit``) wherever they land in its writes, as a preempted job's handler does;
 - two attached **sender** processes, each with several threads, send events to random envs of both
   workers and record each one once ``send()`` has returned;
 - the trainer itself takes a SIGINT every 20-200 ms (KeyboardInterrupt anywhere in its loop,
@@ -176,7 +176,7 @@ class Settings:
     """folder for the event and check logs (default: a temporary one, removed at the end)."""
     quick: bool = False
     """a CI-sized run: 10 s for the workers phase, 7 s for each other one, writer 0 killed every 0.5 s
-    once it writes (a restarted writer takes a few seconds to start under the soak's load), SIGINT
+    once it writes (its successor's first writes, fork included, take a second or more), SIGINT
     bursts every 0.5 s and gusts every 4 s: on an idle machine each phase sees a kill, a burst and a
     gust, as the tests check."""
 
@@ -383,6 +383,10 @@ def run_writer(settings: Settings, role: Role) -> int:
     writes one argument of the contested ``v`` range (writer 0 ``low``, writer 1 ``high``).
     Keeps ``writes`` counters in ``writer-INDEX-PID.txt``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Started ahead as a standby, it waits for its go line, so that a killed writer's successor
+    # writes at once instead of after a Python start-up under the soak's load.
+    if not sys.stdin.buffer.readline():
+        return 0  # a standby never needed
     stop = threading.Event()
     _stop_on_eof(stop)
     rng = np.random.default_rng([settings.seed, role.index, os.getpid()])
@@ -730,6 +734,7 @@ class Trainer:
         self.beat = time.monotonic()
         self.pool: shmpool.Pool | None = None
         self.writers: list[subprocess.Popen[bytes]] = []
+        self.standbys: list[subprocess.Popen[bytes]] = []  # writers waiting for their go line
         self.senders: list[subprocess.Popen[bytes]] = []
         self.storm: list[subprocess.Popen[bytes]] = []
         self.children_lock = threading.Lock()
@@ -777,39 +782,66 @@ class Trainer:
         command += ["--gust-seconds", str(s.gust_seconds), "--livelock-seconds", str(s.livelock_seconds)]
         return subprocess.Popen(command, stdin=subprocess.PIPE)
 
+    def _start_writer(self, index: int) -> subprocess.Popen[bytes]:
+        """A writer process that writes once its start-up is done."""
+        writer = self._spawn("writer", index)
+        self._go(writer)
+        return writer
+
+    @staticmethod
+    def _go(writer: subprocess.Popen[bytes]) -> None:
+        """Sends a writer its go line: until then it waits, having imported what it needs."""
+        try:
+            writer.stdin.write(b"go\n")  # type: ignore[union-attr]
+            writer.stdin.flush()  # type: ignore[union-attr]
+        except BrokenPipeError:
+            pass  # it died starting up: its exit code counts as a writer error
+
     def _kill_loop(self) -> None:
         """SIGKILLs writer 0 once it runs, ``kill_every`` seconds after it started writing on average,
-        and starts a new one. Every second kill waits (up to 1 s) until the victim is inside the
-        writers' critical section, so that kills mid-write are certain to happen."""
+        and hands over to a standby started ahead. Every second kill waits (up to 1 s) until the
+        victim is inside the writers' critical section, so that kills mid-write are certain to happen."""
         rng = random.Random(self.settings.seed)
         quiet, writers, folder = self.quiet, self.writers, self.folder  # this phase's
         views = getattr(self.pool, "_views", {})  # private: only to aim kills, never to check anything
         holder = views["writers"][W_HOLDER:] if "writers" in views else None
-        while not quiet.is_set():
-            victim = writers[0]
-            ready = Path(folder) / f"writer-0-{victim.pid}.txt"
-            while not quiet.wait(0.02) and victim.poll() is None:
-                if ready.exists() and ready.stat().st_size:
-                    break
-            if quiet.wait(self.settings.kill_every * rng.uniform(0.5, 1.5)):
-                return
-            in_lock = False
-            if holder is not None and rng.random() < 0.5:
-                deadline = time.monotonic() + 1.0
-                while not in_lock and time.monotonic() < deadline:
-                    in_lock = int(holder[0]) == victim.pid
-                    if not in_lock:
-                        time.sleep(0.00005)
+        with self.children_lock:
+            self.standbys.append(self._spawn("writer", 0))  # without its go line yet
+        try:
+            while not quiet.is_set():
+                victim = writers[0]
+                ready = Path(folder) / f"writer-0-{victim.pid}.txt"
+                while not quiet.wait(0.02) and victim.poll() is None:
+                    if ready.exists() and ready.stat().st_size:
+                        break
+                if quiet.wait(self.settings.kill_every * rng.uniform(0.5, 1.5)):
+                    return
+                in_lock = False
+                if holder is not None and rng.random() < 0.5:
+                    deadline = time.monotonic() + 1.0
+                    while not in_lock and time.monotonic() < deadline:
+                        in_lock = int(holder[0]) == victim.pid
+                        if not in_lock:
+                            time.sleep(0.00005)
+                with self.children_lock:
+                    victim.kill()
+                    in_lock = in_lock or (holder is not None and int(holder[0]) == victim.pid)
+                    victim.wait()
+                    victim.stdin.close()  # type: ignore[union-attr]
+                    self.counts["writer kills"] += 1
+                    self.counts["writer kills inside the writers' lock"] += in_lock
+                    if victim.returncode != -signal.SIGKILL:  # it had exited already: an error
+                        self.counts["writer exits before the kill"] += 1
+                    writers[0] = self.standbys.pop()
+                    self._go(writers[0])
+                    self.standbys.append(self._spawn("writer", 0))
+        finally:
             with self.children_lock:
-                victim.kill()
-                in_lock = in_lock or (holder is not None and int(holder[0]) == victim.pid)
-                victim.wait()
-                victim.stdin.close()  # type: ignore[union-attr]
-                self.counts["writer kills"] += 1
-                self.counts["writer kills inside the writers' lock"] += in_lock
-                if victim.returncode != -signal.SIGKILL:  # it had exited already: an error
-                    self.counts["writer exits before the kill"] += 1
-                writers[0] = self._spawn("writer", 0)
+                for standby in self.standbys:  # it never wrote: ending it leaves nothing to check
+                    standby.kill()
+                    standby.wait()
+                    standby.stdin.close()  # type: ignore[union-attr]
+                self.standbys.clear()
 
     # -- SIGINTs
 
@@ -863,7 +895,7 @@ class Trainer:
                 os._exit(3)
 
     def _kill_children(self) -> None:
-        for process in [*self.writers, *self.senders, *self.storm]:
+        for process in [*self.writers, *self.standbys, *self.senders, *self.storm]:
             if process.poll() is None:
                 process.kill()
 
@@ -913,7 +945,7 @@ class Trainer:
         started = time.monotonic()
         try:
             self._start(pool)
-            self.writers = [self._spawn("writer", k) for k in range(2)]
+            self.writers = [self._start_writer(k) for k in range(2)]
             self.senders = [self._spawn("sender", k) for k in range(2)]
             threading.Thread(target=self._watchdog, daemon=True).start()
             chaos = []

@@ -31,8 +31,8 @@ def _table(stdout: str) -> tuple[list[str], dict[str, tuple[dict[str, int | None
     return phases, rows
 
 
-# Alone: beside three busy test workers, a restarted writer took longer than a phase to write
-# again, and a phase saw no kill.
+# Alone: the soak keeps both cores busy by itself (beside other tests the suite would not end
+# sooner), and beside three busy test workers a phase once saw no writer kill.
 @pytest.mark.alone
 @pytest.mark.timeout(180)
 def test_soak_quick_passes_and_exercises_everything() -> None:
