@@ -132,6 +132,7 @@ def evaluate(
     grid: Mapping[str, Sequence[Any]] | None = None,
     samples: int | None = None,
     episodes: int = 10,
+    max_episode_steps: int | None = None,
     seed: int = 0,
     params: Mapping[str, Param] | None = None,
     num_envs: int | None = None,
@@ -149,6 +150,9 @@ def evaluate(
         samples: Instead of a grid, this many cells drawn uniformly within each declared
             parameter's ``[low, high]``, from ``seed``.
         episodes: Episodes per cell; each runs to its end (a time limit truncates it as usual).
+        max_episode_steps: Cut each episode after this many steps, as a time limit would; None:
+            only the env's own limit. An env without one needs it, or an episode that never ends
+            never returns.
         seed: Episode ``j`` of cell ``i`` resets with ``seed + i * episodes + j``.
         params: Declared as for ``launch``; None: each grid key is ``Param(None, bind=key)``, the
             env's own attribute (a key the env lacks is refused as ``launch`` refuses it).
@@ -160,6 +164,8 @@ def evaluate(
     cells, from_grid, params = _cells(grid, samples, params, seed)
     if not isinstance(episodes, int) or episodes < 1:
         raise ValueError(f"evaluate: episodes must be a positive int, got {episodes!r}")
+    if max_episode_steps is not None and (not isinstance(max_episode_steps, int) or max_episode_steps < 1):
+        raise ValueError(f"evaluate: max_episode_steps must be None or a positive int, got {max_episode_steps!r}")
     given = sorted(set(_SET_HERE) & set(launch_options))
     if given:
         raise TypeError(f"evaluate sets {given} itself (each episode resets with its own seed and cell)")
@@ -180,7 +186,7 @@ def evaluate(
     start_pool = launch_locally if launch is None else launch
     pool = start_pool(env, num_envs, params=params, autoreset_mode=AutoresetMode.DISABLED, **launch_options)
     with pool, _ProgressBar(progress, total) as advance:
-        returns, lengths = _run(pool, policy, cells, episodes, seed, advance)
+        returns, lengths = _run(pool, policy, cells, episodes, seed, max_episode_steps, advance)
     return Evaluation(cells, returns, lengths, from_grid)
 
 
@@ -239,10 +245,12 @@ def _run(
     cells: list[dict[str, Any]],
     episodes: int,
     seed: int,
+    max_episode_steps: int | None,
     advance: Callable[[], None],
 ) -> tuple[np.ndarray, np.ndarray]:
     """Runs every episode on ``pool`` (autoreset DISABLED): each env takes the next episode when its
-    own ends; an env with none left keeps running unrecorded episodes until the last one ends."""
+    own ends, or after ``max_episode_steps``; an env with none left keeps running unrecorded
+    episodes until the last one ends."""
     num_envs, total = pool.num_envs, len(cells) * episodes
     returns = np.zeros(total, dtype=np.float64)
     lengths = np.zeros(total, dtype=np.int64)
@@ -278,7 +286,10 @@ def _run(
         observations, rewards, terminations, truncations, _ = pool.step(actions)
         running_return += rewards
         running_length += 1
-        ended = np.flatnonzero(terminations | truncations)
+        ends = terminations | truncations
+        if max_episode_steps is not None:
+            ends |= running_length >= max_episode_steps
+        ended = np.flatnonzero(ends)
         if not len(ended):
             continue
         for env_id in ended.tolist():

@@ -93,6 +93,27 @@ def test_samples_are_drawn_within_the_bounds_from_the_seed() -> None:
     np.testing.assert_array_equal(first.returns, by_hand(first.cells, 2, 1)[0])
 
 
+def test_max_episode_steps_ends_the_episodes_of_an_env_that_never_ends() -> None:
+    """Pendulum without gymnasium's time limit never ends an episode: cut after 30 steps, each
+    episode returns what 30 steps of a bare env, reset with its seed, return."""
+    from gymnasium.envs.classic_control.pendulum import PendulumEnv
+
+    def still(observations: np.ndarray) -> np.ndarray:
+        return np.zeros((len(observations), 1), dtype=np.float32)
+
+    grid = {"g": [10.0, 4.0]}
+    evaluation = shmpool.evaluate(
+        PendulumEnv, still, grid=grid, episodes=2, max_episode_steps=30, seed=7, num_workers=2, progress=False
+    )
+    assert evaluation.lengths.tolist() == [[30, 30], [30, 30]]
+    for i, g in enumerate(grid["g"]):
+        for j in range(2):
+            env = PendulumEnv(g=g)
+            env.reset(seed=7 + 2 * i + j)
+            expected = sum(float(env.step(np.zeros(1, np.float32))[1]) for _ in range(30))
+            assert evaluation.returns[i, j] == pytest.approx(expected, rel=1e-12), (g, j)
+
+
 @pytest.mark.parametrize(
     ("options", "error", "message"),
     [
@@ -100,6 +121,7 @@ def test_samples_are_drawn_within_the_bounds_from_the_seed() -> None:
         ({"grid": GRID, "samples": 3}, ValueError, "not both"),
         ({"grid": {"length": []}}, ValueError, "non-empty list"),
         ({"grid": {"length": [0.5]}, "episodes": 0}, ValueError, "episodes must be a positive int"),
+        ({"grid": {"length": [0.5]}, "max_episode_steps": 0}, ValueError, "max_episode_steps must be None or a"),
         (
             {"grid": {"length": [0.5]}, "seed": 3, "num_workers": 1, "autoreset_mode": "SameStep"},
             TypeError,
