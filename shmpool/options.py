@@ -111,7 +111,7 @@ class _Options(TypedDict, total=False):
 
 # The options as the functions that forward them take them, written out for static tools (mypy,
 # pyright, IDEs: a misspelt option is an error before anything runs): each leaves out those its
-# function takes as its own parameters. tests/test_packaging.py checks them against PoolConfig.
+# function takes as its own parameters. tests/test_options.py checks them against PoolConfig.
 
 
 class LaunchOptions(_Options, total=False):

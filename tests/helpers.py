@@ -1,5 +1,6 @@
 """Tiny deterministic envs for tests, importable by spawned workers (the test folder is on sys.path), and
-the helpers tests share: scripts run in a fresh interpreter, the ``shmpool`` command, /dev/shm entries."""
+the helpers tests share: scripts run in a fresh interpreter, the ``shmpool`` command, /dev/shm entries,
+``PoolConfig``'s options, arrays that run a test's hooks at their stores."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium import spaces
+from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 from packaging.requirements import Requirement
 
 #: The modules of the optional extras, each with the extra that installs it: tests that need one skip
@@ -228,6 +231,11 @@ class CountingEnv(gym.Env):
 def explode_here(t: int) -> None:
     """Raises with a recognisable name in the traceback."""
     raise ZeroDivisionError(f"boom at step {t}")
+
+
+def counting(length: int):
+    """A factory of :class:`CountingEnv` whose episodes last ``length`` steps."""
+    return lambda: CountingEnv(length=length)
 
 
 class CrashesNatively(CountingEnv):
@@ -713,3 +721,77 @@ class MixedInfoEnv(gym.Env):
     def step(self, action):  # type: ignore[no-untyped-def]
         self.t += 1
         return np.zeros(1, np.float32), 1.0, False, False, self._info()
+
+
+class RenamedCartPole(CartPoleEnv):
+    """CartPole under another class name: its adapter is found through its class hierarchy."""
+
+
+def pool_config_options() -> list[tuple[str, object, object]]:
+    """``PoolConfig``'s options after ``env`` and ``num_envs``: (name, default, annotation) in order."""
+    from dataclasses import MISSING, fields
+
+    from shmpool.config import PoolConfig
+
+    return [
+        (option.name, None if option.default is MISSING else option.default, option.type)
+        for option in fields(PoolConfig)
+        if option.init and option.name not in ("env", "num_envs")
+    ]
+
+
+#: What a test runs at a chosen point of a write (see :class:`Fuse`): a reader, or the writer's death.
+Hook = Callable[[], None]
+
+
+class Fuse:
+    """Watches the stores into a protocol object's arrays: runs hooks just before the n-th store."""
+
+    def __init__(self) -> None:
+        self.bases: list[np.ndarray] = []
+        self.hooks: dict[int, list[Hook]] = {}
+        self.after: Callable[[np.ndarray, Any], None] | None = None
+        self.armed = False
+        self.count = 0
+
+    def arm(self, hooks: dict[int, list[Hook]], after: Callable[[np.ndarray, Any], None] | None = None) -> None:
+        """Counts stores from 0, running ``hooks[n]`` before store n and ``after`` after each."""
+        self.hooks, self.after, self.armed, self.count = hooks, after, True, 0
+
+    def disarm(self) -> None:
+        """Stops watching."""
+        self.hooks, self.after, self.armed = {}, None, False
+
+    def watches(self, array: np.ndarray) -> bool:
+        """Whether ``array`` is (a view of) one of the watched arrays, rather than a copy of one."""
+        return any(np.may_share_memory(array, base) for base in self.bases)
+
+
+class Tripwire(np.ndarray):
+    """An array whose item stores go through its :class:`Fuse` (views inherit the fuse)."""
+
+    fuse: Fuse | None = None
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self.fuse = getattr(obj, "fuse", None)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        fuse = self.fuse
+        if fuse is None or not fuse.armed or not fuse.watches(self):
+            super().__setitem__(key, value)
+            return
+        index = fuse.count
+        fuse.count += 1
+        for hook in fuse.hooks.get(index, ()):
+            hook()
+        super().__setitem__(key, value)
+        if fuse.after is not None:
+            fuse.after(self, key)
+
+
+def tripwire(array: np.ndarray, fuse: Fuse) -> Tripwire:
+    """``array`` as a watched :class:`Tripwire` (same memory)."""
+    watched = array.view(Tripwire)
+    watched.fuse = fuse
+    fuse.bases.append(watched)
+    return watched

@@ -58,17 +58,6 @@ def test_an_attached_process_writes_params_and_reads_episodes(pool_name: str) ->
         assert pool.episodes.read().size <= 4  # a second read returns only what finished since
 
 
-def test_slow_readers_count_what_they_lost(pool_name: str) -> None:
-    with shmpool.launch("CartPole-v1", 4, num_workers=2, name=pool_name, episode_capacity=4, seed=0) as pool:
-        pool.reset()
-        for _ in range(300):
-            pool.step(np.ones(4, int))  # always right: episodes of ~10 steps
-        records = pool.episodes.read()
-        assert len(records) == 8 and pool.episodes.lost > 50  # 2 rings of 4 kept
-        assert pool.episodes.lost + len(records) == pool.episodes.total
-        np.testing.assert_array_equal(records["return"], records["length"])  # CartPole: 1 per step, never garbage
-
-
 def _fake_segment(name: str, content: bytes, uid: int | None = None, size: int = 4096) -> None:
     shm = posix_ipc.SharedMemory(f"/shmpool-{name}", posix_ipc.O_CREX, mode=0o600, size=size)
     if size:
@@ -158,29 +147,6 @@ def test_stale_pool_is_reported_as_stale(pool_name: str) -> None:
         assert pool_name in listing.stdout and "stale" in listing.stdout
     finally:
         assert pool_name in helpers.shmpool_cli("gc").stdout
-
-
-def test_episode_metrics_read_the_info_keys_at_each_episodes_last_step(pool_name: str) -> None:
-    metrics = {"success": "is_success", "score": "stats/score", "first": "first"}
-    with shmpool.launch(helpers.MetricEnv, 3, num_workers=2, name=pool_name, episode_metrics=metrics, seed=0) as pool:
-        with shmpool.attach(pool_name) as handle:  # its reader starts here
-            pool.reset()  # env i gets seed i: episodes of 3, 4 and 5 steps
-            for _ in range(20):
-                pool.step(np.zeros(3, int))
-            records = pool.episodes.read()
-            seen_by_others = handle.episodes.read()
-    assert records.dtype["metrics"].names == ("success", "score", "first")
-    for env, length in enumerate([3, 4, 5]):
-        mine = records[records["env_id"] == env]
-        assert len(mine) >= 3 and (mine["length"] == length).all(), mine
-        assert mine["metrics"]["success"].tolist() == [length / 10] * len(mine)  # the last step's value
-        assert mine["metrics"]["score"].tolist() == [-length] * len(mine)  # a nested key, by its path
-        assert np.isnan(mine["metrics"]["first"]).all()  # reported at step 1 only: absent at the last
-    theirs, ours = (np.sort(r, order=["env_id", "episode"]) for r in (seen_by_others, records))
-    for field in ("env_id", "episode", "length"):
-        np.testing.assert_array_equal(theirs[field], ours[field])
-    for name in metrics:
-        np.testing.assert_array_equal(theirs["metrics"][name], ours["metrics"][name])  # NaN matches NaN
 
 
 WAITING_ATTACHER = """

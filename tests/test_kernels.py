@@ -1,6 +1,7 @@
 """The numba engine (``launch(engine="numba")``): compiled batch kernels give gymnasium's results bit for
 bit, with the parameters, hooks, calls and errors of the Python engine. Parameter, attach and CLI
-tests of both engines are in test_params.py, test_handle.py and test_cli.py (parametrized over ``engine``)."""
+tests of both engines are in test_params.py, test_classic_control.py, test_view.py and test_cli.py
+(parametrized over ``engine``)."""
 
 from __future__ import annotations
 

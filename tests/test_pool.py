@@ -1,7 +1,7 @@
 """gymnasium's vector API on a pool beyond step/reset: control calls (``env_apply``, ``call``,
-``get_attr``, ``set_attr``, ``render``), ``env`` as a sequence of callables, ``DISABLED`` autoreset
-and ``episode_statistics``; the failure paths of calls (env errors, unpicklable results, a worker
-killed mid-call, Ctrl-C mid-call, use after close)."""
+``get_attr``, ``set_attr``, ``render``), ``env`` as a sequence of callables and ``DISABLED`` autoreset;
+the failure paths of calls (env errors, unpicklable results, Ctrl-C mid-call, use after close; a worker
+that dies: test_waiting.py)."""
 
 from __future__ import annotations
 
@@ -9,22 +9,16 @@ import os
 import signal
 import threading
 import time
-import warnings
 
 import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.error import ClosedEnvironmentError
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
-from gymnasium.wrappers.vector import RecordEpisodeStatistics
-from helpers import CountingEnv, StructuredEnv
+from helpers import StructuredEnv, counting
 
 import shmpool
-from shmpool.errors import RemoteTraceback, WorkerDiedError, WorkerError
-
-
-def counting(length: int):
-    return lambda: CountingEnv(length=length)
+from shmpool.errors import RemoteTraceback, WorkerError
 
 
 def test_env_apply_runs_functions_on_the_chosen_envs_in_order(pool_name: str) -> None:
@@ -74,17 +68,6 @@ def test_an_env_error_in_a_call_is_raised_with_its_type_and_the_pool_stays_usabl
         observations, *_ = pool.step(np.ones(4, dtype=np.int64))
         assert observations[:, 0].tolist() == [1.0] * 4
         assert pool.get_attr("length") == (5, 5, 5, 5)
-
-
-def test_a_worker_killed_during_a_call_is_reported_within_seconds(pool_name: str) -> None:
-    with shmpool.launch(counting(5), 4, num_workers=2, name=pool_name) as pool:
-        pool.reset(seed=0)
-        started = time.monotonic()
-        with pytest.raises(WorkerDiedError, match="worker 1") as caught:
-            pool.env_apply(lambda env: os.kill(os.getpid(), signal.SIGKILL), [3])
-        assert caught.value.worker_id == 1 and time.monotonic() - started < 5.0
-        with pytest.raises(shmpool.PoolBrokenError):
-            pool.step(np.ones(4, dtype=np.int64))
 
 
 def test_ctrl_c_during_a_call_leaves_the_pool_in_step(pool_name: str) -> None:
@@ -158,31 +141,6 @@ def test_disabled_autoreset_resets_only_through_reset_mask(pool_name: str) -> No
         assert observations[:, 0].tolist() == [1.0, 3.0, 1.0, 3.0]
 
 
-def test_episode_statistics_false_composes_with_gymnasiums_wrapper(pool_name: str) -> None:
-    with shmpool.launch(counting(3), 4, num_workers=2, episode_statistics=False, name=pool_name) as pool:
-        wrapped = RecordEpisodeStatistics(pool)
-        wrapped.reset(seed=0)
-        for _ in range(3):
-            *_, infos = wrapped.step(np.ones(4, dtype=np.int64))
-        assert infos["episode"]["l"].tolist() == [3] * 4 and infos["episode"]["r"].tolist() == [3.0] * 4
-
-
-def test_an_envs_own_episode_info_is_kept_with_a_warning(pool_name: str) -> None:
-    def own() -> gym.Env:
-        return gym.wrappers.RecordEpisodeStatistics(CountingEnv(length=2))
-
-    with shmpool.launch(own, 2, num_workers=2, name=pool_name) as pool:
-        pool.reset(seed=0)
-        pool.step(np.ones(2, dtype=np.int64))
-        with pytest.warns(RuntimeWarning, match="reports its own info\\['episode'\\]"):
-            *_, infos = pool.step(np.full(2, 2, dtype=np.int64))
-        assert infos["episode"]["r"].tolist() == [3.0, 3.0]  # the env's, which counts the last action twice
-        for _ in range(2):
-            with warnings.catch_warnings():
-                warnings.simplefilter("error")  # once only
-                pool.step(np.ones(2, dtype=np.int64))
-
-
 def test_step_with_a_scalar_is_a_type_error_as_in_gymnasium(pool_name: str) -> None:
     with shmpool.launch("CartPole-v1", 2, num_workers=2, name=pool_name) as pool:
         pool.reset(seed=1)
@@ -213,20 +171,6 @@ def test_a_call_whose_arguments_the_worker_cannot_unpickle_fails_alone(pool_name
             pool.env_apply(lambda env, thing: 0, args=(ArrivesBroken(),))
         assert any("worker 0 (before any env" in note for note in caught.value.__notes__)
         assert pool.get_attr("length") == (5, 5, 5, 5)  # still usable
-
-
-def test_a_call_to_a_worker_that_died_idle_names_it(pool_name: str) -> None:
-    pool = shmpool.launch(counting(5), 4, num_workers=2, name=pool_name)
-    try:
-        pool.reset(seed=0)
-        os.kill(pool.worker_pids[0], signal.SIGKILL)
-        time.sleep(0.2)
-        with pytest.raises(WorkerDiedError, match="worker 0"):
-            pool.get_attr("length")
-    finally:
-        started = time.monotonic()
-        pool.close()
-    assert time.monotonic() - started < 1.5  # worker 1 left its wait for the request at the close command
 
 
 def test_env_apply_runs_repeated_env_ids_once_each_in_order(pool_name: str) -> None:

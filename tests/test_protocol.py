@@ -31,13 +31,13 @@ from typing import Any
 import helpers
 import numpy as np
 import pytest
+from helpers import Fuse, Hook, tripwire
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 import shmpool
 from shmpool import Param
-from shmpool.episodes import EpisodeReader, EpisodeWriter, episode_dtype
 from shmpool.errors import WriterLockTimeoutError
 from shmpool.events import event_dtype
 from shmpool.protocol import (
@@ -55,66 +55,12 @@ from shmpool.protocol import (
     writer_lock,
 )
 
-Hook = Callable[[], None]
 PAIR_DTYPE = np.dtype([("a", "<f8"), ("b", "<f8")])
 PAYLOAD = 2  # an event's payload here: (its id, the ring it was written for)
 
 
 class Died(Exception):
     """A writer's death, simulated."""
-
-
-class Fuse:
-    """Watches the stores into a protocol object's arrays: runs hooks just before the n-th store."""
-
-    def __init__(self) -> None:
-        self.bases: list[np.ndarray] = []
-        self.hooks: dict[int, list[Hook]] = {}
-        self.after: Callable[[np.ndarray, Any], None] | None = None
-        self.armed = False
-        self.count = 0
-
-    def arm(self, hooks: dict[int, list[Hook]], after: Callable[[np.ndarray, Any], None] | None = None) -> None:
-        """Counts stores from 0, running ``hooks[n]`` before store n and ``after`` after each."""
-        self.hooks, self.after, self.armed, self.count = hooks, after, True, 0
-
-    def disarm(self) -> None:
-        """Stops watching."""
-        self.hooks, self.after, self.armed = {}, None, False
-
-    def watches(self, array: np.ndarray) -> bool:
-        """Whether ``array`` is (a view of) one of the watched arrays, rather than a copy of one."""
-        return any(np.may_share_memory(array, base) for base in self.bases)
-
-
-class Tripwire(np.ndarray):
-    """An array whose item stores go through its :class:`Fuse` (views inherit the fuse)."""
-
-    fuse: Fuse | None = None
-
-    def __array_finalize__(self, obj: Any) -> None:
-        self.fuse = getattr(obj, "fuse", None)
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        fuse = self.fuse
-        if fuse is None or not fuse.armed or not fuse.watches(self):
-            super().__setitem__(key, value)
-            return
-        index = fuse.count
-        fuse.count += 1
-        for hook in fuse.hooks.get(index, ()):
-            hook()
-        super().__setitem__(key, value)
-        if fuse.after is not None:
-            fuse.after(self, key)
-
-
-def tripwire(array: np.ndarray, fuse: Fuse) -> Tripwire:
-    """``array`` as a watched :class:`Tripwire` (same memory)."""
-    watched = array.view(Tripwire)
-    watched.fuse = fuse
-    fuse.bases.append(watched)
-    return watched
 
 
 class Values:
@@ -315,50 +261,6 @@ def test_rings_every_death_point_delivers_all_or_nothing(num_targets: int) -> No
             world.consume(ring)
         world.check(exact=True)
     assert outcomes == {False, True}  # deaths before and after the publishing store were both covered
-
-
-@pytest.mark.parametrize("batch", [0, 1, 3])
-def test_episode_readers_never_return_a_record_being_overwritten(batch: int) -> None:
-    """Readers a ring or more behind, reading between any two stores of the writer, return only
-    published records, whole: ``append`` (``batch=0``) and ``reserve``/``publish`` of ``batch``
-    records at once (the numba engine's path, whose record stores the test makes in Python)."""
-    capacity, fuse = 4, Fuse()
-    views = {
-        "episode_records": tripwire(np.zeros((1, capacity), episode_dtype(None, ())), fuse),
-        "episode_heads": tripwire(np.zeros(1, np.int64), fuse),
-        "episode_reserved": tripwire(np.zeros(1, np.int64), fuse),
-    }
-    writer = EpisodeWriter(views, 0, {})
-    published = [0]  # records the writer has published so far (the test's own count)
-
-    def write(first: int, count: int) -> None:
-        if not batch:
-            writer.append(first, first, first, float(first), first, False, True, None)
-        else:
-            head = writer.reserve(count)
-            ring = writer.plain_ring
-            assert ring is not None and head == first
-            for seq in range(first, first + count):
-                ring[seq % capacity] = (seq, seq, seq, float(seq), seq, False, True)
-            writer.publish(count)
-        published[0] = first + count
-
-    def check(reader: EpisodeReader) -> None:
-        records = reader.read()
-        seqs = records["env_id"].tolist()
-        assert seqs == list(range(published[0] - len(seqs), published[0])), (seqs, published[0])
-        for name in ("episode", "step", "length"):
-            assert records[name].tolist() == seqs
-        assert records["return"].tolist() == [float(seq) for seq in seqs]
-        assert reader.lost + len(seqs) == published[0]
-
-    step, total = batch or 1, capacity * 3
-    readers = [EpisodeReader(views, lambda: None) for _ in range(3 * total)]  # made at 0: behind later
-    fuse.arm({store: [partial(check, reader)] for store, reader in enumerate(readers)})
-    for first in range(0, total, step):
-        write(first, step)
-    fuse.disarm()
-    assert total < fuse.count <= len(readers)  # a reader before every store: reserve, records, head
 
 
 def test_rings_refuse_a_send_to_a_full_ring() -> None:

@@ -1,0 +1,38 @@
+"""Where a parameter's value goes on an env (:mod:`shmpool.bindings`): bind paths and setters, and the
+nominal values read from a fresh env, each problem refused at launch naming the parameter."""
+
+from __future__ import annotations
+
+import pytest
+
+import shmpool
+from shmpool import Param
+
+
+def test_bad_declarations_fail_at_launch(pool_name: str) -> None:
+    with pytest.raises(AttributeError, match=r"has no 'not_there'.*never creates attributes"):
+        shmpool.launch("CartPole-v1", 2, name=pool_name, params={"not_there": Param(1.0)})
+    with pytest.raises(AttributeError, match=r"has no 'state\[9\]'"):
+        shmpool.launch("CartPole-v1", 2, name=pool_name, params={"x": Param(1.0, bind="state[9]")})
+    with pytest.raises(ValueError, match="initial value 9.8 is rejected: outside"):
+        shmpool.launch("CartPole-v1", 2, name=pool_name, params={"gravity": Param(low=0, high=5)})
+    with pytest.raises(ValueError, match="when must be one of"):
+        shmpool.launch("CartPole-v1", 2, name=pool_name, params={"gravity": Param(when="sometimes")})
+
+
+def test_bind_paths_and_callables(pool_name: str) -> None:
+    seen = []
+
+    def set_length(env, value) -> None:
+        env.length = value
+        seen.append(value)
+
+    params = {
+        "second": Param(bind="x_threshold", low=0, high=10),
+        "pole": Param(0.5, bind=set_length, low=0.1, high=2.0),
+    }
+    with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, params=params) as pool:
+        assert pool.params["second"].tolist() == [2.4, 2.4]
+        pool.params.write(1, second=3.0, pole=0.7)
+        pool.reset(seed=0)
+        assert pool.applied["pole"].tolist() == [0.5, 0.7] and pool.applied["second"].tolist() == [2.4, 3.0]
