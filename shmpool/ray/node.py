@@ -35,13 +35,18 @@ class _Host:
 
     def start(self, env: Any, num_envs: int, pool_name: str, options: dict[str, Any]) -> dict[str, Any]:
         """Launches the node's pool; returns what the cluster needs to know about it."""
+        import multiprocess
         import ray
 
         import shmpool
+        from shmpool.config import WORKER_ENTRY_POINT
 
         # Not fork by default: this process runs Ray's gRPC threads, which a forked child inherits
         # in whatever state they were (forkserver forks from a clean server process instead).
         options = {"start_method": "forkserver", **options}
+        # The server imports what the workers run, not this process's __main__ (the default): that is
+        # Ray's worker script, and importing it imports all of Ray into every node's server.
+        multiprocess.get_context("forkserver").set_forkserver_preload([WORKER_ENTRY_POINT.split(":")[0]])
         options["worker_init"] = functools.partial(_leave_host_group, options.get("worker_init"))
         self._pool = pool = shmpool.launch(env, num_envs, name=pool_name, **options)
         params = pool.param_specs
