@@ -33,7 +33,7 @@ from ..layout import (
 from ..system import monotonic
 from .lifecycle import Parts
 
-#: Polls while waiting for workers before sleeping; each poll yields the core (~1 us when idle).
+#: Polls while waiting for workers before sleeping; each poll yields the core (cheap when it is idle).
 TRAINER_SPIN = 300
 #: How often a sleeping trainer wakes to check that its workers are alive and its deadline not passed.
 TRAINER_POLL_INTERVAL = 0.05
