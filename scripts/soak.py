@@ -73,6 +73,7 @@ A Ctrl-C from the terminal (beyond the script's own) stops the run early and sti
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import faulthandler
 import functools
@@ -794,8 +795,9 @@ class Trainer:
         try:
             writer.stdin.write(b"go\n")  # type: ignore[union-attr]
             writer.stdin.flush()  # type: ignore[union-attr]
-        except BrokenPipeError:
-            pass  # it died starting up: its exit code counts as a writer error
+        except BrokenPipeError:  # it died starting up: its exit code counts as a writer error
+            with contextlib.suppress(BrokenPipeError):  # the line still buffered fails the close's flush
+                writer.stdin.close()  # type: ignore[union-attr]
 
     def _kill_loop(self) -> None:
         """SIGKILLs writer 0 once it runs, ``kill_every`` seconds after it started writing on average,
@@ -803,10 +805,11 @@ class Trainer:
         victim is inside the writers' critical section, so that kills mid-write are certain to happen."""
         rng = random.Random(self.settings.seed)
         quiet, writers, folder = self.quiet, self.writers, self.folder  # this phase's
+        standbys, children_lock = self.standbys, self.children_lock
         views = getattr(self.pool, "_views", {})  # private: only to aim kills, never to check anything
         holder = views["writers"][W_HOLDER:] if "writers" in views else None
-        with self.children_lock:
-            self.standbys.append(self._spawn("writer", 0))  # without its go line yet
+        with children_lock:
+            standbys.append(self._spawn("writer", 0))  # without its go line yet
         try:
             while not quiet.is_set():
                 victim = writers[0]
@@ -823,7 +826,7 @@ class Trainer:
                         in_lock = int(holder[0]) == victim.pid
                         if not in_lock:
                             time.sleep(0.00005)
-                with self.children_lock:
+                with children_lock:
                     victim.kill()
                     in_lock = in_lock or (holder is not None and int(holder[0]) == victim.pid)
                     victim.wait()
@@ -832,16 +835,23 @@ class Trainer:
                     self.counts["writer kills inside the writers' lock"] += in_lock
                     if victim.returncode != -signal.SIGKILL:  # it had exited already: an error
                         self.counts["writer exits before the kill"] += 1
-                    writers[0] = self.standbys.pop()
+                    writers[0] = standbys.pop()
                     self._go(writers[0])
-                    self.standbys.append(self._spawn("writer", 0))
+                    standbys.append(self._spawn("writer", 0))
         finally:
-            with self.children_lock:
-                for standby in self.standbys:  # it never wrote: ending it leaves nothing to check
-                    standby.kill()
-                    standby.wait()
-                    standby.stdin.close()  # type: ignore[union-attr]
-                self.standbys.clear()
+            with children_lock:
+                self._end_standbys(standbys)
+
+    def _end_standbys(self, standbys: list[subprocess.Popen[bytes]]) -> None:
+        """Ends standby writers (they never wrote: nothing to check but a failed start-up); the
+        caller holds ``children_lock``."""
+        for standby in standbys:
+            if standby.poll():  # exited with an error while it waited
+                self.counts["writer errors (exit code)"] += 1
+            standby.kill()
+            standby.wait()
+            standby.stdin.close()  # type: ignore[union-attr]
+        standbys.clear()
 
     # -- SIGINTs
 
@@ -1382,6 +1392,8 @@ class Trainer:
         except BaseException as exc:  # noqa: BLE001
             self.counts["close errors"] += 1
             self._note("close", f"pool.close() raised {type(exc).__name__}: {exc}")
+        with self.children_lock:  # after a failed run the kill thread may not have ended them
+            self._end_standbys(self.standbys)
         for process in [*self.senders, *self.writers]:  # after a failed run they may still be there
             if process.poll() is None:
                 _stop(process)

@@ -20,13 +20,17 @@ def lean_policy(observations: np.ndarray) -> np.ndarray:
     return (observations[:, 2] > 0).astype(np.int64)
 
 
-def by_hand(cells: list[dict[str, Any]], episodes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def by_hand(
+    cells: list[dict[str, Any]], episodes: int, seed: int, max_episode_steps: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Each cell's episodes in a ``SyncVectorEnv`` of its own, one env per episode, reset with the
     seeds ``evaluate`` promises; an env's first episode is the one recorded."""
     returns = np.zeros((len(cells), episodes))
     lengths = np.zeros((len(cells), episodes), dtype=np.int64)
     for i, cell in enumerate(cells):
-        envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * episodes)
+        envs = gym.vector.SyncVectorEnv(
+            [lambda: gym.make("CartPole-v1", max_episode_steps=max_episode_steps)] * episodes
+        )
         for env in envs.envs:
             for name, value in cell.items():
                 setattr(env.unwrapped, name, value)
@@ -95,7 +99,8 @@ def test_samples_are_drawn_within_the_bounds_from_the_seed() -> None:
 
 def test_max_episode_steps_ends_the_episodes_of_an_env_that_never_ends() -> None:
     """Pendulum without gymnasium's time limit never ends an episode: cut after 30 steps, each
-    episode returns what 30 steps of a bare env, reset with its seed, return."""
+    episode returns what 30 steps of a bare env, reset with its seed, return. One env runs them
+    all, so each cut is followed by the next episode's reset, seed and cell."""
     from gymnasium.envs.classic_control.pendulum import PendulumEnv
 
     def still(observations: np.ndarray) -> np.ndarray:
@@ -103,7 +108,7 @@ def test_max_episode_steps_ends_the_episodes_of_an_env_that_never_ends() -> None
 
     grid = {"g": [10.0, 4.0]}
     evaluation = shmpool.evaluate(
-        PendulumEnv, still, grid=grid, episodes=2, max_episode_steps=30, seed=7, num_workers=2, progress=False
+        PendulumEnv, still, grid=grid, episodes=2, max_episode_steps=30, seed=7, num_envs=1, progress=False
     )
     assert evaluation.lengths.tolist() == [[30, 30], [30, 30]]
     for i, g in enumerate(grid["g"]):
@@ -112,6 +117,20 @@ def test_max_episode_steps_ends_the_episodes_of_an_env_that_never_ends() -> None
             env.reset(seed=7 + 2 * i + j)
             expected = sum(float(env.step(np.zeros(1, np.float32))[1]) for _ in range(30))
             assert evaluation.returns[i, j] == pytest.approx(expected, rel=1e-12), (g, j)
+
+
+def test_max_episode_steps_cuts_only_the_episodes_that_run_longer() -> None:
+    """CartPole's own end comes first in some episodes of short poles, the cut at 20 steps in those
+    of long ones: each episode is what the loop by hand gives with gymnasium's time limit at 20."""
+    grid = {"length": [0.2, 2.0]}
+    evaluation = shmpool.evaluate(
+        "CartPole-v1", lean_policy, grid=grid, episodes=3, max_episode_steps=20, seed=3, num_envs=2, progress=False
+    )
+    cells = evaluation.cells
+    returns, lengths = by_hand(cells, 3, 3, max_episode_steps=20)
+    np.testing.assert_array_equal(evaluation.lengths, lengths)
+    np.testing.assert_array_equal(evaluation.returns, returns)
+    assert (lengths < 20).any() and (lengths[1] == 20).all()  # both kinds of end happened
 
 
 @pytest.mark.parametrize(

@@ -44,9 +44,11 @@ class _Host:
         # Not fork by default: this process runs Ray's gRPC threads, which a forked child inherits
         # in whatever state they were (forkserver forks from a clean server process instead).
         options = {"start_method": "forkserver", **options}
-        # The server imports what the workers run, not this process's __main__ (the default): that is
-        # Ray's worker script, and importing it imports all of Ray into every node's server.
-        multiprocess.get_context("forkserver").set_forkserver_preload([WORKER_ENTRY_POINT.split(":")[0]])
+        # The server preloads the workers' code beside this process's __main__ (multiprocessing's
+        # default preload, here Ray's worker script, which each worker would otherwise run itself),
+        # so that every worker forked from it starts with both imported.
+        worker_module = WORKER_ENTRY_POINT.split(":")[0]
+        multiprocess.get_context("forkserver").set_forkserver_preload(["__main__", worker_module])
         options["worker_init"] = functools.partial(_leave_host_group, options.get("worker_init"))
         self._pool = pool = shmpool.launch(env, num_envs, name=pool_name, **options)
         params = pool.param_specs
