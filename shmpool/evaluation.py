@@ -18,6 +18,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from .options import count
 from .params import Param
 
 #: Envs of an evaluation's pool when ``num_envs`` is not given: one per episode, at most this many.
@@ -164,8 +165,8 @@ def evaluate(
     cells, from_grid, params = _cells(grid, samples, params, seed)
     if not isinstance(episodes, int) or episodes < 1:
         raise ValueError(f"evaluate: episodes must be a positive int, got {episodes!r}")
-    if max_episode_steps is not None and (not isinstance(max_episode_steps, int) or max_episode_steps < 1):
-        raise ValueError(f"evaluate: max_episode_steps must be None or a positive int, got {max_episode_steps!r}")
+    if max_episode_steps is not None:
+        max_episode_steps = count("evaluate: max_episode_steps", max_episode_steps, 1)
     given = sorted(set(_SET_HERE) & set(launch_options))
     if given:
         raise TypeError(f"evaluate sets {given} itself (each episode resets with its own seed and cell)")

@@ -233,7 +233,7 @@ def explode_here(t: int) -> None:
     raise ZeroDivisionError(f"boom at step {t}")
 
 
-def counting(length: int):
+def counting(length: int) -> Callable[[], CountingEnv]:
     """A factory of :class:`CountingEnv` whose episodes last ``length`` steps."""
     return lambda: CountingEnv(length=length)
 

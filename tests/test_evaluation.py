@@ -140,7 +140,7 @@ def test_max_episode_steps_cuts_only_the_episodes_that_run_longer() -> None:
         ({"grid": GRID, "samples": 3}, ValueError, "not both"),
         ({"grid": {"length": []}}, ValueError, "non-empty list"),
         ({"grid": {"length": [0.5]}, "episodes": 0}, ValueError, "episodes must be a positive int"),
-        ({"grid": {"length": [0.5]}, "max_episode_steps": 0}, ValueError, "max_episode_steps must be None or a"),
+        ({"grid": {"length": [0.5]}, "max_episode_steps": 0}, ValueError, "max_episode_steps must be >= 1, got 0"),
         (
             {"grid": {"length": [0.5]}, "seed": 3, "num_workers": 1, "autoreset_mode": "SameStep"},
             TypeError,
