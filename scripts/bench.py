@@ -67,10 +67,11 @@ class Settings:
     """the width of the --loop policy's two hidden layers."""
     ppo: bool = False
     """instead of the table: CleanRL's PPO iteration (scripts/ppo.py's agent and update, torch with
-    its default threads) on gymnasium Sync, a default launch and engine="numba" (for a MuJoCo env:
-    engine="mujoco" and EnvPool), timed in turns, an iteration (a rollout of 128 steps per env, then
-    4 epochs of 4 minibatches) each; with the env steps' share of Sync's iteration, and so the best
-    ratio any vector env could reach; --envs and --num-envs default to CartPole-v1 at 8 and 32."""
+    its default threads) on gymnasium Sync (of CleanRL's envs: each in RecordEpisodeStatistics), a
+    default launch and engine="numba" (for a MuJoCo env: engine="mujoco" and EnvPool), timed in
+    turns, an iteration (a rollout of 128 steps per env, then 4 epochs of 4 minibatches) each; with
+    the env steps' share of Sync's iteration, and so the best ratio any vector env could reach;
+    --envs and --num-envs default to CartPole-v1 at 8 and 32."""
     torch_threads: int = 0
     """--ppo: torch's threads (0: as many as cores, torch's default, which users get)."""
     profile: bool = False
@@ -858,15 +859,17 @@ def whole_loop(settings: Settings) -> None:
 
 
 def ppo_runners(env_id: str, num_envs: int) -> dict[str, Callable[[], Any]]:
-    """The vector envs that --ppo compares, same-step autoreset each: gymnasium Sync, a default
-    launch, the numba engine where the env has a kernel; for the MuJoCo envs the mujoco engine
-    has a task for, that engine and EnvPool (as many threads as cores), where installed."""
+    """The vector envs that --ppo compares, same-step autoreset each: gymnasium Sync of CleanRL's
+    envs, a default launch, the numba engine where the env has a kernel; for the MuJoCo envs the
+    mujoco engine has a task for, that engine and EnvPool (as many threads as cores), where installed."""
     from shmpool import kernels
     from shmpool.mujoco_tasks import TASKS
     from shmpool.system import usable_cores
 
     same_step = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
-    fns = [lambda: gym.make(env_id) for _ in range(num_envs)]
+    # CleanRL's make_env wraps each env in RecordEpisodeStatistics, for the episode returns it logs;
+    # a pool reports those itself (infos["episode"]).
+    fns = [lambda: gym.wrappers.RecordEpisodeStatistics(gym.make(env_id)) for _ in range(num_envs)]
     runners = {
         "gymnasium Sync": lambda: gym.vector.SyncVectorEnv(fns, **same_step),
         "shmpool (defaults)": lambda: shmpool.launch(env_id, num_envs, seed=0, **same_step),
