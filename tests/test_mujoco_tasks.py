@@ -416,6 +416,45 @@ def test_a_call_that_moves_the_state_and_the_materialized_data_match_gymnasium(e
         assert_same_step(pool.step(actions), reference.step(actions), "after a call that moved the state")
 
 
+def _push_the_torso(env: Any) -> None:  # an applied force: part of the state, no derived field moves
+    env.unwrapped.data.xfrc_applied[1, 0] = 5.0
+
+
+def _speed_up(env: Any) -> None:  # a velocity edited: the body positions stay those of the last step
+    env.unwrapped.data.qvel[0] += 0.5
+
+
+def _recompute(env: Any) -> None:  # the state as it was, every derived field recomputed from it
+    import mujoco
+
+    mujoco.mj_forward(env.unwrapped.model, env.unwrapped.data)
+
+
+def _step_inside(env: Any) -> None:  # the env's own step, inside a call
+    env.step(np.full(env.action_space.shape, 0.1, dtype=np.float32))
+
+
+@pytest.mark.parametrize("env_id", ["Ant-v5", "Humanoid-v5"])
+def test_the_step_after_a_call_reads_the_data_as_the_call_left_it(env_id: str, pool_name: str) -> None:
+    """Ant's and Humanoid's rewards use a body position from before the physics, a derived field:
+    after a call, gymnasium's env reads it from its MjData as the call left it, stale unless the
+    call ran mj_forward; and a second call sees that MjData as the first left it."""
+    with stepped_beside_gymnasium(env_id, 2, pool_name, seed=2, action=0.2, steps=3) as (pool, reference, actions):
+        for call in (_push_the_torso, _speed_up, _recompute, _step_inside):
+            pool.env_apply(call)
+            for env in reference.envs:
+                call(env)
+            assert_same_step(pool.step(actions), reference.step(actions), f"after {call.__name__}")
+        pool.env_apply(_speed_up)
+        for env in reference.envs:
+            _speed_up(env)
+        for name in ("xpos", "xipos", "qvel"):
+            mine = [getattr(data, name) for data in pool.call("get_wrapper_attr", "data")]
+            theirs = [getattr(env.unwrapped.data, name) for env in reference.envs]
+            np.testing.assert_array_equal(np.stack(mine), np.stack(theirs), err_msg=f"{name}, in a second call")
+        assert_same_step(pool.step(actions), reference.step(actions), "after two calls")
+
+
 @pytest.mark.parametrize(("env_id", "reward"), [("Hopper-v5", 2), ("InvertedDoublePendulum-v5", 5), ("Ant-v5", 3)])
 def test_an_int_healthy_reward_keeps_gymnasiums_info_dtype(env_id: str, reward: int, pool_name: str) -> None:
     run_against_sync(env_id, AutoresetMode.NEXT_STEP, pool_name, 5, healthy_reward=reward)

@@ -143,6 +143,11 @@ class MujocoSlot(ArraySlot):
         #: Per env: whether its last command stepped it (else it reset), for what its ``MjData`` holds
         #: after ``mj_rnePostConstraint`` when a control call materializes it.
         self._after_step = np.zeros(count, dtype=np.bool_)
+        #: Per env: whether its ``MjData`` holds its state as a control call left it, with no step or
+        #: reset since (then another call sees it as it is, as on gymnasium's env).
+        self._held_by_env = np.zeros(count, dtype=np.bool_)
+        #: The task's ``before()`` from each env's ``MjData`` as the last control call left it.
+        self._before_call: Any = None
 
     # -- building ----------------------------------------------------------------------------------
 
@@ -239,7 +244,10 @@ class MujocoSlot(ArraySlot):
         self._states_before_call = batch.state.copy()
         for local, env in enumerate(self.envs):
             unwrapped = env.unwrapped
-            model, data = batch.get_model(local, unwrapped.model), batch.get_data(local, unwrapped.data)
+            model = batch.get_model(local, unwrapped.model)
+            if self._held_by_env[local]:  # its data as the last call left it: the batch's is no newer
+                continue
+            data = batch.get_data(local, unwrapped.data)
             if self._after_step[local]:
                 rne(model, data)
             else:
@@ -272,6 +280,14 @@ class MujocoSlot(ArraySlot):
         moved = np.flatnonzero((batch.state != self._states_before_call).any(axis=1))
         if len(moved):
             batch.forward(moved)
+        # The next step reads what it needs from before the physics (Ant's body position, say) from
+        # the derived fields of each env's MjData as the call left them, as gymnasium's env does:
+        # recomputed if the call ran mj_forward (set_state does), else stale, whatever the state is now.
+        datas = [env.unwrapped.data for env in self.envs]
+        self._before_call = self.task.before_from(
+            {name: np.stack([getattr(data, name) for data in datas]) for name in self.task.fields}
+        )
+        self._held_by_env[:] = True
         try:
             self._read_envs()  # raises for constants the envs may not differ in (the call is refused)
         finally:
@@ -335,6 +351,7 @@ class MujocoSlot(ArraySlot):
         self.batch.forward(rows)
         self.task.observe(self._obs, rows, self._zero_forces)
         self._after_step[rows] = False
+        self._held_by_env[rows] = False
 
     # -- stepping ------------------------------------------------------------------------------------
 
@@ -354,6 +371,12 @@ class MujocoSlot(ArraySlot):
             return
         task = self.task
         before = task.before()
+        if self._before_call is not None:
+            if before is not None:
+                held = self._held_by_env  # the envs reset since the call start from the batch's state
+                before[held] = self._before_call[held]
+            self._before_call = None
+        self._held_by_env[:] = False
         if everyone:
             self._ctrl[:] = actions
         else:

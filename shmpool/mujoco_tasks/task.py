@@ -71,6 +71,16 @@ class Task:
         """What the step needs from before the physics (positions, say), copied."""
         return None
 
+    def before_from(self, fields: dict[str, np.ndarray]) -> Any:
+        """``before()`` computed from ``fields`` (MjData field names to ``(envs, ...)`` values) in
+        place of the batch's."""
+        bound = self.arrays
+        self.arrays = {**bound, **fields}
+        try:
+            return self.before()
+        finally:
+            self.arrays = bound
+
     def observe(self, out: np.ndarray, rows: np.ndarray | slice, cfrc_ext: np.ndarray | None) -> None:
         """Writes the observations of the envs at ``rows`` into ``out[rows]``."""
         raise NotImplementedError
