@@ -455,6 +455,42 @@ def test_the_step_after_a_call_reads_the_data_as_the_call_left_it(env_id: str, p
         assert_same_step(pool.step(actions), reference.step(actions), "after two calls")
 
 
+def _kick_the_data(env: Any, amounts: np.ndarray) -> None:
+    env.unwrapped.data.qvel[:3] += amounts
+
+
+class _ReadsTheData:
+    def after_step(self, ctx: Any) -> None:
+        ctx.rewards[:] = [env.unwrapped.data.qpos[0] for env in ctx.envs]
+
+
+class _DoublesTheRewards:
+    def after_step(self, ctx: Any) -> None:
+        ctx.rewards *= 2.0
+
+
+def test_hooks_that_would_touch_an_envs_data_under_the_batch_are_refused(pool_name: str) -> None:
+    """The batch holds the physics: a kick function's writes to an env's MjData would be lost, and
+    a hook reading it would see its last reset. Both raise, naming the way; a hook of the results runs."""
+    with pytest.raises(shmpool.WorkerError, match=r"during launch.*kick with shmpool\.mujoco\.Push"):
+        shmpool.launch(
+            "Hopper-v5", 2, engine="mujoco", hooks=[Perturb(2.0, every=3, dims=3, kick=_kick_the_data)], name=pool_name
+        )
+    actions = np.full((2, 3), 0.2, dtype=np.float32)
+    with shmpool.launch("Hopper-v5", 2, engine="mujoco", hooks=[_ReadsTheData()], name=f"{pool_name}-r") as pool:
+        pool.reset(seed=0)
+        with pytest.raises(shmpool.WorkerError, match=r"'_ReadsTheData'.*env\.unwrapped\.data\.qpos in a hook"):
+            pool.step(actions)
+    rewards = {}
+    for engine in ("python", "mujoco"):
+        with shmpool.launch(
+            "Hopper-v5", 2, engine=engine, hooks=[_DoublesTheRewards()], name=f"{pool_name}-{engine}"
+        ) as pool:
+            pool.reset(seed=0)
+            rewards[engine] = [pool.step(actions)[1] for _ in range(3)]
+    np.testing.assert_array_equal(rewards["mujoco"], rewards["python"])
+
+
 @pytest.mark.parametrize(("env_id", "reward"), [("Hopper-v5", 2), ("InvertedDoublePendulum-v5", 5), ("Ant-v5", 3)])
 def test_an_int_healthy_reward_keeps_gymnasiums_info_dtype(env_id: str, reward: int, pool_name: str) -> None:
     run_against_sync(env_id, AutoresetMode.NEXT_STEP, pool_name, 5, healthy_reward=reward)

@@ -23,6 +23,26 @@ class HookError(Exception):
         self.env_ids = env_ids
 
 
+class _NoLiveData:
+    """An env's ``unwrapped.data`` while a hook of the user's runs under ``engine="mujoco"``: the
+    batch holds the physics, so reading the env's own ``MjData`` would give the state of its last
+    reset or control call, and writing it would change nothing. Any use raises, naming the way."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError(_NO_LIVE_DATA.format(name))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise RuntimeError(_NO_LIVE_DATA.format(name))
+
+
+_NO_LIVE_DATA = (
+    "env.unwrapped.data.{} in a hook: engine='mujoco' steps the physics in a batch, and an env's MjData "
+    "is not its simulation during a step (reads would see its last reset, writes would be lost). Read "
+    "the results from the context (ctx.observations, ctx.rewards), change the physics through "
+    "shmpool.mujoco's bindings and Push, or launch with engine='python'"
+)
+
+
 class HookRunner:
     """Calls the hooks of one worker at each phase of a step, in declared order."""
 
@@ -43,6 +63,9 @@ class HookRunner:
         start, stop = slot
         rows = slice(start, stop)
         self._slot = slot
+        self._hooks = hooks
+        self._users: set[int] = set()  # under engine="mujoco": the indices of the user's hooks
+        self._unwrapped: list[Any] = []
         self._calls = {
             phase: [
                 (index, hook_name(hook), getattr(hook, phase))
@@ -84,6 +107,9 @@ class HookRunner:
         ctx = self.ctx
         ctx.engine, ctx.kernel, ctx.state = engine, kernel, state
         self._run("on_launch")
+        if engine == "mujoco":  # the user's hooks find no stale MjData in the envs during steps
+            self._unwrapped = [env.unwrapped for env in ctx.envs]
+            self._users = {index for index, hook in enumerate(self._hooks) if not _library_hook(hook)}
 
     def begin_step(self, global_step: int) -> None:
         """Takes the events due at this step out of the ring, grouped by hook."""
@@ -126,7 +152,28 @@ class HookRunner:
         ctx = self.ctx
         for index, name, method in self._calls[phase]:
             ctx.events = self._due.get(index, [])
+            hidden = self._hide_data() if index in self._users and phase != "on_launch" else None
             try:
                 method(ctx)
             except Exception as exc:  # noqa: BLE001 - reported to the trainer with the hook's name
                 raise HookError(name, self._slot, exc) from exc
+            finally:
+                if hidden is not None:
+                    for unwrapped, data in zip(self._unwrapped, hidden):
+                        unwrapped.data = data
+
+    def _hide_data(self) -> list[Any]:
+        """Puts ``_NoLiveData`` in place of each env's ``MjData``; returns them, to put back."""
+        hidden = [unwrapped.data for unwrapped in self._unwrapped]
+        for unwrapped in self._unwrapped:
+            unwrapped.data = _NO_DATA
+        return hidden
+
+
+_NO_DATA = _NoLiveData()
+
+
+def _library_hook(hook: Any) -> bool:
+    """Whether ``hook`` is one of shmpool's (which never reads an env's MjData under the batch)."""
+    module = type(hook).__module__
+    return isinstance(module, str) and module.startswith("shmpool.")

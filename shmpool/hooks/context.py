@@ -19,7 +19,9 @@ class HookContext:
 
     Attributes:
         env_ids: the pool-wide ids of the slot's envs (row ``i`` of every array is env ``env_ids[i]``).
-        envs: the slot's gymnasium envs, for physics-level hooks.
+        envs: the slot's gymnasium envs, for physics-level hooks. With ``engine="mujoco"`` a batch
+            holds their physics: a hook of the user's that touches an env's ``unwrapped.data`` during
+            a step raises (change the physics through ``shmpool.mujoco``'s bindings and ``Push``).
         actions: in ``before_step``, the slot's actions (a writable copy; structured like the action
             space for Dict/Tuple spaces); None in the other phases.
         observations, rewards, terminations, truncations: the slot's rows of the results.
@@ -37,7 +39,7 @@ class HookContext:
         seed: the pool's seed.
         events: the events addressed to the running hook and due this step.
         observation_space, action_space: one env's spaces.
-        engine: the engine stepping the slot: ``"python"`` or ``"numba"``.
+        engine: the engine stepping the slot: ``"python"``, ``"numba"`` or ``"mujoco"``.
         kernel: with ``engine="numba"``, the slot's ``shmpool.kernels.BatchKernel``; else None.
         state: with ``engine="numba"``, the slot's kernel state, ``(envs, kernel.state_size)``
             float64 (row ``i`` is ``envs[i].state``); else None.
