@@ -162,9 +162,9 @@ def evaluate(
         progress: Show a progress bar (with ``rich`` installed).
         **launch_options: Further options of ``launch`` (``num_workers``, ``engine``, ...).
     """
+    seed = count("evaluate: seed", seed, 0)  # as gymnasium's reset takes it
+    episodes = count("evaluate: episodes", episodes, 1)
     cells, from_grid, params = _cells(grid, samples, params, seed)
-    if not isinstance(episodes, int) or episodes < 1:
-        raise ValueError(f"evaluate: episodes must be a positive int, got {episodes!r}")
     if max_episode_steps is not None:
         max_episode_steps = count("evaluate: max_episode_steps", max_episode_steps, 1)
     given = sorted(set(_SET_HERE) & set(launch_options))
@@ -198,7 +198,12 @@ def _cells(
     if (grid is None) == (samples is None):
         raise ValueError("evaluate: give either grid= (values per parameter) or samples= (how many cells), not both")
     if grid is not None:
-        if not grid or any(isinstance(values, (str, bytes)) or not len(values) for values in grid.values()):
+        if (
+            not isinstance(grid, Mapping)
+            or not grid
+            or any(isinstance(values, (str, bytes)) or not hasattr(values, "__len__") for values in grid.values())
+            or not all(len(values) for values in grid.values())
+        ):
             raise ValueError(
                 f"evaluate: grid must map each parameter name to a non-empty list of values, got {grid!r:.200}"
             )
@@ -209,13 +214,14 @@ def _cells(
                 f"evaluate: grid names {unknown}, which params does not declare (it declares {list(declared)})"
             )
         for name, values in grid.items():
-            for value in values:
+            for index, value in enumerate(values):
                 _check_within(name, declared[name], value)
+                if any(_same_value(value, earlier) for earlier in list(values)[:index]):
+                    raise ValueError(f"evaluate: grid gives {name}={value!r} twice; give each value once")
         names = list(grid)
         cells = [dict(zip(names, values)) for values in itertools.product(*(grid[name] for name in names))]
         return cells, True, declared
-    if not isinstance(samples, int) or samples < 1:
-        raise ValueError(f"evaluate: samples must be a positive int, got {samples!r}")
+    samples = count("evaluate: samples", samples, 1)
     if not params:
         raise ValueError("evaluate: samples= draws within each declared parameter's [low, high]: pass params=")
     rng = np.random.default_rng(seed)
@@ -227,6 +233,14 @@ def _cells(
         bounds[name] = (float(low), float(high))
     draws = {name: rng.uniform(low, high, samples) for name, (low, high) in bounds.items()}
     return [{name: float(draws[name][i]) for name in params} for i in range(samples)], False, dict(params)
+
+
+def _same_value(first: Any, second: Any) -> bool:
+    """Whether two grid values are the same numbers (scalars or arrays)."""
+    try:
+        return bool(np.array_equal(np.asarray(first, dtype=np.float64), np.asarray(second, dtype=np.float64)))
+    except (TypeError, ValueError):  # not numbers: _check_within refuses them
+        return False
 
 
 def _check_within(name: str, spec: Param, value: Any) -> None:

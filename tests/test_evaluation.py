@@ -86,7 +86,7 @@ def test_samples_are_drawn_within_the_bounds_from_the_seed() -> None:
         shmpool.evaluate(
             "CartPole-v1", lean_policy, samples=4, episodes=2, seed=seed, params=params, num_workers=2, progress=False
         )
-        for seed in (1, 1, 2)
+        for seed in (1, np.int64(1), 2)  # numpy's ints are ints
     ]
     first, again, other = runs
     assert len(first.cells) == 4 and first.returns.shape == (4, 2) and not first.from_grid
@@ -139,7 +139,18 @@ def test_max_episode_steps_cuts_only_the_episodes_that_run_longer() -> None:
         ({}, ValueError, "give either grid= .* or samples="),
         ({"grid": GRID, "samples": 3}, ValueError, "not both"),
         ({"grid": {"length": []}}, ValueError, "non-empty list"),
-        ({"grid": {"length": [0.5]}, "episodes": 0}, ValueError, "episodes must be a positive int"),
+        ({"grid": {"length": [0.5]}, "episodes": 0}, ValueError, "episodes must be >= 1, got 0"),
+        ({"grid": {"length": [0.5]}, "episodes": True}, ValueError, "episodes must be an int, got True"),
+        (
+            {"samples": True, "params": {"length": shmpool.Param(low=0.1, high=2.0)}},
+            ValueError,
+            "samples must be an int",
+        ),
+        ({"grid": {"length": [0.5]}, "seed": None}, ValueError, "seed must be an int, got None"),
+        ({"grid": {"length": [0.5]}, "seed": -3}, ValueError, "seed must be >= 0, got -3"),
+        ({"grid": {"length": 0.5}}, ValueError, "non-empty list"),
+        ({"grid": {"length": (value for value in [0.5])}}, ValueError, "non-empty list"),
+        ({"grid": {"length": [0.3, 0.3, 0.6]}}, ValueError, "grid gives length=0.3 twice"),
         ({"grid": {"length": [0.5]}, "max_episode_steps": 0}, ValueError, "max_episode_steps must be >= 1, got 0"),
         (
             {"grid": {"length": [0.5]}, "seed": 3, "num_workers": 1, "autoreset_mode": "SameStep"},
