@@ -163,8 +163,10 @@ class PoolConfig:
     ``batch_size``), and only library code would run there: gymnasium's
     pure-Python envs (classic control, toy text) on the python or numba engine, with shmpool's own
     hooks and bindings and no ``worker_init``. Your own code stays in worker processes, where a hang
-    or a crash is caught. On up to 2 cores, with torch loaded in the trainer on a thread per core
-    (its default) and ``num_workers`` not given, that slot takes every env: no worker process."""
+    or a crash is caught, except functions given to ``env_apply`` or ``call``, which run where their
+    env is; and a signal handler that raises mid-step cuts the slot's step short, breaking the pool.
+    On up to 2 cores, with torch loaded in the trainer on a thread per core (its default) and
+    ``num_workers`` not given, that slot takes every env: no worker process."""
     episode_statistics: bool = True
     """Add ``infos["episode"]`` (return ``r``, length ``l``, time ``t``) and ``infos["_episode"]`` at
     each episode's end. False leaves the key to a gymnasium ``RecordEpisodeStatistics`` wrapper
@@ -367,10 +369,8 @@ ENGINES = ("python", "numba", "mujoco")
 
 def _default_workers(config: PoolConfig) -> int:
     """One worker per usable core, except under ``engine="mujoco"``: there one worker whose batch
-    steps on every core, as that was fastest (HalfCheetah-v5 x32 on 2 cores: 57k steps/s against
-    49k with a worker per core), unless the task computes per env in Python after the physics
-    (Ant's and Humanoid's contact forces), which a worker per core does in parallel (Ant-v5 x32:
-    7.6k against 7.2k)."""
+    steps on every core, the faster on 2 cores, unless the task computes per env in Python after
+    the physics (Ant's and Humanoid's contact forces), which a worker per core does in parallel."""
     assert config.num_envs is not None
     cores = min(usable_cores(), config.num_envs)
     if config.engine == "mujoco" and isinstance(config.env, str):
@@ -388,12 +388,10 @@ TRAINER_SAFE_ENVS = ("gymnasium.envs.classic_control.", "gymnasium.envs.toy_text
 
 
 def _default_trainer_slot(config: PoolConfig) -> bool:
-    """Whether the trainer steps a slot itself (``trainer_slot=None``): when the workers take every
-    usable core, so that the trainer would only take turns with them (the faster placement then:
-    ``docs/benchmarks.md``), without async batches (``batch_size < num_envs``: they overlap the trainer's policy with
-    the workers' steps), and only when nothing but library code would run there: gymnasium's pure-Python envs,
-    shmpool's hooks and bindings, no ``worker_init``. A hang or a crash of the user's own code is
-    caught only in a worker process."""
+    """Whether the trainer steps a slot itself (``trainer_slot=None``): when the workers take every usable
+    core (the trainer would only take turns with them), without async batches (they overlap its policy
+    with the steps), and only library code would run there (a hang or crash of the user's is caught only
+    in a worker process): gymnasium's pure-Python envs, shmpool's hooks and bindings, no ``worker_init``."""
     assert config.num_workers is not None
     if config.num_workers < 2 or usable_cores() > config.num_workers or config.engine not in ("python", "numba"):
         return False
@@ -431,11 +429,18 @@ def _trainer_computes_on_every_core() -> bool:
 
 def _library_code(thing: Any) -> bool:
     """Whether ``thing`` (a hook, a binding) runs only shmpool's code: a name, a flag, or an object
-    of one of shmpool's classes."""
+    of one of shmpool's classes whose callables (a ``Perturb``'s kick, say) are shmpool's too."""
     if thing is None or isinstance(thing, (str, bool)):
         return True
-    module = type(thing).__module__
-    return isinstance(module, str) and module.startswith("shmpool.")
+    carried = [value for value in getattr(thing, "__dict__", {}).values() if callable(value)]
+    return _of_shmpool(type(thing)) and all(
+        _of_shmpool(value) if hasattr(value, "__qualname__") else _library_code(value) for value in carried
+    )
+
+
+def _of_shmpool(defined: Any) -> bool:
+    """Whether ``defined`` (a class, a function) is shmpool's."""
+    return str(getattr(defined, "__module__", "")).startswith("shmpool.")
 
 
 def _check_mujoco_engine(config: PoolConfig) -> None:

@@ -1,4 +1,5 @@
-"""Ctrl-C held back for work that must not stop halfway: ``interrupts_deferred``.
+"""Ctrl-C held back for work that must not stop halfway: ``interrupts_deferred``; and ``CallLock``,
+a pool's call lock, which refuses a call from inside another of the same thread (a signal handler's).
 
 This is about signals, not shared memory. The pool, its async batches, its waits, the trainer's slot
 and the compiled writes' load hold Ctrl-C back around work that could not be run again. The
@@ -10,6 +11,7 @@ from __future__ import annotations
 import _signal  # the C module: signal.getsignal/signal wrap it in enums at several microseconds a call
 import signal
 import threading
+from collections.abc import Callable
 from typing import Any
 
 
@@ -76,3 +78,50 @@ class DeferredInterrupt:
         _signal.signal(signal.SIGINT, self._previous)
         if self.received:
             self._previous(signal.SIGINT, None)
+
+
+class CallLock:
+    """The lock a pool's calls take one at a time, which knows the thread holding it. A call made
+    from inside another call of the same thread (by a signal handler, or by a function the pool
+    runs in this process, such as ``env_apply``'s in the trainer's slot) raises instead of waiting
+    for itself forever; ``then`` runs once the outer call has let go (a deferred ``close``)."""
+
+    __slots__ = ("_lock", "_owner", "_what", "then")
+
+    def __init__(self, what: str) -> None:
+        self._lock = threading.Lock()
+        self._owner = 0
+        self._what = what
+        self.then: Callable[[], None] | None = None
+
+    def __enter__(self) -> None:
+        if not self._lock.acquire(False):
+            if self._owner == threading.get_ident():
+                raise RuntimeError(
+                    f"{self._what} is in the middle of a call in this thread: a signal handler, or a function "
+                    f"that the pool runs (env_apply's, call's), cannot use it until that call returns"
+                )
+            self._lock.acquire()
+        self._owner = threading.get_ident()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._owner = 0
+        self._lock.release()
+        then, self.then = self.then, None
+        if then is not None:
+            then()
+
+    def held_here(self) -> bool:
+        """Whether a call of this thread holds it (so that waiting for it would wait forever)."""
+        return self._owner == threading.get_ident() and self._lock.locked()
+
+    def acquire(self, timeout: float) -> bool:
+        """Takes it as a call would (not from inside one of this thread's); False after ``timeout`` s."""
+        taken = self._lock.acquire(timeout=timeout)
+        if taken:
+            self._owner = threading.get_ident()
+        return taken
+
+    def release(self) -> None:
+        """Lets go of what ``acquire`` took."""
+        self.__exit__()

@@ -301,6 +301,9 @@ class Push:
     the next step (``mode="force"``, through ``data.xfrc_applied``) or a change of the body's
     velocity (``mode="velocity"``, added to the ``qvel`` of the joints that move it)."""
 
+    #: Under ``engine="mujoco"`` it writes the env's simulation in the batch (``Perturb`` checks).
+    writes_the_batch = True
+
     def __init__(self, body: str = "torso", mode: str = "force") -> None:
         if mode not in ("force", "velocity"):
             raise ValueError(f"Push mode must be 'force' or 'velocity', got {mode!r}")

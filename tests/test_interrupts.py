@@ -3,11 +3,21 @@ Ctrl-C tests, which must not depend on how the suite was started."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import helpers
+import numpy as np
+import pytest
+
+import shmpool
+from shmpool.errors import PoolClosedError
 
 # In-process (a SIGINT to the test's own thread) and through a script that starts a helper it must
 # kill (a writer stopped while it holds the lock): each needs a Python handler for SIGINT.
@@ -34,3 +44,58 @@ def test_ctrl_c_tests_pass_when_the_suite_starts_with_ctrl_c_ignored() -> None:
             preexec_fn=_ignore_ctrl_c,
         )
         assert result.returncode == 0, result.stdout[-3000:]
+
+
+@contextlib.contextmanager
+def handling(signum: int, handler: Callable[[], Any], after: float) -> Iterator[list[Any]]:
+    """``handler`` as the Python handler of ``signum`` (restored after), which the main thread gets
+    ``after`` seconds in; yields the list of what the handler returned or raised."""
+    outcomes: list[Any] = []
+
+    def run(number: int, frame: Any) -> None:
+        try:
+            outcomes.append(handler())
+        except Exception as exc:  # noqa: BLE001 - the test looks at it
+            outcomes.append(exc)
+
+    previous = signal.signal(signum, run)
+    timer = threading.Timer(after, signal.pthread_kill, (threading.main_thread().ident, signum))
+    try:
+        timer.start()
+        yield outcomes
+    finally:
+        timer.cancel()
+        signal.signal(signum, previous)
+
+
+def slow_envs() -> list[Callable[[], Any]]:
+    return [lambda: helpers.CountingEnv(length=1000, sleep=0.01)] * 4
+
+
+@pytest.mark.parametrize("trainer_slot", [True, False])
+def test_a_signal_handler_calling_the_pool_mid_step_is_refused_not_deadlocked(
+    trainer_slot: bool, pool_name: str
+) -> None:
+    """A checkpoint taken in a signal handler that lands mid-step would wait for the step, which
+    waits for the handler: it raises, and the step goes on."""
+    with shmpool.launch(slow_envs(), num_workers=2, trainer_slot=trainer_slot, name=pool_name) as pool:
+        pool.reset(seed=0)
+        with handling(signal.SIGUSR1, pool.state_dict, after=0.05) as outcomes:
+            while not outcomes:
+                pool.step(np.ones(4, dtype=np.int64))
+        assert isinstance(outcomes[0], RuntimeError) and "in the middle of a call in this thread" in str(outcomes[0])
+        assert pool.state_dict() is not None  # once the step is over, as usual
+
+
+@pytest.mark.parametrize("trainer_slot", [True, False])
+def test_close_from_a_signal_handler_mid_step_closes_once_the_step_lets_go(trainer_slot: bool, pool_name: str) -> None:
+    """The interrupted step still uses the segment: the release waits for it (no fixed wait), and
+    what follows is PoolClosedError, not an error from released memory."""
+    with shmpool.launch(slow_envs(), num_workers=2, trainer_slot=trainer_slot, name=pool_name) as pool:
+        pool.reset(seed=0)
+        with handling(signal.SIGUSR1, pool.close, after=0.05):
+            started = time.monotonic()
+            with pytest.raises(PoolClosedError):
+                while True:
+                    pool.step(np.ones(4, dtype=np.int64))
+        assert time.monotonic() - started < 2.0

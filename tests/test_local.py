@@ -73,6 +73,11 @@ def set_length(env: Any, value: Any) -> None:
     env.unwrapped.length = float(value)
 
 
+def kick_by_hand(env: Any, amounts: Any) -> None:
+    """A kick of the user's own, which a library hook (Perturb) would run."""
+    env.unwrapped.state = env.unwrapped.state + 0.0
+
+
 def test_by_default_gymnasiums_envs_take_the_trainer_slot_when_no_core_is_spare(pool_name: str) -> None:
     """The default placement (``trainer_slot=None``): the trainer steps a slot itself when the workers
     take every usable core, for gymnasium's own envs only; an explicit choice always holds."""
@@ -95,6 +100,7 @@ def test_by_default_gymnasiums_envs_take_the_trainer_slot_when_no_core_is_spare(
     worker_only = [
         {"worker_init": functools.partial(os.environ.setdefault, "SHMPOOL_TEST_INIT", "1")},
         {"hooks": [EveryStepHook()]},
+        {"hooks": [shmpool.hooks.Perturb(0.1, kick=kick_by_hand)]},  # shmpool's hook, carrying the user's code
         {"params": {"length": shmpool.Param(0.5, low=0.1, high=2.0, bind=set_length)}},
         {"trainer_slot": False},
         {"batch_size": 1},  # async batches (one slot each): the trainer's policy overlaps the steps
@@ -204,6 +210,53 @@ def test_ctrl_c_waits_for_the_trainer_slot_and_keeps_lockstep(pool_name: str) ->
         assert time.monotonic() - started >= 0.15  # the slot's two steps ran to their end first
         observations, *_ = pool.step(np.ones(4, dtype=np.int64))
         assert observations[:, 0].tolist() == [2.0] * 4 and pool.global_step == 2
+
+
+def test_a_signal_handlers_exception_mid_step_breaks_the_pool_instead_of_hanging_it(pool_name: str) -> None:
+    """A handler that raises SystemExit (a preemption's SIGTERM, say) in the middle of the trainer's
+    slot's step leaves its envs part-stepped: the next call says so at once, naming the env and the
+    exception, instead of waiting forever for the interrupted step."""
+    slow = [lambda: CountingEnv(length=50, sleep=0.05)] * 4
+
+    def leave(signum: int, frame: Any) -> None:
+        raise SystemExit(143)
+
+    previous = signal.signal(signal.SIGUSR1, leave)
+    try:
+        with shmpool.launch(slow, num_workers=2, trainer_slot=True, name=pool_name) as pool:
+            pool.reset(seed=0)
+            timer = threading.Timer(0.05, signal.pthread_kill, (threading.main_thread().ident, signal.SIGUSR1))
+            timer.start()
+            with pytest.raises(SystemExit):
+                pool.step(np.ones(4, dtype=np.int64))
+            timer.join()
+            started = time.monotonic()
+            with pytest.raises(WorkerError, match=r"env [23], cut short in the trainer's process") as caught:
+                pool.state_dict()
+            assert time.monotonic() - started < 5.0 and "SystemExit: 143" in caught.value.traceback_text
+            with pytest.raises(PoolBrokenError):
+                pool.step(np.ones(4, dtype=np.int64))
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+_POOLS: list[shmpool.Pool] = []  # what a function run in the trainer's slot reaches the pool by
+
+
+def _call_the_pool(env: gym.Env) -> Any:
+    return _POOLS[0].get_attr("gravity")
+
+
+def test_a_function_the_trainer_slot_runs_cannot_call_the_pool(pool_name: str) -> None:
+    """A call from inside a call of the same thread would wait for itself forever: it is refused."""
+    with shmpool.launch("CartPole-v1", 4, num_workers=2, trainer_slot=True, name=pool_name) as pool:
+        pool.reset(seed=0)
+        _POOLS[:] = [pool]
+        with pytest.raises(RuntimeError, match=f"pool '{pool_name}' is in the middle of a call in this thread"):
+            pool.env_apply(_call_the_pool, env_ids=[3])  # env 3: the trainer's slot
+        _POOLS.clear()
+        assert pool.get_attr("gravity") == (9.8,) * 4
+        assert pool.step(np.ones(4, dtype=np.int64))[0].shape == (4, 4)
 
 
 def _interrupt_the_trainer(env: gym.Env, payload: bytes, trainer: int, marker: str) -> int:

@@ -53,7 +53,13 @@ class LocalSlot:
                 self.close()
                 self._worker.publish_done(seq)
             else:
-                self._worker.run_command(seq, command)
+                try:
+                    self._worker.run_command(seq, command)
+                except BaseException:  # not an env's failure, which run_command reports: a signal
+                    # handler's SystemExit, say, raised in this thread mid-step. The envs are part-stepped:
+                    # finishing the command must say so, not wait forever for a done it never saw.
+                    self._worker.fail_cut_short(seq)
+                    raise
 
     def call(self, seq: int, requests: list[Request]) -> tuple[Any, Any]:
         """Runs this slot's part of control call ``seq``; returns ``(results, failure)`` as a worker

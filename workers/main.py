@@ -434,7 +434,13 @@ class Worker:
         if not self._owner.alive():
             raise OwnerGone()
 
-    def _fail(self, env_id: int | None) -> None:
+    def fail_cut_short(self, seq: int) -> None:
+        """In the trainer's slot: reports the exception that cut command ``seq`` short (not an env's
+        failure: a signal handler's ``SystemExit``, say) as the slot's failure, and the command done."""
+        self._fail(None if self.envs is None else self.envs.current_env, cut_short=True)
+        self.publish_done(seq)
+
+    def _fail(self, env_id: int | None, cut_short: bool = False) -> None:
         """Publishes where it failed (first line) and the current exception's traceback; the
         trainer raises them as a WorkerError."""
         failure = sys.exc_info()[1]
@@ -445,6 +451,8 @@ class Worker:
         else:
             start, stop = self._config.env_ids
             where = f"envs {start}..{stop - 1}"
+        if cut_short:
+            where += ", cut short in the trainer's process (by a signal handler's exception?)"
         text = (where + "\n" + traceback.format_exc()).encode("utf-8", errors="replace")
         errors_row = self._views["errors"][self._config.worker_id]
         if len(text) > len(errors_row):

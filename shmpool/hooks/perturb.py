@@ -100,15 +100,13 @@ class Perturb(ParamHook):
     def on_launch(self, ctx: HookContext) -> None:
         """Finds each env's default kick now (an env with none fails the launch, not a step hours
         later); with ``engine="numba"``, to kick compiled, makes the arrays and compiles now."""
-        if ctx.engine == "mujoco" and self.kick is not None:
-            from ..mujoco import Push
-
-            if not isinstance(self.kick, Push):  # it would write an MjData that the batch never reads
-                raise ValueError(
-                    f"engine='mujoco' steps the physics in a batch, where a kick function's writes to an env's "
-                    f"MjData are lost: kick with shmpool.mujoco.Push (it writes the batch), or use engine='python' "
-                    f"(got kick={self.kick!r:.80})"
-                )
+        # A kick function would write an env's MjData, which the batch never reads (Push writes the batch).
+        if ctx.engine == "mujoco" and self.kick is not None and not getattr(self.kick, "writes_the_batch", False):
+            raise ValueError(
+                f"engine='mujoco' steps the physics in a batch, where a kick function's writes to an env's "
+                f"MjData are lost: kick with shmpool.mujoco.Push (it writes the batch), or use engine='python' "
+                f"(got kick={self.kick!r:.80})"
+            )
         if ctx.engine != "numba":  # envs are Python objects: kicked one by one, whatever ``compiled`` says
             if self.kick is None:
                 for row, env in enumerate(ctx.envs):

@@ -5,7 +5,6 @@ holds params, events, episodes and stats, the same view an attached handle has."
 from __future__ import annotations
 
 import os
-import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -19,7 +18,7 @@ from ..calls import Request
 from ..config import EnvSpec, PoolConfig
 from ..errors import ForeignProcessError, PoolClosedError, ShmpoolError, StepSentInterrupt
 from ..interfaces import StepResult
-from ..interrupts import interrupts_deferred
+from ..interrupts import CallLock, interrupts_deferred
 from ..layout import CMD_RESET, CMD_STEP
 from ..option_docs import with_options
 from ..params import Param
@@ -96,9 +95,9 @@ class Pool(SharedChannels, VectorEnv):
 
     def __init__(self, config: PoolConfig) -> None:
         self._owner_pid = os.getpid()
-        #: Held by reset and step: close() from another thread waits for the call in flight, which
-        #: stops waiting (PoolClosedError) once it sees ``_closing``, before anything is released.
-        self._calls = threading.Lock()
+        #: Held by every call: close() from another thread waits for the call in flight, which stops
+        #: waiting (PoolClosedError) once it sees ``_closing``, before anything is released.
+        self._calls = CallLock(f"pool {config.name!r}")
         self._closing = False
         check_memory_model()
         self.config = config
@@ -466,9 +465,10 @@ class Pool(SharedChannels, VectorEnv):
             commands.usable = False
         self._closing = True
         calls = getattr(self, "_calls", None)
-        # A call in flight in another thread leaves within a poll interval; a bounded wait all the
-        # same, in case close() runs inside that very call (a signal handler's).
-        waited = calls is not None and calls.acquire(timeout=CLOSE_WAIT)
+        if calls is not None and calls.held_here():  # a signal handler's close(), inside this thread's call,
+            calls.then = self.close_extras  # which uses the segment until it returns: the release waits
+            return
+        waited = calls is not None and calls.acquire(timeout=CLOSE_WAIT)  # another thread's call leaves soon
         try:
             with interrupts_deferred():  # a release cut short by Ctrl-C could not be run again
                 self._release()
@@ -493,7 +493,7 @@ def _after_fork_in_child() -> None:
     later use raises ``ForeignProcessError`` (see ``Pool._check_open``)."""
     for pool in list(_LIVE_POOLS):
         pool._commands.usable = False
-        pool._calls = threading.Lock()  # the fork copied it, maybe held by a parent's thread in a step
+        pool._calls = CallLock(f"pool {pool._name!r}")  # the fork copied it, maybe held by a parent's thread
         pool._lifecycle.disown()
 
 
