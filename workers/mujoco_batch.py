@@ -146,7 +146,9 @@ class MujocoSlot(ArraySlot):
         #: Per env: whether its ``MjData`` holds its state as a control call left it, with no step or
         #: reset since (then another call sees it as it is, as on gymnasium's env).
         self._held_by_env = np.zeros(count, dtype=np.bool_)
-        #: The task's ``before()`` from each env's ``MjData`` as the last control call left it.
+        #: Whether a control call ran since the last step, and the task's ``before()`` from each env's
+        #: ``MjData`` as it left it.
+        self._called = False
         self._before_call: Any = None
 
     # -- building ----------------------------------------------------------------------------------
@@ -287,7 +289,7 @@ class MujocoSlot(ArraySlot):
         self._before_call = self.task.before_from(
             {name: np.stack([getattr(data, name) for data in datas]) for name in self.task.fields}
         )
-        self._held_by_env[:] = True
+        self._held_by_env[:] = self._called = True
         try:
             self._read_envs()  # raises for constants the envs may not differ in (the call is refused)
         finally:
@@ -371,12 +373,12 @@ class MujocoSlot(ArraySlot):
             return
         task = self.task
         before = task.before()
-        if self._before_call is not None:
+        if self._called:
             if before is not None:
                 held = self._held_by_env  # the envs reset since the call start from the batch's state
                 before[held] = self._before_call[held]
-            self._before_call = None
-        self._held_by_env[:] = False
+            self._called, self._before_call = False, None
+            self._held_by_env[:] = False
         if everyone:
             self._ctrl[:] = actions
         else:
