@@ -868,7 +868,8 @@ def ppo_runners(env_id: str, num_envs: int) -> dict[str, Callable[[], Any]]:
 
     same_step = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
     # CleanRL's make_env wraps each env in RecordEpisodeStatistics, for the episode returns it logs;
-    # a pool reports those itself (infos["episode"]).
+    # a pool reports those itself (infos["episode"]). Its continuous script's normalizing wrappers
+    # are left out, as scripts/ppo.py leaves them out.
     fns = [lambda: gym.wrappers.RecordEpisodeStatistics(gym.make(env_id)) for _ in range(num_envs)]
     runners = {
         "gymnasium Sync": lambda: gym.vector.SyncVectorEnv(fns, **same_step),

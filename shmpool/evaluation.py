@@ -201,7 +201,8 @@ def _cells(
         if (
             not isinstance(grid, Mapping)
             or not grid
-            or any(isinstance(values, (str, bytes)) or not hasattr(values, "__len__") for values in grid.values())
+            or any(not hasattr(values, "__len__") or isinstance(values, (str, bytes)) for values in grid.values())
+            or any(isinstance(values, np.ndarray) and values.ndim == 0 for values in grid.values())
             or not all(len(values) for values in grid.values())
         ):
             raise ValueError(

@@ -80,51 +80,49 @@ class DeferredInterrupt:
             self._previous(signal.SIGINT, None)
 
 
-_get_ident = threading.get_ident  # a module global: one lookup less on every call of a pool
-
-
 class CallLock:
-    """The lock a pool's calls take one at a time, which knows the thread holding it. A call made
-    from inside another call of the same thread (by a signal handler, or by a function the pool
-    runs in this process, such as ``env_apply``'s in the trainer's slot) raises instead of waiting
-    for itself forever; ``then`` runs once the outer call has let go (a deferred ``close``)."""
+    """The lock a pool's calls take one at a time (``with lock.checked():``), which refuses a call
+    made from inside another call of the same thread (by a signal handler, or by a function the pool
+    runs in this process, such as ``env_apply``'s in the trainer's slot) instead of letting it wait
+    for itself forever.
 
-    __slots__ = ("_lock", "_owner", "_what", "then")
+    The lock is taken and given back by ``with`` in C: a Python ``__enter__`` or ``__exit__`` would
+    run the signal handlers due between the lock's change and its own return, and one that raised
+    there would leave the lock held for good. So the check comes first, in Python, and is exact: an
+    ``RLock`` knows the thread that holds it."""
+
+    __slots__ = ("_lock", "_what")
 
     def __init__(self, what: str) -> None:
-        self._lock = threading.Lock()
-        self._owner = 0
+        self._lock = threading.RLock()
         self._what = what
-        self.then: Callable[[], None] | None = None
 
-    def __enter__(self) -> None:
-        if not self._lock.acquire(False):
-            if self._owner == _get_ident():
-                raise RuntimeError(
-                    f"{self._what} is in the middle of a call in this thread: a signal handler, or a function "
-                    f"that the pool runs (env_apply's, call's), cannot use it until that call returns"
-                )
-            self._lock.acquire()
-        self._owner = _get_ident()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._owner = 0
-        self._lock.release()
-        if self.then is not None:
-            then, self.then = self.then, None
-            then()
+    def checked(self) -> Any:
+        """The lock, to take with ``with``; ``RuntimeError`` if this thread's call holds it."""
+        if self._lock._is_owned():  # type: ignore[attr-defined] # the C RLock's, which Condition uses too
+            raise RuntimeError(
+                f"{self._what} is in the middle of a call in this thread: a signal handler, or a "
+                f"function that the pool runs (env_apply's, call's), cannot use it until that call returns"
+            )
+        return self._lock
 
     def held_here(self) -> bool:
         """Whether a call of this thread holds it (so that waiting for it would wait forever)."""
-        return self._owner == _get_ident() and self._lock.locked()
+        return bool(self._lock._is_owned())  # type: ignore[attr-defined]
 
     def acquire(self, timeout: float) -> bool:
         """Takes it as a call would (not from inside one of this thread's); False after ``timeout`` s."""
-        taken = self._lock.acquire(timeout=timeout)
-        if taken:
-            self._owner = threading.get_ident()
-        return taken
+        return bool(self._lock.acquire(timeout=timeout))
 
     def release(self) -> None:
         """Lets go of what ``acquire`` took."""
-        self.__exit__()
+        self._lock.release()
+
+    def once_free(self, function: Callable[[], None]) -> None:
+        """Runs ``function`` holding the lock, in a thread of its own, once this thread's call lets go."""
+
+        def run() -> None:
+            with self.checked():
+                function()
+
+        threading.Thread(target=run, name=f"{self._what}: once free", daemon=True).start()

@@ -150,6 +150,8 @@ def test_max_episode_steps_cuts_only_the_episodes_that_run_longer() -> None:
         ({"grid": {"length": [0.5]}, "seed": -3}, ValueError, "seed must be >= 0, got -3"),
         ({"grid": {"length": 0.5}}, ValueError, "non-empty list"),
         ({"grid": {"length": (value for value in [0.5])}}, ValueError, "non-empty list"),
+        ({"grid": {"length": np.array(0.5)}}, ValueError, "non-empty list"),
+        ({"grid": [("length", [0.5])]}, ValueError, "non-empty list"),
         ({"grid": {"length": [0.3, 0.3, 0.6]}}, ValueError, "grid gives length=0.3 twice"),
         ({"grid": {"length": [0.5]}, "max_episode_steps": 0}, ValueError, "max_episode_steps must be >= 1, got 0"),
         (

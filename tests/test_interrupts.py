@@ -47,24 +47,29 @@ def test_ctrl_c_tests_pass_when_the_suite_starts_with_ctrl_c_ignored() -> None:
 
 
 @contextlib.contextmanager
-def handling(signum: int, handler: Callable[[], Any], after: float) -> Iterator[list[Any]]:
-    """``handler`` as the Python handler of ``signum`` (restored after), which the main thread gets
-    ``after`` seconds in; yields the list of what the handler returned or raised."""
+def handling(pool: shmpool.Pool, handler: Callable[[], Any]) -> Iterator[list[Any]]:
+    """``handler`` as the Python handler of SIGUSR1 (restored after), which the main thread gets
+    while one of ``pool``'s calls is in flight; yields the list of what the handler returned or raised."""
     outcomes: list[Any] = []
+    signum = signal.SIGUSR1
+
+    def send(after: float) -> None:
+        threading.Timer(after, signal.pthread_kill, (threading.main_thread().ident, signum)).start()
 
     def run(number: int, frame: Any) -> None:
+        if not pool._calls.held_here():  # landed between two calls: once more
+            send(0.01)
+            return
         try:
             outcomes.append(handler())
         except Exception as exc:  # noqa: BLE001 - the test looks at it
             outcomes.append(exc)
 
     previous = signal.signal(signum, run)
-    timer = threading.Timer(after, signal.pthread_kill, (threading.main_thread().ident, signum))
     try:
-        timer.start()
+        send(0.05)
         yield outcomes
     finally:
-        timer.cancel()
         signal.signal(signum, previous)
 
 
@@ -80,7 +85,7 @@ def test_a_signal_handler_calling_the_pool_mid_step_is_refused_not_deadlocked(
     waits for the handler: it raises, and the step goes on."""
     with shmpool.launch(slow_envs(), num_workers=2, trainer_slot=trainer_slot, name=pool_name) as pool:
         pool.reset(seed=0)
-        with handling(signal.SIGUSR1, pool.state_dict, after=0.05) as outcomes:
+        with handling(pool, pool.state_dict) as outcomes:
             while not outcomes:
                 pool.step(np.ones(4, dtype=np.int64))
         assert isinstance(outcomes[0], RuntimeError) and "in the middle of a call in this thread" in str(outcomes[0])
@@ -93,7 +98,7 @@ def test_close_from_a_signal_handler_mid_step_closes_once_the_step_lets_go(train
     what follows is PoolClosedError, not an error from released memory."""
     with shmpool.launch(slow_envs(), num_workers=2, trainer_slot=trainer_slot, name=pool_name) as pool:
         pool.reset(seed=0)
-        with handling(signal.SIGUSR1, pool.close, after=0.05):
+        with handling(pool, pool.close):
             started = time.monotonic()
             with pytest.raises(PoolClosedError):
                 while True:

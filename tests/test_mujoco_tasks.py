@@ -453,6 +453,12 @@ def test_the_step_after_a_call_reads_the_data_as_the_call_left_it(env_id: str, p
             theirs = [getattr(env.unwrapped.data, name) for env in reference.envs]
             np.testing.assert_array_equal(np.stack(mine), np.stack(theirs), err_msg=f"{name}, in a second call")
         assert_same_step(pool.step(actions), reference.step(actions), "after two calls")
+        pool.env_apply(_speed_up)  # then a reset before the next step: it starts from the reset's state
+        for env in reference.envs:
+            _speed_up(env)
+        pool.reset(seed=5)
+        reference.reset(seed=5)
+        assert_same_step(pool.step(actions), reference.step(actions), "after a call and a reset")
 
 
 def _kick_the_data(env: Any, amounts: np.ndarray) -> None:

@@ -152,8 +152,12 @@ class HookRunner:
         ctx = self.ctx
         for index, name, method in self._calls[phase]:
             ctx.events = self._due.get(index, [])
-            hidden = self._hide_data() if index in self._users and phase != "on_launch" else None
+            # Taken before any is replaced: whatever cuts the swap short, every env gets its own back.
+            hidden = [unwrapped.data for unwrapped in self._unwrapped] if index in self._users else None
             try:
+                if hidden is not None and phase != "on_launch":
+                    for unwrapped in self._unwrapped:
+                        unwrapped.data = _NO_DATA
                 method(ctx)
             except Exception as exc:  # noqa: BLE001 - reported to the trainer with the hook's name
                 raise HookError(name, self._slot, exc) from exc
@@ -161,13 +165,6 @@ class HookRunner:
                 if hidden is not None:
                     for unwrapped, data in zip(self._unwrapped, hidden):
                         unwrapped.data = data
-
-    def _hide_data(self) -> list[Any]:
-        """Puts ``_NoLiveData`` in place of each env's ``MjData``; returns them, to put back."""
-        hidden = [unwrapped.data for unwrapped in self._unwrapped]
-        for unwrapped in self._unwrapped:
-            unwrapped.data = _NO_DATA
-        return hidden
 
 
 _NO_DATA = _NoLiveData()

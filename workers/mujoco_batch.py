@@ -146,10 +146,8 @@ class MujocoSlot(ArraySlot):
         #: Per env: whether its ``MjData`` holds its state as a control call left it, with no step or
         #: reset since (then another call sees it as it is, as on gymnasium's env).
         self._held_by_env = np.zeros(count, dtype=np.bool_)
-        #: Whether a control call ran since the last step, and the task's ``before()`` from each env's
-        #: ``MjData`` as it left it.
-        self._called = False
-        self._before_call: Any = None
+        #: The task's fields in each env's ``MjData`` as the last control call left them, until a step.
+        self._left_by_call: dict[str, np.ndarray] | None = None
 
     # -- building ----------------------------------------------------------------------------------
 
@@ -286,10 +284,8 @@ class MujocoSlot(ArraySlot):
         # the derived fields of each env's MjData as the call left them, as gymnasium's env does:
         # recomputed if the call ran mj_forward (set_state does), else stale, whatever the state is now.
         datas = [env.unwrapped.data for env in self.envs]
-        self._before_call = self.task.before_from(
-            {name: np.stack([getattr(data, name) for data in datas]) for name in self.task.fields}
-        )
-        self._held_by_env[:] = self._called = True
+        self._left_by_call = {name: np.stack([getattr(data, name) for data in datas]) for name in self.task.fields}
+        self._held_by_env[:] = True
         try:
             self._read_envs()  # raises for constants the envs may not differ in (the call is refused)
         finally:
@@ -373,11 +369,11 @@ class MujocoSlot(ArraySlot):
             return
         task = self.task
         before = task.before()
-        if self._called:
+        if self._left_by_call is not None:  # after a call: from there (with the parameters of this step)
             if before is not None:
                 held = self._held_by_env  # the envs reset since the call start from the batch's state
-                before[held] = self._before_call[held]
-            self._called, self._before_call = False, None
+                before[held] = task.before_from(self._left_by_call)[held]
+            self._left_by_call = None
             self._held_by_env[:] = False
         if everyone:
             self._ctrl[:] = actions

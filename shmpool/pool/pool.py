@@ -230,7 +230,7 @@ class Pool(SharedChannels, VectorEnv):
         launch seed on the first reset, unseeded after). ``options`` must be plain JSON data apart
         from ``reset_mask``.
         """
-        with self._calls:
+        with self._calls.checked():
             return self._reset(seed, options)
 
     def _reset(
@@ -260,7 +260,7 @@ class Pool(SharedChannels, VectorEnv):
     def step(self, actions: Any, *, env_ids: Any = None) -> StepResult:
         """Steps every env with its action; returns observations, rewards, terminations, truncations, infos.
         ``env_ids``: only those envs step, a row each, and come back in that order (see PartialSteps)."""
-        with self._calls:
+        with self._calls.checked():
             commands = self._commands
             if not commands.usable or self._batches.in_flight:
                 commands.enter()
@@ -304,7 +304,7 @@ class Pool(SharedChannels, VectorEnv):
             ...         observations, rewards, terminations, truncations, infos = pool.recv()
             ...         pool.send(observations[:, 2] > 0, infos["env_id"])  # push toward the pole's lean
         """
-        with self._calls:
+        with self._calls.checked():
             self._commands.enter()
             if options is not None and "reset_mask" in options:
                 raise ValueError("async_reset resets every env: reset_mask belongs to reset()")
@@ -324,7 +324,7 @@ class Pool(SharedChannels, VectorEnv):
         held = interrupts_deferred()
         went_out = False
         try:
-            with self._calls:
+            with self._calls.checked():
                 self._commands.enter()
                 held.hold()  # a send that went out is counted, whenever Ctrl-C comes
                 try:
@@ -351,7 +351,7 @@ class Pool(SharedChannels, VectorEnv):
         observations, rewards, terminations, truncations and infos, with ``infos["env_id"]`` (int32)
         saying which env each row is. One that raises ``KeyboardInterrupt`` has handed nothing out:
         the next ``recv()`` returns the batch."""
-        with self._calls:
+        with self._calls.checked():
             self._commands.enter()
             # Before the batch is handed out, not after: a Ctrl-C (or a warning made an error) in
             # between would lose it. A refusal in this batch's step is then warned at the next recv.
@@ -367,7 +367,7 @@ class Pool(SharedChannels, VectorEnv):
         # raises nothing: recv starts over, the batch first in line). One during the release itself is
         # caught below; no bytecode after it checks for signals before the caller stores the batch.
         if held.pending:
-            with self._calls:
+            with self._calls.checked():
                 self._batches.take_back(handout)
             held.release()
             return self.recv()
@@ -377,7 +377,7 @@ class Pool(SharedChannels, VectorEnv):
             taken_back = False  # inline, not a method: a call's entry is where another Ctrl-C lands
             while not taken_back:
                 try:
-                    with interrupts_deferred(), self._calls:
+                    with interrupts_deferred(), self._calls.checked():
                         self._batches.take_back(handout)  # idempotent
                         taken_back = True
                 except KeyboardInterrupt:
@@ -435,7 +435,7 @@ class Pool(SharedChannels, VectorEnv):
 
     def _apply(self, requests: list[Request], what: str) -> list[Any]:
         """Runs a control call's requests in the workers and returns the results in request order."""
-        with self._calls:
+        with self._calls.checked():
             self._commands.enter()
             self._commands.settle_batches()  # a worker mid-step would take the call for its next command
             answers = self._call_router.run(requests, what)
@@ -444,7 +444,7 @@ class Pool(SharedChannels, VectorEnv):
     def state_dict(self) -> Any:
         """As on an attached handle (see ``shmpool.view.SharedChannels.state_dict``), once no env is
         stepping (an interrupted step finished, async batches in flight waited for)."""
-        with self._calls:
+        with self._calls.checked():
             self._commands.enter()
             self._commands.settle_batches()
             return super().state_dict()
@@ -453,7 +453,7 @@ class Pool(SharedChannels, VectorEnv):
         """As on an attached handle (see ``shmpool.view.SharedChannels.load_state_dict``), once no env is
         stepping (an interrupted step finished, async batches in flight waited for), so that no env
         is resetting while the episode indices land."""
-        with self._calls:
+        with self._calls.checked():
             self._commands.enter()
             self._commands.settle_batches()
             super().load_state_dict(state, same_draws=same_draws)
@@ -465,8 +465,8 @@ class Pool(SharedChannels, VectorEnv):
             commands.usable = False
         self._closing = True
         calls = getattr(self, "_calls", None)
-        if calls is not None and calls.held_here():  # a signal handler's close(), inside this thread's call,
-            calls.then = self.close_extras  # which uses the segment until it returns: the release waits
+        if calls is not None and calls.held_here():  # a signal handler's, inside this thread's call, which
+            calls.once_free(self._release)  # uses the segment until it returns
             return
         waited = calls is not None and calls.acquire(timeout=CLOSE_WAIT)  # another thread's call leaves soon
         try:
