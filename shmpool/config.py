@@ -400,7 +400,7 @@ def _default_trainer_slot(config: PoolConfig) -> bool:
     if not isinstance(config.env, str) or config.worker_init is not None:
         return False
     binds = [getattr(param, "bind", None) for param in (config.params or {}).values()]
-    if not all(_library_code(thing) for thing in (*config.hooks, *binds)):
+    if not all(library_code(thing) for thing in (*config.hooks, *binds)):
         return False
     try:
         entry_point = gymnasium.spec(config.env).entry_point
@@ -427,14 +427,14 @@ def _trainer_computes_on_every_core() -> bool:
     return cores <= TRAINER_ONLY_MAX_CORES and callable(threads) and threads() >= cores
 
 
-def _library_code(thing: Any) -> bool:
+def library_code(thing: Any) -> bool:
     """Whether ``thing`` (a hook, a binding) runs only shmpool's code: a name, a flag, or an object
     of one of shmpool's classes whose callables (a ``Perturb``'s kick, say) are shmpool's too."""
     if thing is None or isinstance(thing, (str, bool)):
         return True
     carried = [value for value in getattr(thing, "__dict__", {}).values() if callable(value)]
     return _of_shmpool(type(thing)) and all(
-        _of_shmpool(value) if hasattr(value, "__qualname__") else _library_code(value) for value in carried
+        _of_shmpool(value) if hasattr(value, "__qualname__") else library_code(value) for value in carried
     )
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from shmpool.config import library_code
 from shmpool.events import Event, EventReader
 from shmpool.hooks import PHASES, HookContext, hook_name
 from shmpool.protocol import event_rings
@@ -109,7 +110,7 @@ class HookRunner:
         self._run("on_launch")
         if engine == "mujoco":  # the user's hooks find no stale MjData in the envs during steps
             self._unwrapped = [env.unwrapped for env in ctx.envs]
-            self._users = {index for index, hook in enumerate(self._hooks) if not _library_hook(hook)}
+            self._users = {index for index, hook in enumerate(self._hooks) if not library_code(hook)}
 
     def begin_step(self, global_step: int) -> None:
         """Takes the events due at this step out of the ring, grouped by hook."""
@@ -155,7 +156,7 @@ class HookRunner:
             # Taken before any is replaced: whatever cuts the swap short, every env gets its own back.
             hidden = [unwrapped.data for unwrapped in self._unwrapped] if index in self._users else None
             try:
-                if hidden is not None and phase != "on_launch":
+                if hidden is not None:  # (none in on_launch: the user's hooks are known after it)
                     for unwrapped in self._unwrapped:
                         unwrapped.data = _NO_DATA
                 method(ctx)
@@ -168,9 +169,3 @@ class HookRunner:
 
 
 _NO_DATA = _NoLiveData()
-
-
-def _library_hook(hook: Any) -> bool:
-    """Whether ``hook`` is one of shmpool's (which never reads an env's MjData under the batch)."""
-    module = type(hook).__module__
-    return isinstance(module, str) and module.startswith("shmpool.")
