@@ -198,13 +198,7 @@ def _cells(
     if (grid is None) == (samples is None):
         raise ValueError("evaluate: give either grid= (values per parameter) or samples= (how many cells), not both")
     if grid is not None:
-        if (
-            not isinstance(grid, Mapping)
-            or not grid
-            or any(not hasattr(values, "__len__") or isinstance(values, (str, bytes)) for values in grid.values())
-            or any(isinstance(values, np.ndarray) and values.ndim == 0 for values in grid.values())
-            or not all(len(values) for values in grid.values())
-        ):
+        if not isinstance(grid, Mapping) or not grid or not all(map(_is_value_list, grid.values())):
             raise ValueError(
                 f"evaluate: grid must map each parameter name to a non-empty list of values, got {grid!r:.200}"
             )
@@ -215,9 +209,10 @@ def _cells(
                 f"evaluate: grid names {unknown}, which params does not declare (it declares {list(declared)})"
             )
         for name, values in grid.items():
-            for index, value in enumerate(values):
+            given = list(values)
+            for index, value in enumerate(given):
                 _check_within(name, declared[name], value)
-                if any(_same_value(value, earlier) for earlier in list(values)[:index]):
+                if any(_same_value(value, earlier) for earlier in given[:index]):
                     raise ValueError(f"evaluate: grid gives {name}={value!r} twice; give each value once")
         names = list(grid)
         cells = [dict(zip(names, values)) for values in itertools.product(*(grid[name] for name in names))]
@@ -234,6 +229,13 @@ def _cells(
         bounds[name] = (float(low), float(high))
     draws = {name: rng.uniform(low, high, samples) for name, (low, high) in bounds.items()}
     return [{name: float(draws[name][i]) for name in params} for i in range(samples)], False, dict(params)
+
+
+def _is_value_list(values: Any) -> bool:
+    """Whether ``values`` is a non-empty list (or tuple, or array) of a grid axis's values."""
+    if isinstance(values, (str, bytes)) or (isinstance(values, np.ndarray) and values.ndim == 0):
+        return False
+    return hasattr(values, "__len__") and len(values) > 0
 
 
 def _same_value(first: Any, second: Any) -> bool:
