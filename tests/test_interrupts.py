@@ -98,9 +98,12 @@ def test_close_from_a_signal_handler_mid_step_closes_once_the_step_lets_go(train
     what follows is PoolClosedError, not an error from released memory."""
     with shmpool.launch(slow_envs(), num_workers=2, trainer_slot=trainer_slot, name=pool_name) as pool:
         pool.reset(seed=0)
+        workers = pool.worker_pids
         with handling(pool, pool.close):
             started = time.monotonic()
             with pytest.raises(PoolClosedError):
                 while True:
                     pool.step(np.ones(4, dtype=np.int64))
         assert time.monotonic() - started < 2.0
+    # The with block's close() returns once the release that the handler's close left for later is done.
+    assert not helpers.shm_entries(pool_name) and not [pid for pid in workers if helpers.pid_alive(pid)]

@@ -12,8 +12,8 @@ import functools
 import gc
 import os
 import signal
-import threading
 import time
+from pathlib import Path
 
 import gymnasium as gym
 import helpers
@@ -205,25 +205,32 @@ def test_a_child_forked_while_a_thread_steps_gets_an_error_not_a_hang(pool_name:
     assert result.stdout.strip() == "0"
 
 
-def _slow_to_build_in_workers(trainer: int) -> helpers.CountingEnv:
-    if os.getpid() != trainer:  # the trainer's probe env is quick
+def _ctrl_c_from_building_workers(trainer: int, folder: str) -> helpers.CountingEnv:
+    """In a worker, a Ctrl-C to the trainer as the env builds (the other worker's a little later),
+    then a long build; in the trainer (its probe env), a quick one. Sent from the workers, not by
+    timers: on a loaded machine a timer could fire before the workers started, or after the cleanup."""
+    if os.getpid() != trainer:
+        try:
+            os.close(os.open(os.path.join(folder, "first"), os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            time.sleep(0.3)  # the trainer is cleaning up by then: it waits 2 s for workers that do not answer
+            os.close(os.open(os.path.join(folder, "second"), os.O_CREAT))
+        os.kill(trainer, signal.SIGINT)
         time.sleep(8.0)
     return helpers.CountingEnv()
 
 
-def test_a_second_ctrl_c_while_a_failed_launch_cleans_up_leaves_no_worker_behind(pool_name: str) -> None:
+def test_a_second_ctrl_c_while_a_failed_launch_cleans_up_leaves_no_worker_behind(
+    pool_name: str, tmp_path: Path
+) -> None:
     """The first Ctrl-C stops the launch while the workers build their envs; the second comes while
     the launch stops them again. That cleanup runs to its end, as close() does, and then the
     Ctrl-C is raised: no worker outlives the segment it was started for."""
-    main = threading.main_thread().ident
-    timers = [threading.Timer(delay, signal.pthread_kill, (main, signal.SIGINT)) for delay in (0.5, 0.7)]
-    for timer in timers:
-        timer.start()
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        shmpool.launch([functools.partial(_slow_to_build_in_workers, os.getpid())] * 2, num_workers=2, name=pool_name)
-    for timer in timers:
-        timer.join()
+        factory = functools.partial(_ctrl_c_from_building_workers, os.getpid(), str(tmp_path))
+        shmpool.launch([factory] * 2, num_workers=2, name=pool_name)
+    assert (tmp_path / "second").exists()  # both Ctrl-Cs came
     assert time.monotonic() - started < 6.0  # close's grace, then SIGTERM: not the constructors' 8 s
     assert helpers.shm_entries(pool_name) == []  # the segment and doorbells went before the Ctrl-C was raised
 

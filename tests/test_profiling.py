@@ -62,8 +62,10 @@ def test_bench_profile_prints_the_phase_table() -> None:
     assert lines[1][28:].split() == header.replace("|", "").split()
     worker_rows = {line[8:28].strip(): line[28:].split() for line in lines[2:] if line.startswith("worker")}
     assert float(worker_rows["env loop"][0]) > 0
-    assert float(worker_rows["params sync"][2]) > float(worker_rows["params sync"][0])  # writes cost the workers
-    assert float(worker_rows["events"][4]) > float(worker_rows["events"][3])  # events cost the workers
+    # Which phases ran, not how long they took (timings compared across columns flip on a busy machine):
+    # without parameters or hooks the worker never enters those phases; with them it does.
+    assert float(worker_rows["params sync"][0]) == 0 < float(worker_rows["params sync"][2])
+    assert float(worker_rows["events"][0]) == 0 < float(worker_rows["events"][4])
     (events,) = [line for line in lines if line.startswith("events: ")]
     sent, *costs = re.findall(r"\d+\.?\d*", events.replace("1,000", ""))
     assert int(sent) > 100 and len(costs) == 5, events  # sent; deliver, hook, step, send wall, send CPU

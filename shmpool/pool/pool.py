@@ -136,8 +136,13 @@ class Pool(SharedChannels, VectorEnv):
             self._resets = ResetEncoder(parts, commands.ended)
             self._call_router = CallRouter(parts, commands)
             self._partial_steps = PartialSteps(parts, commands, self._resets, actions, self.single_action_space)
-            if config.profile:
-                self._profile = PhaseProfile(fields["profile"], self._timed_calls())
+            if config.profile:  # the trainer's side of a step, each call as (owner, method name, phase); recv's too
+                self._profile = PhaseProfile(fields["profile"], [
+                    (self, "_check_actions", "action check"), (lifecycle, "send", "command"),
+                    (waiter, "wait_done", "wait"), (waiter, "wait_some", "wait"),
+                    (self._results, "step", "results"), (self._results, "batch", "results"),
+                    (self._results, "_read_infos", "infos"), (self._results, "_add_episode_infos", "episode stats"),
+                ])  # fmt: skip
             _LIVE_POOLS.add(self)
             lifecycle.start_workers(self.single_observation_space, self.single_action_space)
             waiter.wait_ready()
@@ -206,30 +211,14 @@ class Pool(SharedChannels, VectorEnv):
             raise ValueError(f"pool {self._name!r} was launched without profile=True")
         return self._profile.read(self._commands.global_step)
 
-    def _timed_calls(self) -> tuple[tuple[Any, str, str], ...]:
-        """The calls of the trainer's side of a step, each as (owner, method name, phase)."""
-        return (
-            (self, "_check_actions", "action check"),
-            (self._lifecycle, "send", "command"),
-            (self._waiter, "wait_done", "wait"),
-            (self._waiter, "wait_some", "wait"),  # recv's
-            (self._results, "step", "results"),
-            (self._results, "batch", "results"),  # recv's
-            (self._results, "_read_infos", "infos"),
-            (self._results, "_add_episode_infos", "episode stats"),
-        )
-
     # -- the trainer's calls ---------------------------------------------------------------------
 
     def reset(
         self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         """Resets every env (or those in ``options["reset_mask"]``); returns observations and infos.
-
-        ``seed``: an int (env ``i`` gets ``seed + i``), one seed (or None) per env, or None (the
-        launch seed on the first reset, unseeded after). ``options`` must be plain JSON data apart
-        from ``reset_mask``.
-        """
+        ``seed``: an int (env ``i`` gets ``seed + i``), one seed (or None) per env, or None (the launch
+        seed on the first reset, unseeded after). ``options``: plain JSON data, and ``reset_mask``."""
         with self._calls.checked():
             return self._reset(seed, options)
 
@@ -442,17 +431,15 @@ class Pool(SharedChannels, VectorEnv):
         return self._call_router.results(answers, what)
 
     def state_dict(self) -> Any:
-        """As on an attached handle (see ``shmpool.view.SharedChannels.state_dict``), once no env is
-        stepping (an interrupted step finished, async batches in flight waited for)."""
+        """As on an attached handle (``SharedChannels.state_dict``), once no env is stepping."""
         with self._calls.checked():
             self._commands.enter()
             self._commands.settle_batches()
             return super().state_dict()
 
     def load_state_dict(self, state: Any, *, same_draws: bool = True) -> None:
-        """As on an attached handle (see ``shmpool.view.SharedChannels.load_state_dict``), once no env is
-        stepping (an interrupted step finished, async batches in flight waited for), so that no env
-        is resetting while the episode indices land."""
+        """As on an attached handle (``SharedChannels.load_state_dict``), once no env is stepping (an
+        interrupted step finished, async batches waited for): none resets while the episode indices land."""
         with self._calls.checked():
             self._commands.enter()
             self._commands.settle_batches()
@@ -467,7 +454,19 @@ class Pool(SharedChannels, VectorEnv):
         calls = getattr(self, "_calls", None)
         if calls is not None and calls.held_here():  # a signal handler's, inside this thread's call, which
             calls.once_free(self._release)  # uses the segment until it returns
+            self._release_deferred = True
             return
+        self._release_after_calls()
+
+    def close(self, **kwargs: Any) -> None:
+        """Stops the workers and frees the pool's shared memory; returns once they are, except in a
+        signal handler inside one of the pool's calls, whose release follows when that call ends."""
+        super().close(**kwargs)
+        if getattr(self, "_release_deferred", False) and not self._calls.held_here():
+            self._release_after_calls()  # a close that a handler deferred: done, or done now that the call ended
+
+    def _release_after_calls(self) -> None:
+        calls = getattr(self, "_calls", None)
         waited = calls is not None and calls.acquire(timeout=CLOSE_WAIT)  # another thread's call leaves soon
         try:
             with interrupts_deferred():  # a release cut short by Ctrl-C could not be run again
