@@ -967,7 +967,8 @@ def best_cases(env_id: str, num_envs: int, workers: int, hidden: int) -> str:
             pool.step(actions[step % len(actions)])
         profile = pool.phase_profile()
     worker_step = profile["workers"]["whole step"]
-    trainer_sync = sum(profile["trainer"][phase] for phase in ("action check", "command", "results"))
+    trainer = profile["trainer"]  # its own slot's steps are in the workers' step too
+    trainer_sync = trainer["action check"] + trainer["command"] - trainer["own slot"] + trainer["results"]
     with shmpool.launch(env_id, num_envs, num_workers=workers, seed=0, batch_size=half, profile=True) as pool:
         pool.async_reset(seed=0)
         batch_actions = _actions(gym.vector.utils.batch_space(env.action_space, half), 64)

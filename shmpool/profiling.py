@@ -7,7 +7,7 @@ so the step pays nothing: no flag is tested per call.
 
 The trainer's phases are per ``step()`` (in async mode per ``send()``, its wait and results those of
 ``recv()``); the workers' are per step of each worker, averaged over the workers. Nested phases
-(``infos``, ``episode stats``, ``whole step``) overlap the others.
+(``own slot``, ``infos``, ``episode stats``, ``whole step``) overlap the others.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
-#: The trainer's phases of a step; "infos" and "episode stats" are parts of "results".
-TRAINER_PHASES = ("action check", "command", "wait", "results", "infos", "episode stats")
+#: The trainer's phases of a step; "own slot" (stepping the envs of its own slot, ``trainer_slot``) is
+#: part of "command", "infos" and "episode stats" are parts of "results".
+TRAINER_PHASES = ("action check", "command", "own slot", "wait", "results", "infos", "episode stats")
 #: A worker's phases of a step; "infos" is part of "env loop" and "episode accounting".
 WORKER_PHASES = (
     "events",
@@ -32,7 +33,7 @@ WORKER_PHASES = (
     "infos",
     "whole step",
 )
-NESTED = {"infos", "episode stats", "whole step"}
+NESTED = {"own slot", "infos", "episode stats", "whole step"}
 
 
 class PhaseClock:
@@ -65,7 +66,8 @@ class PhaseClock:
 
 class PhaseProfile:
     """A pool's phase times since its last reset: the trainer's, timed by wrapping the ``timed``
-    calls (owner, method name, phase) of its parts, and the workers' (their ``profile`` field)."""
+    calls (owner, method name, phase) of its parts (an owner of None: a part the pool lacks), and the
+    workers' (their ``profile`` field)."""
 
     def __init__(self, worker_totals: np.ndarray, timed: Iterable[tuple[Any, str, str]]) -> None:
         self._trainer_totals = np.zeros((len(TRAINER_PHASES), 2), dtype=np.int64)
@@ -73,7 +75,8 @@ class PhaseProfile:
         self._since = 0  # the global step of the last reset
         clock = PhaseClock(TRAINER_PHASES, self._trainer_totals)
         for owner, attribute, phase in timed:
-            clock.instrument(owner, attribute, phase)
+            if owner is not None:
+                clock.instrument(owner, attribute, phase)
 
     def restart(self, global_step: int) -> None:
         """Forgets the times so far (at a reset: the workers are idle, they only write theirs during a command)."""

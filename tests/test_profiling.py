@@ -41,12 +41,24 @@ def test_phase_profile_times_every_phase_that_runs(pool_name: str) -> None:
     trainer, workers = profile["trainer"], profile["workers"]
     for phase in ("action check", "command", "wait", "results", "episode stats"):
         assert trainer[phase] > 0, phase
+    assert trainer["own slot"] == 0  # every env in a worker
     for phase in ("params sync", "after_step", "env loop", "episode accounting", "events", "whole step"):
         assert workers[phase] > 0, phase
     assert workers["infos"] == 0  # CartPole reports no infos
     parts = sum(workers[phase] for phase in WORKER_PHASES if phase not in ("infos", "whole step"))
     assert parts <= workers["whole step"]  # the parts fit in the whole
     assert workers["whole step"] <= trainer["wait"] * 1.05  # and the workers' step in the trainer's wait
+
+
+def test_the_trainers_own_slot_is_its_own_phase_within_the_command(pool_name: str) -> None:
+    """With ``trainer_slot``, the trainer steps a slot's envs inside its command: that time is shown
+    apart, so that the command's own cost can be read as the difference."""
+    with shmpool.launch("CartPole-v1", 8, num_workers=2, trainer_slot=True, name=pool_name, profile=True) as pool:
+        pool.reset(seed=0)
+        for _ in range(200):
+            pool.step(np.zeros(8, dtype=np.int64))
+        trainer = pool.phase_profile()["trainer"]
+    assert 0 < trainer["own slot"] < trainer["command"]
 
 
 def test_phase_profile_needs_profile_at_launch(pool_name: str) -> None:

@@ -136,15 +136,15 @@ class Pool(SharedChannels, VectorEnv):
             self._resets = ResetEncoder(parts, commands.ended)
             self._call_router = CallRouter(parts, commands)
             self._partial_steps = PartialSteps(parts, commands, self._resets, actions, self.single_action_space)
+            _LIVE_POOLS.add(self)
+            lifecycle.start_workers(self.single_observation_space, self.single_action_space)
             if config.profile:  # the trainer's side of a step, each call as (owner, method name, phase); recv's too
                 self._profile = PhaseProfile(fields["profile"], [
                     (self, "_check_actions", "action check"), (lifecycle, "send", "command"),
-                    (waiter, "wait_done", "wait"), (waiter, "wait_some", "wait"),
+                    (lifecycle.local, "run", "own slot"), (waiter, "wait_done", "wait"), (waiter, "wait_some", "wait"),
                     (self._results, "step", "results"), (self._results, "batch", "results"),
                     (self._results, "_read_infos", "infos"), (self._results, "_add_episode_infos", "episode stats"),
                 ])  # fmt: skip
-            _LIVE_POOLS.add(self)
-            lifecycle.start_workers(self.single_observation_space, self.single_action_space)
             waiter.wait_ready()
         except BaseException:
             with interrupts_deferred():  # a second Ctrl-C must not cut the cleanup short (as close())
