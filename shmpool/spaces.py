@@ -163,13 +163,20 @@ def _(space: spaces.MultiBinary) -> Callable[[np.ndarray], np.ndarray | None]:
     return check
 
 
+def _outside_integers_of(dtype: np.dtype[Any], array: np.ndarray) -> np.ndarray | None:
+    """The mask of ``array``'s values that ``dtype`` (an integer dtype) cannot hold; None if it holds all."""
+    limits = np.iinfo(dtype)
+    bad = (array < limits.min) | (array > limits.max)
+    return bad if bad.any() else None
+
+
 class ActionChecker:
     """Validates batches of actions for one action space and pool size; built once per pool.
 
     Calling it returns one array per leaf. It raises ``TypeError`` for a scalar where a batch belongs
     (as gymnasium does), and ``ValueError`` naming the env and the value for a wrong shape, a dtype
-    that cannot be cast to the space's, or a discrete value out of range. Box bounds are not checked:
-    gymnasium envs clip.
+    that cannot be cast to the space's, a discrete value out of range, or an integer that the
+    space's dtype cannot hold. Box bounds are not checked: gymnasium envs clip.
     """
 
     def __init__(self, space: spaces.Space[Any], num_envs: int, env_label: str) -> None:
@@ -208,12 +215,15 @@ class ActionChecker:
                     f"{self._label}: {where} has dtype {array.dtype}, which cannot be cast to {leaf.dtype} "
                     f"for {leaf.space}"
                 )
-            bad = range_check(array) if range_check is not None else None
+            bad, outside = range_check(array) if range_check is not None else None, "is outside"
+            if bad is None and array.dtype != leaf.dtype and leaf.dtype.kind in "iu":
+                if not np.can_cast(array.dtype, leaf.dtype):  # a cast would wrap some into other actions
+                    bad, outside = _outside_integers_of(leaf.dtype, array), f"does not fit {leaf.dtype}, the dtype of"
             if bad is not None:
                 row = _first_bad_env(bad)
                 env_id = row if env_ids is None else int(env_ids[row])
                 raise ValueError(
-                    f"{self._label} env {env_id}: action {array[row].tolist()!r} in {where} is outside {leaf.space}"
+                    f"{self._label} env {env_id}: action {array[row].tolist()!r} in {where} {outside} {leaf.space}"
                 )
             checked.append(array)
         return checked

@@ -218,6 +218,12 @@ def test_misuse_is_a_clear_error(pool_name: str) -> None:
         with pytest.raises(RuntimeError, match="recv needs 2 envs in flight"):
             pool.recv()
         pool.send(np.ones(2, dtype=np.int64), [2, 3])
+        # A reset refused for its arguments changes nothing: the batch in flight is still there.
+        for refused in (lambda: pool.reset(seed=-1), lambda: pool.async_reset(options={"level": object()})):
+            with pytest.raises((ValueError, TypeError)):
+                refused()
+            with pytest.raises(RuntimeError, match="async batches in flight"):
+                pool.step(np.ones(4, dtype=np.int64))
         pool.get_attr("spec")  # envs 2 and 3 now have results that no recv returned
         with pytest.raises(RuntimeError, match=r"leaves out envs \[3\], whose async results no recv"):
             pool.reset(options={"reset_mask": np.array([True, True, True, False])})

@@ -74,10 +74,10 @@ NOT_SUPPORTED: dict[str, str] = {
         "ValueError naming the env and the value, before anything reaches a worker"
     ),
     "reset options that are not plain JSON data (apart from reset_mask)": (
-        "options are written into the segment as JSON, never pickled, so the env gets JSON types back (a "
-        "tuple as a list; numpy scalars and arrays are refused with TypeError); the reset_mask option is "
-        "taken out and checked as gymnasium checks it. Unlike SyncVectorEnv, the caller's options dict is "
-        "not modified (Sync pops reset_mask from it)"
+        "options are written into the segment as JSON, never pickled; what JSON would not give back as it "
+        "is (a tuple, a key that is not a str, numpy scalars and arrays) is refused with TypeError; the "
+        "reset_mask option is taken out and checked as gymnasium checks it. Unlike SyncVectorEnv, the "
+        "caller's options dict is not modified (Sync pops reset_mask from it)"
     ),
     "the env's own exception type when an env raises in step or reset": (
         "the pool raises WorkerError (a RuntimeError) naming worker, env and phase, with the env's "

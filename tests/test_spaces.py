@@ -80,6 +80,32 @@ def test_discrete_actions_out_of_range_are_refused_whatever_their_integer_type(p
         assert pool.step(np.array([3, 255], np.uint8))[0].tolist() == [[3.0], [255.0]]
 
 
+class _Int16Box(gym.Env):
+    """Observes its last action, an int16 Box clipped to its bounds as envs do."""
+
+    observation_space = gym.spaces.Box(-1e6, 1e6, (1,), np.float64)
+    action_space = gym.spaces.Box(-100, 100, (1,), np.int16)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        return np.zeros(1), {}
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+        return np.clip(action, -100, 100).astype(np.float64), 0.0, False, False, {}
+
+
+def test_integer_actions_that_the_spaces_dtype_cannot_hold_are_refused_not_wrapped(pool_name: str) -> None:
+    """int64 actions for an int16 Box: 65541 would be cast to 5, another env's action; within int16 the
+    env clips them, as under gymnasium's vector envs."""
+    with shmpool.launch(_Int16Box, 4, num_workers=2, name=pool_name) as pool:
+        pool.reset(seed=0)
+        for bad, env, shown in [([[5], [65541], [0], [1]], 1, "65541"), ([[5], [0], [0], [-32769]], 3, "-32769")]:
+            with pytest.raises(ValueError, match=rf"env {env}: action \[{shown}\] in actions does not fit int16"):
+                pool.step(np.array(bad, dtype=np.int64))
+        observations, *_ = pool.step(np.array([[32767], [-32768], [7], [-7]], dtype=np.int64))
+        assert observations.ravel().tolist() == [100.0, -100.0, 7.0, -7.0]
+
+
 class _Bytes(gym.Env):
     """Observes its last action, one of 256."""
 

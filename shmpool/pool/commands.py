@@ -322,6 +322,36 @@ class CallRouter:
         raise error from RemoteTraceback(failure.text)
 
 
+class EncodedReset(NamedTuple):
+    """A reset's checked arguments (``ResetEncoder.encode``): each env's seed, the envs it resets, and
+    its options as JSON (None: no options)."""
+
+    seeds: list[int | None]
+    mask: np.ndarray
+    options: bytes | None
+
+
+def changed_by_json(value: Any, where: str) -> str | None:
+    """What of ``value`` JSON would not give back as it is (a key that is not a str, a tuple, a
+    subclass or a type of its own), said in words; None if nothing."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            changed = f"{where} has the key {key!r}, not a str" if type(key) is not str else None
+            changed = changed or changed_by_json(item, f"{where}[{key!r}]")
+            if changed is not None:
+                return changed
+        return None
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            changed = changed_by_json(item, f"{where}[{index}]")
+            if changed is not None:
+                return changed
+        return None
+    if type(value) in (str, int, float, bool, type(None)):
+        return None
+    return f"{where} is {value!r:.60}, a {type(value).__name__}"
+
+
 class ResetEncoder:
     """Writes the resets of one pool into its segment; remembers which envs no reset has reached.
 
@@ -340,9 +370,9 @@ class ResetEncoder:
         #: not worked out from ``_never_reset``, because every step reads it.
         self.all_reset = False
 
-    def write(self, seed: int | Sequence[int | None] | None, options: dict[str, Any] | None, global_step: int) -> None:
-        """Writes the reset's flags, seeds and options to the segment, for the workers to read, and
-        the pool's ``global_step``, which they restart their step count from."""
+    def encode(self, seed: int | Sequence[int | None] | None, options: dict[str, Any] | None) -> EncodedReset:
+        """The reset's seeds, mask and options, checked: a reset refused for its arguments raises here,
+        before anything changed (async batches in flight included)."""
         n = self._num_envs
         if seed is None and self._launch_seed is not None and self._never_reset.any():
             # Masked resets too (SB3's ShmpoolVecEnv resets groups of envs with different options).
@@ -359,19 +389,23 @@ class ResetEncoder:
         if seeds[-1] is not None:
             check_seed(seeds[-1], f"seed + {n - 1} (env {n - 1})")
         mask = np.ones(n, dtype=np.bool_)
-        encoded = b""
+        encoded = None
         if options is not None:
             options = dict(options)
             if "reset_mask" in options:
                 mask = self.check_mask(options.pop("reset_mask"))
-            try:
-                encoded = json.dumps(options).encode()
-            except (TypeError, ValueError) as exc:
-                raise TypeError(
-                    f"reset options must be plain JSON data (shmpool pickles nothing): {exc}; got {options!r:.200}"
-                ) from exc
+            changed = changed_by_json(options, "options")
+            if changed is not None:  # the env would get other data than it was given
+                raise TypeError(f"reset options must be plain JSON data (shmpool pickles nothing): {changed}")
+            encoded = json.dumps(options).encode()
             if len(encoded) > RESET_OPTION_BYTES:
                 raise ValueError(f"reset options take {len(encoded)} bytes as JSON; at most {RESET_OPTION_BYTES} fit")
+        return EncodedReset(seeds, mask, encoded)
+
+    def write(self, reset: EncodedReset, global_step: int) -> None:
+        """Writes an encoded reset's flags, seeds and options to the segment, for the workers to read,
+        and the pool's ``global_step``, which they restart their step count from."""
+        seeds, mask, encoded = reset
         if self._ended is not None:
             self._ended[mask] = False
         fields = self._fields
@@ -381,8 +415,9 @@ class ResetEncoder:
             if env_seed is not None and mask[env_id]:
                 fields["reset_seed"][env_id] = seed_words(env_seed)
                 flags[env_id] |= RESET_WITH_SEED
-        fields["reset_options"][: len(encoded)] = np.frombuffer(encoded, dtype=np.uint8)
-        fields["reset_options_length"][0] = len(encoded) if options is not None else 0
+        if encoded is not None:
+            fields["reset_options"][: len(encoded)] = np.frombuffer(encoded, dtype=np.uint8)
+        fields["reset_options_length"][0] = 0 if encoded is None else len(encoded)
         # Workers restart their step count from the pool's: after async batches, where each worker
         # counted its own steps, hooks, events and records go back to the pool's numbering.
         fields["reset_global_step"][0] = global_step

@@ -226,11 +226,11 @@ class Pool(SharedChannels, VectorEnv):
         self, seed: int | Sequence[int | None] | None, options: dict[str, Any] | None
     ) -> tuple[Any, dict[str, Any]]:
         self._commands.enter()
-        if options is not None and "reset_mask" in options and self._batches.in_flight:
+        reset = self._resets.encode(seed, options)  # refused arguments change nothing, async batches included
+        if self._batches.in_flight and not reset.mask.all():
             # Step results not yet returned would be dropped for the envs it does not reset, and an
             # episode end among them never seen (next-step autoreset would then reset them).
-            kept = np.flatnonzero(~self._resets.check_mask(options["reset_mask"]))
-            dropped = self._batches.unreturned(kept)
+            dropped = self._batches.unreturned(np.flatnonzero(~reset.mask))
             if dropped:
                 raise RuntimeError(
                     f"pool {self._name!r}: this reset_mask leaves out envs {dropped}, whose async results no "
@@ -238,7 +238,7 @@ class Pool(SharedChannels, VectorEnv):
                 )
         self._commands.settle_batches(discard=True)
         with interrupts_deferred():  # written and pending together: a reset written is one sent later
-            self._resets.write(seed, options, self._commands.global_step)
+            self._resets.write(reset, self._commands.global_step)
             self._commands.prepare(CMD_RESET)
         self._commands.finish("reset")
         observations, infos = self._results.reset()
@@ -299,9 +299,10 @@ class Pool(SharedChannels, VectorEnv):
                 raise ValueError("async_reset resets every env: reset_mask belongs to reset()")
             if self._commands.ended is not None:
                 raise ValueError("async batches autoreset their envs: launch with NEXT_STEP or SAME_STEP, not DISABLED")
+            reset = self._resets.encode(seed, options)  # before the batches in flight go
             self._commands.settle_batches(discard=True)
             with interrupts_deferred():  # a reset written is a reset sent (see _reset)
-                self._resets.write(seed, options, self._commands.global_step)
+                self._resets.write(reset, self._commands.global_step)
                 self._batches.start_reset(self._lifecycle.next_seq())
 
     def send(self, actions: Any, env_ids: Any = None) -> None:
