@@ -178,8 +178,13 @@ def command_set(name: str, assignments: list[str], envs: str | None) -> int:
         key, sep, text = assignment.partition("=")
         if not sep:
             raise SystemExit(f"shmpool set: expected PARAM=VALUE, got {assignment!r}")
-        number: Any = [float(v) for v in text.split(",")] if "," in text else float(text)
+        try:
+            number: Any = [float(v) for v in text.split(",")] if "," in text else float(text)
+        except ValueError:
+            raise SystemExit(f"shmpool set: {key} takes a number (or numbers, comma-separated), got {text!r}") from None
         param, dot, argument = key.partition(".")
+        if param in values and isinstance(values[param], dict) != bool(dot):
+            raise SystemExit(f"shmpool set: {param} is given both a value and distribution arguments ({param}.ARG)")
         if dot:
             values.setdefault(param, {})[argument] = number
         else:
@@ -244,14 +249,18 @@ def _positive_int(text: str) -> int:
     return number
 
 
+#: The longest interval the CLI takes (a day).
+MAX_SECONDS = 86_400.0
+
+
 def _positive_seconds(text: str) -> float:
     """An argument that must be a finite number of seconds > 0 (argparse's ``type``)."""
     try:
         seconds = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not (seconds > 0 and math.isfinite(seconds)):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    if not 0 < seconds <= MAX_SECONDS:  # more than a day would overflow the sleep, and is a typo anyway
+        raise argparse.ArgumentTypeError(f"must be a number of seconds in (0, {MAX_SECONDS:g}], got {text}")
     return seconds
 
 

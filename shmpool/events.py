@@ -140,7 +140,15 @@ class EventSender:
         ):
             values = list(map(float, payload))
         else:
-            array = np.asarray(payload, dtype=np.float64).ravel()
+            try:
+                if isinstance(payload, (str, bytes)):  # numpy would read "1.5" as a number
+                    raise TypeError(f"a {type(payload).__name__}")
+                array = np.asarray(payload, dtype=np.float64).ravel()
+            except (TypeError, ValueError) as error:
+                raise type(error)(
+                    f"{self._label}: the payload of an event for {hook!r} must be numbers, "
+                    f"got {payload!r:.80} ({error})"
+                ) from error
             if array.size > self.payload_size:
                 raise ValueError(
                     f"payload has {array.size} numbers; launch(event_payload=...) allows {self.payload_size}"
@@ -157,6 +165,8 @@ class EventSender:
             raise ValueError(f"at_step must be a non-negative int, got {at_step!r}")
         parts = [(worker, self._record(hook_index, values, at_step, mask)) for worker, mask in masks]
         workers = [worker for worker, _ in parts]
+        if wait is not None and math.isnan(wait):  # every comparison with the deadline would be false: no end
+            raise ValueError(f"{self._label}: events.send's wait must be a number of seconds or None, got {wait}")
         deadline = None if wait is None else time.monotonic() + wait
         lock_wait = None if wait is None else max(wait, LOCK_GRACE)
         while True:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -16,7 +17,7 @@ from .errors import (
 from .layout import CONTROL_WORDS, H_GLOBAL_STEP, H_STATE, STATE_CLOSING, Layout, header_words
 from .protocol import check_memory_model
 from .registry import list_pools
-from .system import ProcessWatch, Segment, pid_namespace, process_alive
+from .system import POOL_NAME_PATTERN, ProcessWatch, Segment, pid_namespace, process_alive
 from .view import PoolStats, PoolView, SharedChannels
 
 __all__ = ["PoolHandle", "PoolStats", "attach"]
@@ -105,13 +106,20 @@ def attach(name: str, *, wait: float | None = None) -> PoolHandle:
         1
     """
     check_memory_model()
+    if not isinstance(name, str) or not POOL_NAME_PATTERN.fullmatch(name):  # launch takes no other names
+        raise PoolNotFoundError(f"no pool can be named {name!r:.80}: pool names match {POOL_NAME_PATTERN.pattern}")
+    if wait is not None and math.isnan(wait):  # every comparison with the deadline would be false: no end
+        raise ValueError(f"attach({name!r}): wait must be a number of seconds or None, got {wait}")
     deadline = None if wait is None else time.monotonic() + wait
     while True:  # until the segment exists and has its header (a pool being launched gets both soon)
-        segment = None
+        segment, closing = None, False
         try:
             segment = Segment.open(name)
             layout, header = Layout.read(segment.buffer)
-            break
+            closing = header_words(segment.buffer)[H_STATE] == STATE_CLOSING
+            if not closing:
+                break
+            segment.close()  # a pool on its way out is as good as gone (a restarted one may come)
         except PoolNotFoundError:
             if deadline is None or time.monotonic() > deadline:
                 others = [record.name for record in list_pools() if record.alive]
@@ -125,6 +133,8 @@ def attach(name: str, *, wait: float | None = None) -> PoolHandle:
             if segment is not None:
                 segment.close()
             raise
+        if closing and (deadline is None or time.monotonic() > deadline):
+            raise PoolNotFoundError(f"pool {name!r} is closing")
         time.sleep(0.05)
     try:
         _check_pool_meta(name, layout)

@@ -12,6 +12,7 @@ created first and unlinked last, so a semaphore whose segment is gone is a lefto
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import os
 import re
@@ -19,6 +20,7 @@ import select
 import signal
 import stat
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -71,6 +73,10 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+#: Errors that say the process or the system ran out of file descriptors, not that a file is wrong.
+SHORT_OF = (errno.EMFILE, errno.ENFILE)
+
+
 class Segment:
     """One mapped named shared-memory object: created by the pool's owner, opened by everyone else."""
 
@@ -82,12 +88,9 @@ class Segment:
 
     @classmethod
     def create(cls, name: str, size: int) -> Segment:
-        """Creates ``/shmpool-NAME`` with mode 0600 and reserves its pages now.
-
-        ``O_CREX`` makes an existing name fail loudly instead of truncating another pool's segment
-        under its readers. Reserving the pages with ``posix_fallocate`` turns a full ``/dev/shm`` into
-        an error here instead of a SIGBUS in the middle of a step.
-        """
+        """Creates ``/shmpool-NAME`` with mode 0600 and reserves its pages now: ``O_CREX`` fails on an
+        existing name instead of truncating another pool's segment under its readers, and reserving the
+        pages (``posix_fallocate``) turns a full ``/dev/shm`` into an error here, not a SIGBUS mid-step."""
         try:
             shm = posix_ipc.SharedMemory(segment_path(name), posix_ipc.O_CREX, mode=0o600, size=size)
         except posix_ipc.ExistentialError as exc:
@@ -112,13 +115,9 @@ class Segment:
     @classmethod
     def open(cls, name: str) -> Segment:
         """Maps an existing segment after checking that it is a regular file that this user owns and only
-        this user can use.
-
-        On Linux a POSIX shared-memory object is the file ``/dev/shm/shmpool-NAME``: it is opened
-        directly with ``O_NOFOLLOW``, so a symlink planted under a pool's name is refused instead of
-        followed, and a directory, fifo or device is refused before anything reads it. Never creates,
-        truncates or unlinks anything.
-        """
+        this user can use. ``/dev/shm/shmpool-NAME`` is opened with ``O_NOFOLLOW``: a symlink, directory,
+        fifo or device planted under a pool's name is refused before anything reads it. Never creates,
+        truncates or unlinks anything; a process out of file descriptors gets the OSError."""
         if not name or "/" in name or "\0" in name:
             raise PoolNotFoundError(f"{name!r} is not a pool name: pool names have no '/' (see launch's name=)")
         path = segment_file(name)
@@ -130,6 +129,8 @@ class Segment:
         except PermissionError as exc:
             raise PermissionError(f"segment {path} belongs to another user: only its owner can open it") from exc
         except (OSError, ValueError) as exc:  # ELOOP: a symlink; EISDIR: a directory; ...
+            if getattr(exc, "errno", None) in SHORT_OF:
+                raise
             raise LayoutMismatchError(
                 f"{path} is not a shared-memory segment ({exc}); shmpool did not make it: remove it if it is yours"
             ) from exc
@@ -153,6 +154,8 @@ class Segment:
             try:
                 buffer = mmap.mmap(fd, info.st_size)
             except (OSError, OverflowError, ValueError) as exc:
+                if getattr(exc, "errno", None) in SHORT_OF:
+                    raise
                 raise LayoutMismatchError(
                     f"segment {segment_path(name)!r} of {info.st_size} bytes cannot be mapped ({exc}); "
                     f"shmpool never makes one that large: remove it if it is yours"
@@ -166,12 +169,9 @@ class Segment:
         unlink_segment(self.name)
 
     def close(self) -> None:
-        """Lets go of the mapping; it is unmapped when the last numpy view of it is gone.
-
-        Never ``mmap.close()``: arrays made with ``np.ndarray(buffer=...)`` keep the mmap object alive
-        but hold no buffer export, so an explicit unmap would succeed under them and leave every view
-        a user kept (``pool.params["x"]``, ``copy=False`` observations) pointing at unmapped memory.
-        """
+        """Lets go of the mapping; it is unmapped when the last numpy view of it is gone. Never
+        ``mmap.close()``: arrays made with ``np.ndarray(buffer=...)`` keep the mmap alive but hold no buffer
+        export, so an unmap would succeed under every view a user kept (``pool.params["x"]``)."""
         self.buffer = None  # type: ignore[assignment]
 
 
@@ -184,11 +184,9 @@ def unlink_segment(name: str) -> None:
 
 
 class Doorbell:
-    """A named semaphore used only as a wake-up counter, never as a lock.
-
-    A ring says "look at the control words again". Rings may outnumber waits and a wait may find a
-    stale ring; ``wait_until`` therefore always re-checks the real condition in shared memory.
-    """
+    """A named semaphore used only as a wake-up counter, never as a lock: a ring says "look at the
+    control words again". Rings may outnumber waits and a wait may find a stale ring; ``wait_until``
+    therefore always re-checks the real condition in shared memory."""
 
     def __init__(self, path: str, semaphore: posix_ipc.Semaphore) -> None:
         self.path = path
@@ -386,11 +384,12 @@ def descendants(root: int) -> set[int]:
 
 
 def stat_fields(pid: int) -> list[bytes] | None:
-    """The fields of ``/proc/PID/stat`` after the command name (state first), or None if unreadable."""
+    """The fields of ``/proc/PID/stat`` after the command name (state first), or None if there is no
+    such process. Other errors (out of file descriptors, say) raise: they must not read as "gone"."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as file:
             data = file.read()
-    except OSError:
+    except (FileNotFoundError, ProcessLookupError):
         return None
     # The command name may contain spaces and parentheses: split after the last ')'.
     return data[data.rindex(b")") + 2 :].split() or None
@@ -433,6 +432,8 @@ class ProcessWatch:
             self._pidfd = os.pidfd_open(pid)
         except (AttributeError, OSError, OverflowError, ValueError):  # no pidfds, or no such pid
             self._pidfd = None
+        # Closed with the watch if nobody closes it (a handle dropped without close()), once either way.
+        self._release = weakref.finalize(self, os.close, self._pidfd) if self._pidfd is not None else None
         if not process_alive(pid, start_ticks):
             self.close()
             self._gone = True
@@ -466,8 +467,8 @@ class ProcessWatch:
 
     def close(self) -> None:
         """Releases the pidfd."""
-        if self._pidfd is not None:
-            os.close(self._pidfd)
+        if self._release is not None:
+            self._release()
             self._pidfd = None
 
 

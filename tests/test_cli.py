@@ -83,8 +83,13 @@ def test_cli_refuses_bad_numbers_before_doing_anything(pool_name: str) -> None:
     params = {"length": Param(low=0.1, high=2.0)}
     with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, params=params):
         refusals = {
-            ("watch", "--interval", "-1"): "argument --interval: must be a positive number of seconds, got -1",
-            ("watch", "--interval", "nan"): "argument --interval: must be a positive number of seconds, got nan",
+            ("watch", "--interval", "-1"): "argument --interval: must be a number of seconds in (0, 86400], got -1",
+            ("watch", "--interval", "nan"): "argument --interval: must be a number of seconds in (0, 86400], got nan",
+            (
+                "watch",
+                "--interval",
+                "1e300",
+            ): "argument --interval: must be a number of seconds in (0, 86400], got 1e300",
             ("watch", "--count", "0"): "argument --count: must be at least 1, got 0",
             ("show", "--recent", "-3"): "argument --recent: must be at least 1, got -3",
             ("set", "length.low=1"): "params['length'] is not a distribution, so it takes a value, not the "
@@ -95,6 +100,12 @@ def test_cli_refuses_bad_numbers_before_doing_anything(pool_name: str) -> None:
             refused = helpers.shmpool_cli(command, pool_name, *arguments)
             assert refused.returncode == 2 and message in refused.stderr, (arguments, refused.stderr)
             assert refused.stdout == "" and time.monotonic() - started < 20
+        for arguments, message in {  # once tracebacks
+            ("length=1", "length.low=0.6"): "length is given both a value and distribution arguments (length.ARG)",
+            ("length=abc",): "length takes a number (or numbers, comma-separated), got 'abc'",
+        }.items():
+            refused = helpers.shmpool_cli("set", pool_name, *arguments)
+            assert refused.returncode == 1 and refused.stderr.strip() == f"shmpool set: {message}", refused.stderr
 
 
 def test_every_command_and_argument_explains_itself_without_markup() -> None:

@@ -181,6 +181,9 @@ BAD_SENDS: list[tuple[Callable[[EventSender], None], type[Exception], str]] = [
     (lambda s: s.send("Kick", [0], [1, 2, 3, 4]), ValueError, r"payload has 4 numbers; .* allows 3"),
     (lambda s: s.send("Kick", [0], np.zeros((2, 2))), ValueError, r"payload has 4 numbers; .* allows 3"),
     (lambda s: s.send("Kick", [0], ["x"]), ValueError, r"could not convert string to float"),
+    (lambda s: s.send("Kick", [0], "1.5"), TypeError, r"payload of an event for 'Kick' must be numbers, got '1.5'"),
+    (lambda s: s.send("Kick", [0], {"a": 1}), TypeError, r"for 'Kick' must be numbers, got \{'a': 1\}"),
+    (lambda s: s.send("Kick", [0], wait=math.nan), ValueError, r"wait must be a number of seconds or None, got nan"),
     (
         lambda s: s.send("Kick", [0], [1.0, math.nan]),
         ValueError,

@@ -3,6 +3,7 @@ parameters. The command line over the same handles is tests/test_cli.py."""
 
 from __future__ import annotations
 
+import gc
 import json
 import mmap
 import os
@@ -17,7 +18,7 @@ import pytest
 
 import shmpool
 from shmpool import Param
-from shmpool.layout import LAYOUT_VERSION, MAGIC
+from shmpool.layout import H_STATE, LAYOUT_VERSION, MAGIC, STATE_CLOSING, header_words
 
 ATTACHED = """
 import json, sys, shmpool
@@ -72,6 +73,9 @@ def _fake_segment(name: str, content: bytes, uid: int | None = None, size: int =
 def test_attach_failures_say_what_is_wrong(pool_name: str) -> None:
     with pytest.raises(shmpool.PoolNotFoundError, match=r"no pool named 'nowhere-to-be-found'; running pools"):
         shmpool.attach("nowhere-to-be-found")
+    for name in (pool_name + "x" * 300, "a/b", 7):  # not "remove the segment", nor a bare TypeError
+        with pytest.raises(shmpool.PoolNotFoundError, match="no pool can be named .*: pool names match"):
+            shmpool.attach(name)  # type: ignore[arg-type]
     cases = [
         ("foreign", b"SOMETHING ELSE", None, shmpool.LayoutMismatchError, "not a shmpool segment"),
         ("unready", b"", None, shmpool.LayoutMismatchError, "still being created"),
@@ -93,6 +97,72 @@ def test_attach_failures_say_what_is_wrong(pool_name: str) -> None:
                 shmpool.attach(name)
         finally:
             posix_ipc.unlink_shared_memory(f"/shmpool-{name}")
+
+
+def test_a_handle_dropped_without_close_lets_go_of_its_file_descriptors(pool_name: str) -> None:
+    """A curriculum process that attaches for each write and never closes must not run out of them."""
+    with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, params={"length": Param()}):
+        shmpool.attach(pool_name).params.write(None, length=0.6)
+        gc.collect()
+        before = len(os.listdir("/proc/self/fd"))
+        for _ in range(50):
+            shmpool.attach(pool_name).params.write(None, length=0.6)
+        gc.collect()
+        assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_attach_takes_a_closing_pool_for_gone_and_waits_for_its_successor(pool_name: str) -> None:
+    """A process that re-attaches after a trainer restart must not get the pool on its way out (a
+    handle dead on arrival). The pool's closing state is set here as ``close`` sets it first, and
+    held there, so that the window is not a race."""
+    with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name) as pool:
+        header = header_words(shmpool.system.Segment.open(pool_name).buffer)
+        running = header[H_STATE]
+        header[H_STATE] = STATE_CLOSING
+        try:
+            with pytest.raises(shmpool.PoolNotFoundError, match="is closing"):
+                shmpool.attach(pool_name)
+            started = time.monotonic()
+            with pytest.raises(shmpool.PoolNotFoundError, match="is closing"):
+                shmpool.attach(pool_name, wait=0.3)
+            assert time.monotonic() - started >= 0.3
+        finally:
+            header[H_STATE] = running
+        with shmpool.attach(pool_name, wait=0.3) as handle:
+            assert handle.alive and pool.alive
+
+
+OUT_OF_FILE_DESCRIPTORS = """
+import os, resource, sys
+import shmpool
+from shmpool.system import process_alive, process_start_ticks
+with shmpool.launch("CartPole-v1", 2, num_workers=1, name=sys.argv[1]):
+    ticks = process_start_ticks(os.getpid())
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8,) * 2)
+    filler = []
+    try:
+        while True:
+            filler.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass
+    outcomes = []
+    for attempt in (lambda: process_alive(os.getpid(), ticks), lambda: shmpool.attach(sys.argv[1])):
+        try:
+            outcomes.append(repr(attempt()))
+        except Exception as error:
+            outcomes.append(f"{type(error).__name__} {getattr(error, 'errno', None)}")
+    for descriptor in filler:
+        os.close(descriptor)
+print(outcomes)
+"""
+
+
+def test_running_out_of_file_descriptors_reads_as_that_not_as_a_dead_owner_or_a_foreign_segment(
+    pool_name: str,
+) -> None:
+    result = helpers.run_script(OUT_OF_FILE_DESCRIPTORS, pool_name)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == str(["OSError 24", "OSError 24"])  # EMFILE: not False, not LayoutMismatchError
 
 
 OWNER = """
@@ -162,6 +232,8 @@ def test_attach_with_a_timeout_waits_for_the_pool_to_appear(pool_name: str) -> N
     with pytest.raises(shmpool.PoolNotFoundError, match="no pool named"):
         shmpool.attach(pool_name, wait=0.5)  # nothing appears: it gives up after its timeout
     assert 0.5 <= time.monotonic() - started < 10.0
+    with pytest.raises(ValueError, match="wait must be a number of seconds or None, got nan"):
+        shmpool.attach(pool_name, wait=float("nan"))  # no deadline would ever pass
     _fake_segment(pool_name, b"SOMETHING ELSE")
     try:
         started = time.monotonic()

@@ -107,6 +107,8 @@ def test_a_worker_killed_during_a_call_is_reported_within_seconds(pool_name: str
         assert caught.value.worker_id == 1 and time.monotonic() - started < 5.0
         with pytest.raises(shmpool.PoolBrokenError):
             pool.step(np.ones(4, dtype=np.int64))
+        with shmpool.attach(pool_name) as handle:  # what a curriculum process or `shmpool watch` sees
+            assert handle.stats.workers == ["ready", "failed"]
 
 
 def test_a_call_to_a_worker_that_died_idle_names_it(pool_name: str) -> None:

@@ -203,6 +203,7 @@ class Waiter:
         for worker_id, process in enumerate(processes):
             if not finished(worker_id) and process.exitcode is not None:
                 start, stop = self._slots[worker_id]
+                self.words[worker_id * CONTROL_WORDS + CTL_STATUS] = WORKER_FAILED  # as attached processes see it
                 stack = self._lifecycle.fault_report(worker_id)
                 cause = (
                     f"; its threads' Python stacks when it crashed (faulthandler):\n{stack}"
