@@ -320,6 +320,36 @@ def test_hook_error_names_hook_worker_and_envs(pool_name: str) -> None:
         assert "hook went wrong on purpose" in caught.value.__cause__.text
 
 
+class _Doubles:
+    """Doubles the rewards in place (``*=``: the same array, set back)."""
+
+    def after_step(self, ctx: hooks.HookContext) -> None:
+        ctx.rewards *= 2.0
+
+
+class _AddsOne:
+    def after_step(self, ctx: hooks.HookContext) -> None:
+        ctx.rewards[:] += 1.0
+
+
+class _RebindsRewards:
+    """Gives ``ctx.rewards`` a new array: the results would never see it, nor would the hooks after it."""
+
+    def after_step(self, ctx: hooks.HookContext) -> None:
+        ctx.rewards = ctx.rewards * 2.0
+
+
+def test_hooks_change_the_results_in_place_and_rebinding_them_is_refused(pool_name: str) -> None:
+    with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, hooks=[_Doubles(), _AddsOne()]) as pool:
+        pool.reset(seed=0)
+        for _ in range(3):
+            assert pool.step(np.zeros(2, int))[1].tolist() == [3.0, 3.0]  # CartPole's 1.0, doubled, plus one
+    with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, hooks=[_RebindsRewards(), _AddsOne()]) as pool:
+        pool.reset(seed=0)
+        with pytest.raises(shmpool.WorkerError, match="ctx.rewards holds the slot's results: change it in place"):
+            pool.step(np.zeros(2, int))
+
+
 def test_events_at_step_and_full_rings(pool_name: str, tmp_path: Path) -> None:
     with shmpool.launch(
         "CartPole-v1",

@@ -81,13 +81,15 @@ class HookRunner:
         ctx = self.ctx = HookContext(request_reset, resample)
         ctx.env_ids = np.arange(start, stop)
         ctx.envs = envs
-        ctx.observations = assemble(
-            observation_space,
-            iter([views[leaf.field_name("observations")][rows] for leaf in leaves(observation_space)]),
+        ctx.bind_results(
+            assemble(
+                observation_space,
+                iter([views[leaf.field_name("observations")][rows] for leaf in leaves(observation_space)]),
+            ),
+            views["rewards"][rows],
+            views["terminations"][rows],
+            views["truncations"][rows],
         )
-        ctx.rewards = views["rewards"][rows]
-        ctx.terminations = views["terminations"][rows]
-        ctx.truncations = views["truncations"][rows]
         # The worker's consistent, validated copy: the shared block itself can be mid-write.
         ctx.params = params
         ctx.applied = views["applied"][rows] if "applied" in views else None

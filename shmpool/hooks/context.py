@@ -14,6 +14,24 @@ from gymnasium import spaces
 from ..events import Event
 
 
+class _ChangedInPlace:
+    """A result array of the slot (``ctx.rewards``, ...): hooks change it in place. Rebinding it would
+    give the hook a private array, which neither the envs' results nor the later hooks would see."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name, self._slot = name, "_" + name
+
+    def __get__(self, ctx: Any, owner: type | None = None) -> Any:
+        return self if ctx is None else getattr(ctx, self._slot)
+
+    def __set__(self, ctx: Any, value: Any) -> None:
+        if value is not getattr(ctx, self._slot, None):  # ``ctx.rewards *= 2`` sets back the same array
+            raise AttributeError(
+                f"ctx.{self._name} holds the slot's results: change it in place (ctx.{self._name}[:] = ..., "
+                f"ctx.{self._name} *= 2); a new array would reach neither the results nor the later hooks"
+            )
+
+
 class HookContext:
     """What a hook sees: numpy views of its worker's slot, and the slot's envs.
 
@@ -24,7 +42,8 @@ class HookContext:
             a step raises (change the physics through ``shmpool.mujoco``'s bindings and ``Push``).
         actions: in ``before_step``, the slot's actions (a writable copy; structured like the action
             space for Dict/Tuple spaces); None in the other phases.
-        observations, rewards, terminations, truncations: the slot's rows of the results.
+        observations, rewards, terminations, truncations: the slot's rows of the results, changed in
+            place (assigning a new array to one raises: it would reach neither the results nor later hooks).
         resetting: in ``before_step``, which envs reset instead of stepping this step (those that
             hooks earlier in the chain asked to reset included).
         stepped: in ``after_step``, which envs stepped (False: they reset this step instead).
@@ -48,10 +67,10 @@ class HookContext:
     env_ids: np.ndarray
     envs: list[Any]
     actions: Any
-    observations: Any
-    rewards: np.ndarray
-    terminations: np.ndarray
-    truncations: np.ndarray
+    observations = _ChangedInPlace()
+    rewards = _ChangedInPlace()
+    terminations = _ChangedInPlace()
+    truncations = _ChangedInPlace()
     reset_rows: np.ndarray
     params: np.ndarray | None
     applied: np.ndarray | None
@@ -75,6 +94,13 @@ class HookContext:
         self.begin_phase([], [], [])
         self._steps = 0  # the slot's steps so far: what ``due_every``'s schedules count in
         self._schedules: dict[int, tuple[int, int]] = {}  # every -> (step looked at, first step any can be due)
+
+    def bind_results(
+        self, observations: Any, rewards: np.ndarray, terminations: np.ndarray, truncations: np.ndarray
+    ) -> None:
+        """Gives the context the slot's rows of the results, once (hooks change them in place)."""
+        self._observations, self._rewards = observations, rewards
+        self._terminations, self._truncations = terminations, truncations
 
     def begin_step(self, global_step: int) -> None:
         """Called by the worker as each step of the slot begins."""
