@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .params import Binder, Param, ParamSpec, applied_dtype, block_dtype, did_you_mean, problem, show
+from .params import Binder, Param, ParamSpec, applied_dtype, as_stored, block_dtype, did_you_mean, problem, show
 
 _TOKEN = re.compile(r"\.?([A-Za-z_][A-Za-z0-9_]*)|\[(-?\d+)\]")
 
@@ -126,7 +126,11 @@ def _nominal(spec: ParamSpec, binding: Binding | None, env_label: str) -> np.nda
             f"params[{spec.name!r}]: {env_label}'s nominal value {show(value)} has shape {value.shape}, "
             f"the parameter is declared with shape {spec.shape}"
         )
-    return value.astype(spec.dtype)
+    return value
+
+
+#: The rows of one env: a launch value is checked as a write to every env would be.
+ONE_ENV = np.zeros(1, dtype=np.int64)
 
 
 def initial_records(
@@ -154,16 +158,15 @@ def initial_records(
                 value = given.get(argument)
                 if value is None:
                     value = nominal() if argument == "mean" else fallback[argument]
-                record[argument] = np.broadcast_to(np.asarray(value, dtype=spec.dtype), spec.shape)
+                record[argument] = as_stored(spec, ONE_ENV, value, f"[{argument!r}] (at launch)", env_label)[0]
                 block[spec.name][argument] = record[argument]
             applied[spec.name] = np.nan  # nothing drawn before the env's first reset
             reason = problem(spec, record)
         else:
-            value = (
-                nominal()
-                if param.default is None
-                else np.broadcast_to(np.asarray(param.default, dtype=spec.dtype), spec.shape)
+            given, where = (
+                (nominal(), " (the env's own value)") if param.default is None else (param.default, " (default)")
             )
+            value = as_stored(spec, ONE_ENV, given, where, env_label)[0]  # stored exactly as given, or refused
             block[spec.name] = value
             applied[spec.name] = value
             reason = problem(spec, value)

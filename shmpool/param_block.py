@@ -24,6 +24,7 @@ from .errors import LayoutMismatchError
 from .params import (
     ParamSpec,
     applied_dtype,
+    as_stored,
     bad_rows,
     block_dtype,
     did_you_mean,
@@ -312,7 +313,7 @@ def validate(
                 f"params[{spec.name!r}] is a {spec.dist} parameter: write a dict with keys {list(spec.arguments)}"
             )
         merged = {arg: value[arg] if arg in value else current(arg) for arg in spec.arguments}
-        arrays = {arg: _broadcast(spec, ids, merged[arg], f"[{arg!r}]", label) for arg in spec.arguments}
+        arrays = {arg: as_stored(spec, ids, merged[arg], f"[{arg!r}]", label) for arg in spec.arguments}
         bad = bad_rows(spec, arrays)
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
@@ -326,7 +327,7 @@ def validate(
             f"{label}: params[{spec.name!r}] is not a distribution, so it takes a value, not the arguments "
             f"{dict(value)!r:.80}; declare it with Param(dist=...) to write those"
         )
-    array = _broadcast(spec, ids, value, "", label)
+    array = as_stored(spec, ids, value, "", label)
     bad = bad_rows(spec, array)
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
@@ -334,40 +335,3 @@ def validate(
             f"{label}: params[{spec.name!r}][{ids[row]}] = {show(array[row])} rejected: {problem(spec, array[row])}"
         )
     return array
-
-
-def _broadcast(spec: ParamSpec, ids: np.ndarray, value: Any, where: str, label: str) -> np.ndarray:
-    """``value`` as rows of one env each, in the parameter's dtype; raises unless every number is
-    stored exactly as given (integers in range and whole, bools 0 or 1, floats that do not
-    overflow), so that what is validated is what the workers will read."""
-    try:
-        array = np.asarray(value)
-        if array.dtype.kind not in "biuf":
-            raise TypeError(f"dtype {array.dtype}")
-        shape = (len(ids), *spec.shape)
-        if array.shape != shape:
-            array = np.broadcast_to(array, shape)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(
-            f"{label}: params[{spec.name!r}]{where} = {value!r:.100} does not fit "
-            f"{len(ids)} env(s) of shape {spec.shape}: {exc}"
-        ) from exc
-    if spec.dtype.kind == "f":
-        if array.dtype == spec.dtype:  # the common case: float64 values for a float64 parameter
-            return array
-        with np.errstate(over="ignore"):  # an overflow becomes inf, refused as not finite
-            return array.astype(spec.dtype, copy=False)
-    low, high = (0, 1) if spec.dtype.kind == "b" else (np.iinfo(spec.dtype).min, np.iinfo(spec.dtype).max)
-    with np.errstate(invalid="ignore"):
-        if array.dtype.kind == "f":
-            unfit = ~np.isfinite(array) | (array != np.round(array)) | (array < low) | (array > high)
-        else:
-            unfit = (array < low) | (array > high)
-    if unfit.any():
-        row = int(np.flatnonzero(unfit.reshape(len(ids), -1).any(axis=1))[0])
-        kind = "0 or 1" if spec.dtype.kind == "b" else f"a whole number in [{low}, {high}]"
-        raise ValueError(
-            f"{label}: params[{spec.name!r}][{ids[row]}]{where} = {show(array[row])} rejected: "
-            f"{spec.name!r} has dtype {spec.dtype}, which holds {kind}"
-        )
-    return array.astype(spec.dtype, copy=False)

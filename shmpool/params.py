@@ -360,3 +360,40 @@ def constructor_defaults(specs: Sequence[ParamSpec], declared: Mapping[str, Para
     return {
         s.name: declared[s.name].default for s in specs if s.when == "rebuild" and declared[s.name].default is not None
     }
+
+
+def as_stored(spec: ParamSpec, ids: np.ndarray, value: Any, where: str, label: str) -> np.ndarray:
+    """``value`` as rows of one env each, in the parameter's dtype; raises unless every number is
+    stored exactly as given (integers in range and whole, bools 0 or 1, floats that do not
+    overflow), so that what is validated is what the workers will read."""
+    try:
+        array = np.asarray(value)
+        if array.dtype.kind not in "biuf":
+            raise TypeError(f"dtype {array.dtype}")
+        shape = (len(ids), *spec.shape)
+        if array.shape != shape:
+            array = np.broadcast_to(array, shape)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"{label}: params[{spec.name!r}]{where} = {value!r:.100} does not fit "
+            f"{len(ids)} env(s) of shape {spec.shape}: {exc}"
+        ) from exc
+    if spec.dtype.kind == "f":
+        if array.dtype == spec.dtype:  # the common case: float64 values for a float64 parameter
+            return array
+        with np.errstate(over="ignore"):  # an overflow becomes inf, refused as not finite
+            return array.astype(spec.dtype, copy=False)
+    low, high = (0, 1) if spec.dtype.kind == "b" else (np.iinfo(spec.dtype).min, np.iinfo(spec.dtype).max)
+    with np.errstate(invalid="ignore"):
+        if array.dtype.kind == "f":
+            unfit = ~np.isfinite(array) | (array != np.round(array)) | (array < low) | (array > high)
+        else:
+            unfit = (array < low) | (array > high)
+    if unfit.any():
+        row = int(np.flatnonzero(unfit.reshape(len(ids), -1).any(axis=1))[0])
+        kind = "0 or 1" if spec.dtype.kind == "b" else f"a whole number in [{low}, {high}]"
+        raise ValueError(
+            f"{label}: params[{spec.name!r}][{ids[row]}]{where} = {show(array[row])} rejected: "
+            f"{spec.name!r} has dtype {spec.dtype}, which holds {kind}"
+        )
+    return array.astype(spec.dtype, copy=False)

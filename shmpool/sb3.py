@@ -27,6 +27,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import concatenate, create_empty_array
+from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
 import shmpool
@@ -75,6 +76,10 @@ class ShmpoolVecEnv(VecEnv):
             self._check_distinct_envs()
             # The base class reads render_mode through get_attr: the pool must exist by now.
             super().__init__(self.pool.num_envs, self.pool.single_observation_space, self.pool.single_action_space)
+            self.metadata = self.pool.get_attr("metadata")[0]  # env 0's, as DummyVecEnv's (VecVideoRecorder's fps)
+            # The pool's episode statistics stand in for a Monitor's only where no env has one: a Monitor
+            # inside other wrappers (under an Atari stack's EpisodicLifeEnv) says which ends are episodes.
+            self._pool_episodes = not any(self.env_is_wrapped(Monitor))
         except BaseException:
             self.close()
             raise
@@ -174,7 +179,8 @@ class ShmpoolVecEnv(VecEnv):
                 for key in POOL_EPISODE_KEYS:
                     if key in reset_info:
                         value = reset_info.pop(key)
-                        info.setdefault(key, value)  # an env's own Monitor wins
+                        if self._pool_episodes:
+                            info.setdefault(key, value)
                 assert final_observations is not None  # the pool sends them for every finished env
                 info["terminal_observation"] = final_observations[env_id]
                 self.reset_infos[env_id] = reset_info

@@ -20,6 +20,31 @@ def test_bad_declarations_fail_at_launch(pool_name: str) -> None:
         shmpool.launch("CartPole-v1", 2, name=pool_name, params={"gravity": Param(when="sometimes")})
 
 
+def test_launch_values_are_stored_exactly_as_given_or_refused_as_writes_are(pool_name: str) -> None:
+    """A default or an env's own value that the parameter's dtype or shape cannot hold is refused by
+    name, as ``write`` refuses it: 2.7 was launched as 2, CartPole's length 0.5 as 0 (into the env)."""
+    whole = r"has dtype {}, which holds a whole number"
+    for name, param, message in [
+        ("k", Param(2.7, dtype="int64", bind=False), r"params\['k'\]\[0\] \(default\) = 2.7 rejected: 'k' " + whole),
+        (
+            "length",
+            Param(dtype="int64"),
+            r"\['length'\]\[0\] \(the env's own value\) = 0.5 rejected: 'length' " + whole,
+        ),
+        ("k", Param(300, dtype="uint8", bind=False), r"\(default\) = 300 rejected: 'k' " + whole),
+        ("k", Param(-1, dtype="uint8", bind=False), r"\(default\) = -1 rejected: 'k' " + whole),
+        (
+            "k",
+            Param([1.0, 2.0, 3.0], shape=(2,), bind=False),
+            r"params\['k'\] \(default\) = \[1.0, 2.0, 3.0\] does not fit",
+        ),
+    ]:
+        with pytest.raises(ValueError, match=message.format(param.dtype)):
+            shmpool.launch("CartPole-v1", 2, name=pool_name, params={name: param})
+    with shmpool.launch("CartPole-v1", 2, name=pool_name, params={"k": Param(3.0, dtype="int64", bind=False)}) as pool:
+        assert pool.params["k"].tolist() == [3, 3]  # a whole float is a whole number
+
+
 def test_bind_paths_and_callables(pool_name: str) -> None:
     seen = []
 

@@ -232,6 +232,33 @@ def test_a_monitor_s_episode_wins_over_the_pool_s(pool_name: str) -> None:
         venv.close()
 
 
+def _cut_short_outside_the_monitor(env: gym.Env) -> gym.Env:
+    """An end of episode that the Monitor inside never sees, as an Atari stack's EpisodicLifeEnv makes."""
+    return gym.wrappers.TimeLimit(env, max_episode_steps=10)
+
+
+def test_ends_a_monitor_inside_does_not_count_carry_no_episode_as_under_dummy_vec_env(pool_name: str) -> None:
+    """SB3 counts an episode where ``info["episode"]`` is (``evaluate_policy``, ``ep_rew_mean``): where
+    the envs have a Monitor, only the Monitor says so, as under DummyVecEnv; the metadata is env 0's."""
+    made = {
+        cls: make_vec_env("CartPole-v1", 2, seed=0, wrapper_class=_cut_short_outside_the_monitor, vec_env_cls=cls, **kw)
+        for cls, kw in ((DummyVecEnv, {}), (ShmpoolVecEnv, {"vec_env_kwargs": {"name": pool_name}}))
+    }
+    try:
+        assert made[ShmpoolVecEnv].metadata == made[DummyVecEnv].metadata
+        for venv in made.values():
+            venv.reset()
+        for step in range(10):
+            actions = np.array([step % 2, (step + 1) % 2])
+            results = [venv.step(actions) for venv in made.values()]
+            dones, episodes = zip(*((d.tolist(), [i.get("episode") for i in infos]) for _, _, d, infos in results))
+            assert dones[0] == dones[1] and episodes[0] == episodes[1], (step, dones, episodes)
+        assert dones[0] == [True, True] and episodes[0] == [None, None]  # the 10-step cut: the Monitor saw no end
+    finally:
+        for venv in made.values():
+            venv.close()
+
+
 def test_seeds_and_per_env_options_apply_at_the_next_reset_only(pool_name: str) -> None:
     venv = ShmpoolVecEnv([CountingEnv] * 3, num_workers=2, name=pool_name)
     try:
