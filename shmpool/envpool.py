@@ -7,8 +7,7 @@ over a ``shmpool.Pool``, and gains live parameters: ``params``, ``applied``, ``e
 ``episodes`` are the pool's. The envs are gymnasium's own, not EnvPool's C++ rewrites: given the
 same seeds and actions, every env follows what gymnasium's ``SyncVectorEnv`` gives.
 
-Every name of EnvPool's API, and what differs here: the EnvPool guide's compatibility table
-(``docs/guides/envpool.md``).
+Every name of EnvPool's API, and what differs here: ``docs/guides/envpool.md``'s compatibility table.
 
 Examples:
     >>> import numpy as np
@@ -70,14 +69,27 @@ RENDER_MODES = (None, "rgb_array", "human")
 
 
 class Config(NamedTuple):
-    """What ``spec.config`` holds: the settings EnvPool code reads (``config`` is it as a dict)."""
+    """``spec.config``: EnvPool 1.2's fields in its order (``config`` as a dict); ``num_threads`` is the
+    pool's worker count, and the fields of EnvPool's threads and assets hold EnvPool's defaults."""
 
     num_envs: int
     batch_size: int
-    num_workers: int
+    num_threads: int
+    max_num_players: int
+    thread_affinity_offset: int
+    base_path: str
     seed: int
+    env_seed: list[int]
+    gym_reset_return_info: bool
     max_episode_steps: int | None
     reward_threshold: float | None
+
+
+def _config(
+    task_id: str, num_envs: int, batch_size: int, workers: int, seed: int, max_episode_steps: int | None
+) -> Config:
+    """The config of a pool of ``workers`` made for ``task_id``."""
+    return Config(num_envs, batch_size, workers, 1, -1, "", seed, [], True, *_limits(task_id, max_episode_steps))
 
 
 @dataclass
@@ -329,7 +341,9 @@ class EnvPoolAPI(WrappedPoolChannels, VectorEnv, gym.Env):  # type: ignore[misc]
     def _info(self, infos: dict[str, Any], ids: np.ndarray) -> dict[str, Any]:
         """EnvPool's info for the rows ``ids`` of ``infos`` (which holds those rows only); every array
         is the caller's to write (Tianshou writes into ``env_id``)."""
-        info = {key: value for key, value in infos.items() if key != "env_id"}
+        # Masks only where rows lack the key (EnvPool's infos have none); ``episode`` keeps its own always.
+        full = {"_" + key for key in infos if key != "episode" and np.all(infos.get("_" + key, False))}
+        info = {key: value for key, value in infos.items() if key != "env_id" and key not in full}
         info["env_id"] = np.array(ids, dtype=np.int32)
         info["players"] = {"env_id": info["env_id"].copy()}
         info["elapsed_step"] = self._elapsed[ids]  # a copy: fancy indexing
@@ -394,7 +408,7 @@ def make(
     options.setdefault("recv_order", "sent")
     pool = launch(task_id, num_envs, batch_size=batch_size, seed=seed, env_kwargs=env_kwargs or None, **options)
     try:
-        config = Config(pool.num_envs, pool.batch_size, pool.num_workers, seed, *_limits(task_id, max_episode_steps))
+        config = _config(task_id, pool.num_envs, pool.batch_size, pool.num_workers, seed, max_episode_steps)
         spec = Spec(task_id, config, pool.single_observation_space, pool.single_action_space, config.reward_threshold)
         return EnvPoolAPI(task_id, pool, spec, render_mode, render_env_id)
     except BaseException:
@@ -444,7 +458,7 @@ def make_spec(
         observation_space, action_space = env.observation_space, env.action_space
     finally:
         env.close()
-    config = Config(num_envs, batch_size, num_workers, seed, *_limits(task_id, max_episode_steps))
+    config = _config(task_id, num_envs, batch_size, num_workers, seed, max_episode_steps)
     return Spec(task_id, config, observation_space, action_space, config.reward_threshold)
 
 

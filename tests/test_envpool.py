@@ -59,6 +59,7 @@ def test_the_api_matches_envpools_methods_arity_dtypes_and_info_keys(pool_name: 
         assert env.spec.config.batch_size == reference.spec.config.batch_size == 2
         assert env.spec.config.max_episode_steps == reference.spec.config.max_episode_steps == 500
         assert env.config["max_episode_steps"] == reference.config["max_episode_steps"]
+        assert list(env.config) == list(reference.config)  # every key EnvPool code may read, in its order
         assert env.all_env_ids.dtype == reference.all_env_ids.dtype
         np.testing.assert_array_equal(env.all_env_ids, reference.all_env_ids)
         assert env.observation_space == reference.observation_space
@@ -78,6 +79,15 @@ def test_the_api_matches_envpools_methods_arity_dtypes_and_info_keys(pool_name: 
                 env.send(actions, got[4]["env_id"])
                 reference.send(actions, expected[4]["env_id"])
             assert sorted(seen) == [0, 1, 2, 3]
+
+
+@needs("mujoco")
+def test_infos_carry_no_gymnasium_masks_where_every_env_has_the_key(pool_name: str) -> None:
+    """EnvPool's infos have every key for every env: no ``_x_position`` beside ``x_position``."""
+    with shm_envpool.make("HalfCheetah-v5", "gymnasium", num_envs=2, num_workers=1, name=pool_name) as env:
+        env.reset()
+        *_, info = env.step(np.zeros((2, 6)))
+        assert "x_position" in info and not [key for key in info if key.startswith("_")], list(info)
 
 
 @pytest.mark.parametrize("env_type", ["gymnasium", "gym"])
