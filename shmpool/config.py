@@ -17,7 +17,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from .options import MAX_COUNT, autoreset_mode, batch_size_problem, count, mapping, seconds
-from .params import Param, ParamSpec, compile_specs
+from .params import Param, ParamSpec, compile_specs, merged_declarations
 from .system import POOL_NAME_PATTERN, usable_cores
 
 EnvFactory = str | Callable[..., gymnasium.Env]
@@ -339,12 +339,10 @@ class PoolConfig:
 
     @functools.cached_property
     def declared_params(self) -> dict[str, Param]:
-        """The hooks' parameter declarations, then the user's (which win over a hook's defaults)."""
-        declared: dict[str, Param] = {}
-        for hook in self.hooks:
-            declared.update(hook.params() if callable(getattr(hook, "params", None)) else {})
-        declared.update(self.params or {})
-        return declared
+        """The hooks' parameter declarations, then the user's (which may narrow a hook's, not widen it)."""
+        named = zip(self.hook_names, self.hooks)
+        hooks = [(name, hook.params()) for name, hook in named if callable(getattr(hook, "params", None))]
+        return merged_declarations(hooks, self.params or {})
 
     @functools.cached_property
     def param_specs(self) -> list[ParamSpec]:

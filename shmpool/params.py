@@ -397,3 +397,32 @@ def as_stored(spec: ParamSpec, ids: np.ndarray, value: Any, where: str, label: s
             f"{spec.name!r} has dtype {spec.dtype}, which holds {kind}"
         )
     return array.astype(spec.dtype, copy=False)
+
+
+def merged_declarations(
+    hooks: Sequence[tuple[str, Mapping[str, Param]]], user: Mapping[str, Param]
+) -> dict[str, Param]:
+    """The hooks' parameter declarations (each hook's name with its own), then the user's. A user's
+    declaration of a hook's parameter may change its default or narrow it, never widen it: it keeps
+    the hook's dtype and shape, and bounds within the hook's (a wider one reaches the hook unchecked)."""
+    declared: dict[str, Param] = {}
+    owner: dict[str, str] = {}
+    for hook, params in hooks:
+        declared.update(params)
+        owner.update(dict.fromkeys(params, hook))
+    for name, param in user.items():
+        if name in owner:
+            ours, kept = declared[name], []
+            if np.dtype(param.dtype) != np.dtype(ours.dtype) or tuple(param.shape) != tuple(ours.shape):
+                kept.append(f"dtype {ours.dtype} and shape {tuple(ours.shape)}")
+            if ours.low is not None and (param.low is None or np.any(np.asarray(param.low) < np.asarray(ours.low))):
+                kept.append(f"low >= {ours.low}")
+            if ours.high is not None and (param.high is None or np.any(np.asarray(param.high) > np.asarray(ours.high))):
+                kept.append(f"high <= {ours.high}")
+            if kept:
+                raise ValueError(
+                    f"params[{name!r}] belongs to hook {owner[name]!r}: a declaration of it must keep "
+                    f"{', '.join(kept)}; got {param!r:.160}"
+                )
+        declared[name] = param
+    return declared

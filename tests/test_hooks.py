@@ -48,6 +48,26 @@ def test_action_delay_shifts_actions(env_id: str, pool_name: str) -> None:
             np.testing.assert_array_equal(observations[t][env], obs, err_msg=f"env {env} step {t}")
 
 
+def test_a_users_declaration_of_a_hooks_parameter_may_narrow_it_not_widen_it(pool_name: str) -> None:
+    """ActionDelay keeps ``max_steps`` actions: a delay of 8 once failed deep in the step (IndexError), or,
+    compiled, delayed by 3 while ``applied`` said 8."""
+    delay = hooks.ActionDelay(2, max_steps=3)
+    for declared, kept in [
+        (Param(2, low=0, high=10, dtype="int64", bind=False), r"high <= 3"),
+        (Param(2, high=3, dtype="int64", bind=False), r"low >= 0"),
+        (Param(2, low=0, high=3, bind=False), r"dtype int64 and shape \(\)"),
+    ]:
+        with pytest.raises(
+            ValueError, match=rf"params\['action_delay'\] belongs to hook 'ActionDelay': .* keep {kept}"
+        ):
+            shmpool.launch("Pendulum-v1", 2, name=pool_name, hooks=[delay], params={"action_delay": declared})
+    narrowed = {"action_delay": Param(1, low=0, high=2, dtype="int64", bind=False)}
+    with shmpool.launch("Pendulum-v1", 2, num_workers=1, name=pool_name, hooks=[delay], params=narrowed) as pool:
+        assert pool.params["action_delay"].tolist() == [1, 1]
+        with pytest.raises(ValueError, match="action_delay"):
+            pool.params.write(None, action_delay=3)  # within the hook's bound, outside the narrowed one
+
+
 @pytest.mark.parametrize("order", ["reset_hook_first", "delay_first"])
 def test_action_delay_never_delivers_the_previous_episodes_actions(order: str, pool_name: str) -> None:
     delay = hooks.ActionDelay(2)
