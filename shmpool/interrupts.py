@@ -118,11 +118,18 @@ class CallLock:
         """Lets go of what ``acquire`` took."""
         self._lock.release()
 
-    def once_free(self, function: Callable[[], None]) -> None:
-        """Runs ``function`` holding the lock, in a thread of its own, once this thread's call lets go."""
+    def once_free(self, function: Callable[[], None]) -> threading.Event:
+        """Runs ``function`` holding the lock, in a thread of its own, once this thread's call lets go;
+        returns the event set once it ran. Not a daemon thread: an exit right after the call (a
+        preemption handler's ``close(); sys.exit()``) waits for it instead of cutting it short."""
+        done = threading.Event()
 
         def run() -> None:
-            with self.checked():
-                function()
+            try:
+                with self.checked():
+                    function()
+            finally:
+                done.set()
 
-        threading.Thread(target=run, name=f"{self._what}: once free", daemon=True).start()
+        threading.Thread(target=run, name=f"{self._what}: once free").start()
+        return done

@@ -222,14 +222,11 @@ class Doorbell:
         poll_interval: float,
         on_idle: Callable[[], None],
     ) -> None:
-        """Returns once ``ready()`` is true.
-
-        Spins ``spin`` times, yielding the core between polls (so a waiter that shares a core with
-        the process it waits for hands the core over instead of stealing it), then sleeps on the
-        semaphore. Every ``poll_interval`` seconds asleep it calls ``on_idle``, which raises to stop
-        waiting (dead peer, deadline). Stale rings are drained before sleeping and the condition is
-        re-checked after draining, so a ring is never lost: a ringer writes its data before it rings.
-        """
+        """Returns once ``ready()`` is true. Spins ``spin`` times, yielding the core between polls (a waiter
+        that shares a core with the process it waits for hands it over), then sleeps on the semaphore,
+        calling ``on_idle`` (which raises to stop waiting: dead peer, deadline) every ``poll_interval``
+        seconds asleep. Stale rings are drained before sleeping and the condition is re-checked after,
+        so a ring is never lost: a ringer writes its data before it rings."""
         semaphore = self._semaphore
         for _ in range(spin):
             if ready():
@@ -250,8 +247,8 @@ class Doorbell:
             except posix_ipc.BusyError:
                 on_idle()
             except posix_ipc.SignalError:
-                # A signal arrived while asleep; its Python handler has run (and raised, if it
-                # wanted the wait to end). Anything else: go round and re-check.
+                # A signal arrived while asleep; its Python handler has run (posix_ipc raises this in
+                # place of what the handler raised, if anything). Anything else: go round and re-check.
                 on_idle()
             else:
                 if ready():
@@ -384,12 +381,13 @@ def descendants(root: int) -> set[int]:
 
 
 def stat_fields(pid: int) -> list[bytes] | None:
-    """The fields of ``/proc/PID/stat`` after the command name (state first), or None if there is no
-    such process. Other errors (out of file descriptors, say) raise: they must not read as "gone"."""
+    """The fields of ``/proc/PID/stat`` after the command name (state first), or None if unreadable."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as file:
             data = file.read()
-    except (FileNotFoundError, ProcessLookupError):
+    except OSError as error:  # gone, or (``hidepid``) not ours to see; out of descriptors is not "gone"
+        if error.errno in SHORT_OF:
+            raise
         return None
     # The command name may contain spaces and parentheses: split after the last ')'.
     return data[data.rindex(b")") + 2 :].split() or None

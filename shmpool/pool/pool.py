@@ -454,8 +454,7 @@ class Pool(SharedChannels, VectorEnv):
         self._closing = True
         calls = getattr(self, "_calls", None)
         if calls is not None and calls.held_here():  # a signal handler's, inside this thread's call, which
-            calls.once_free(self._release)  # uses the segment until it returns
-            self._release_deferred = True
+            self._deferred_release = calls.once_free(self._release)  # uses the segment until it returns
             return
         self._release_after_calls()
 
@@ -463,8 +462,9 @@ class Pool(SharedChannels, VectorEnv):
         """Stops the workers and frees the pool's shared memory; returns once they are, except in a
         signal handler inside one of the pool's calls, whose release follows when that call ends."""
         super().close(**kwargs)
-        if getattr(self, "_release_deferred", False) and not self._calls.held_here():
-            self._release_after_calls()  # a close that a handler deferred: done, or done now that the call ended
+        released = getattr(self, "_deferred_release", None)  # by a handler's close, once its call let go
+        if released is not None and not self._calls.held_here() and not released.wait(CLOSE_WAIT):
+            self._release_after_calls()  # that call still runs: as for another thread's call in flight
 
     def _release_after_calls(self) -> None:
         calls = getattr(self, "_calls", None)
