@@ -163,11 +163,10 @@ def _(space: spaces.MultiBinary) -> Callable[[np.ndarray], np.ndarray | None]:
     return check
 
 
-def _outside_integers_of(dtype: np.dtype[Any], array: np.ndarray) -> np.ndarray | None:
-    """The mask of ``array``'s values that ``dtype`` (an integer dtype) cannot hold; None if it holds all."""
+def _integer_bounds(dtype: np.dtype[Any]) -> tuple[int, int]:
+    """The smallest and the largest value of an integer dtype."""
     limits = np.iinfo(dtype)
-    bad = (array < limits.min) | (array > limits.max)
-    return bad if bad.any() else None
+    return int(limits.min), int(limits.max)
 
 
 class ActionChecker:
@@ -193,12 +192,15 @@ class ActionChecker:
             )
             for leaf in self._leaves
         ]
+        #: Per leaf, the integer dtypes of actions that a cast to the leaf's would wrap (a bounded space's
+        #: range check covers the others); cached, as the same dtype comes on every step.
+        self._narrowing: list[dict[np.dtype[Any], tuple[int, int] | None]] = [{} for _ in self._leaves]
 
     def __call__(self, actions: Any, env_ids: np.ndarray | None = None) -> list[np.ndarray]:
         """The checked arrays; ``env_ids`` names the env of each row in messages (default: the row)."""
         parts = [actions] if self._is_leaf else flatten(self._space, actions)
         checked = []
-        for (leaf, expected, range_check, where), part in zip(self._checks, parts):
+        for (leaf, expected, range_check, where), part, narrowing in zip(self._checks, parts, self._narrowing):
             array = np.asarray(part)
             if array.ndim == 0 and expected:  # gymnasium raises TypeError: a scalar cannot be iterated
                 raise TypeError(
@@ -216,9 +218,13 @@ class ActionChecker:
                     f"for {leaf.space}"
                 )
             bad, outside = range_check(array) if range_check is not None else None, "is outside"
-            if bad is None and array.dtype != leaf.dtype and leaf.dtype.kind in "iu":
-                if not np.can_cast(array.dtype, leaf.dtype):  # a cast would wrap some into other actions
-                    bad, outside = _outside_integers_of(leaf.dtype, array), f"does not fit {leaf.dtype}, the dtype of"
+            if range_check is None and array.dtype != leaf.dtype:
+                if array.dtype not in narrowing:  # the bounds of the leaf's dtype, where a cast would wrap
+                    wraps = leaf.dtype.kind in "iu" and not np.can_cast(array.dtype, leaf.dtype)
+                    narrowing[array.dtype] = _integer_bounds(leaf.dtype) if wraps else None
+                bounds = narrowing[array.dtype]
+                if bounds is not None and array.size and not bounds[0] <= array.min() <= array.max() <= bounds[1]:
+                    bad, outside = (array < bounds[0]) | (array > bounds[1]), f"does not fit {leaf.dtype}, the dtype of"
             if bad is not None:
                 row = _first_bad_env(bad)
                 env_id = row if env_ids is None else int(env_ids[row])
