@@ -411,14 +411,15 @@ def merged_declarations(
         declared.update(params)
         owner.update(dict.fromkeys(params, hook))
     for name, param in user.items():
-        if name in owner:
-            ours, kept = declared[name], []
-            if np.dtype(param.dtype) != np.dtype(ours.dtype) or tuple(param.shape) != tuple(ours.shape):
-                kept.append(f"dtype {ours.dtype} and shape {tuple(ours.shape)}")
-            if ours.low is not None and (param.low is None or np.any(np.asarray(param.low) < np.asarray(ours.low))):
-                kept.append(f"low >= {ours.low}")
-            if ours.high is not None and (param.high is None or np.any(np.asarray(param.high) > np.asarray(ours.high))):
-                kept.append(f"high <= {ours.high}")
+        if name in owner:  # compiled first: a bad declaration is refused by name, as any other
+            ours, theirs = (compile_specs({name: p})[0] for p in (declared[name], param))
+            kept = []
+            if theirs.dtype != ours.dtype or theirs.shape != ours.shape:
+                kept.append(f"dtype {ours.dtype} and shape {ours.shape}")
+            if np.any(theirs.low < ours.low):
+                kept.append(f"low >= {_bound(ours.low)}")
+            if np.any(theirs.high > ours.high):
+                kept.append(f"high <= {_bound(ours.high)}")
             if kept:
                 raise ValueError(
                     f"params[{name!r}] belongs to hook {owner[name]!r}: a declaration of it must keep "
