@@ -145,7 +145,7 @@ class EventSender:
                     raise TypeError(f"a {type(payload).__name__}")
                 array = np.asarray(payload, dtype=np.float64).ravel()
             except (TypeError, ValueError) as error:
-                raise type(error)(
+                raise (TypeError if isinstance(error, TypeError) else ValueError)(
                     f"{self._label}: the payload of an event for {hook!r} must be numbers, "
                     f"got {payload!r:.80} ({error})"
                 ) from error

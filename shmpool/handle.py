@@ -116,7 +116,8 @@ def attach(name: str, *, wait: float | None = None) -> PoolHandle:
         try:
             segment = Segment.open(name)
             layout, header = Layout.read(segment.buffer)
-            closing = header_words(segment.buffer)[H_STATE] == STATE_CLOSING
+            closing = header_words(segment.buffer)[H_STATE] == STATE_CLOSING  # by its owner: a dead one's is stale
+            closing = closing and process_alive(header.owner_pid, header.owner_start_ticks)
             if not closing:
                 break
             segment.close()  # a pool on its way out is as good as gone (a restarted one may come)

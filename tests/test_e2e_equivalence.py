@@ -143,7 +143,13 @@ def test_reset_seeds_list_mask_and_options(pool_name: str) -> None:
         with pytest.raises(TypeError, match="plain JSON"):
             pool.reset(options={"offset": object()})
         # JSON would hand the envs other data than given: a str key for 1, a list for the tuple.
-        for options, said in [({1: 7.0}, "the key 1, not a str"), ({"offset": (1, 2)}, r"\(1, 2\), a tuple")]:
+        circular: dict = {}
+        circular["offset"] = circular
+        for options, said in [
+            ({1: 7.0}, "the key 1, not a str"),
+            ({"offset": (1, 2)}, r"\(1, 2\), a tuple"),
+            (circular, "nested more than 64 deep"),
+        ]:
             with pytest.raises(TypeError, match=f"plain JSON data .*{said}"):
                 pool.reset(options=options)
         with pytest.raises(ValueError, match="3 seeds"):

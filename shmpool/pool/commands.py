@@ -322,6 +322,10 @@ class CallRouter:
         raise error from RemoteTraceback(failure.text)
 
 
+#: The deepest nesting of reset options taken.
+JSON_DEPTH = 64
+
+
 class EncodedReset(NamedTuple):
     """A reset's checked arguments (``ResetEncoder.encode``): each env's seed, the envs it resets, and
     its options as JSON (None: no options)."""
@@ -331,23 +335,26 @@ class EncodedReset(NamedTuple):
     options: bytes | None
 
 
-def changed_by_json(value: Any, where: str) -> str | None:
-    """What of ``value`` JSON would not give back as it is (a key that is not a str, a tuple, a
-    subclass or a type of its own), said in words; None if nothing."""
+def changed_by_json(value: Any, where: str, depth: int = 0) -> str | None:
+    """What of ``value`` JSON would not give back as it is (a key that is not a str, a tuple, a type
+    of its own; numbers of Python's types and their subclasses come back as those types), said in
+    words; None if nothing."""
+    if depth > JSON_DEPTH:
+        return f"{where[:40]}... is nested more than {JSON_DEPTH} deep (a container holding itself?)"
     if isinstance(value, dict):
         for key, item in value.items():
             changed = f"{where} has the key {key!r}, not a str" if type(key) is not str else None
-            changed = changed or changed_by_json(item, f"{where}[{key!r}]")
+            changed = changed or changed_by_json(item, f"{where}[{key!r}]", depth + 1)
             if changed is not None:
                 return changed
         return None
     if isinstance(value, list):
         for index, item in enumerate(value):
-            changed = changed_by_json(item, f"{where}[{index}]")
+            changed = changed_by_json(item, f"{where}[{index}]", depth + 1)
             if changed is not None:
                 return changed
         return None
-    if type(value) in (str, int, float, bool, type(None)):
+    if value is None or isinstance(value, (str, int, float)):  # np.float64 is a float, np.int64 no int
         return None
     return f"{where} is {value!r:.60}, a {type(value).__name__}"
 
