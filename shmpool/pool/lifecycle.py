@@ -30,6 +30,7 @@ from ..episodes import episode_dtype
 from ..errors import PoolClosedError
 from ..events import event_dtype, mask_bytes
 from ..infos import INFO_KEY_DTYPE
+from ..interrupts import interrupts_deferred
 from ..layout import (
     CMD_CLOSE,
     CONTROL_WORDS,
@@ -251,7 +252,11 @@ class Lifecycle:
 
             load(config.kernel).warm_up()
         # Workers must ignore Ctrl-C (the trainer stops them); block SIGINT while they start so that
-        # none arrives before the worker has installed its handler. The mask is inherited.
+        # none arrives before the worker has installed its handler. The mask is inherited. It holds
+        # SIGINT in this thread only: one that another thread takes raises here between two calls,
+        # and inside a fork it would lose the new worker, so it is held back until all are counted.
+        held = interrupts_deferred()
+        held.hold()
         previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         # A forked worker inherits the trainer's garbage too. Collected there, a finalizer of the
         # trainer's native objects (a Ray actor handle, a MuJoCo batch) runs against threads and
@@ -321,6 +326,7 @@ class Lifecycle:
                     gc.enable()
                 _FORKING.release()
             signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+            held.release()  # raises a Ctrl-C held back meanwhile, every started worker now counted
         if local_config is not None:  # built while the workers build theirs
             module_name, class_name = LOCAL_SLOT_ENTRY_POINT.split(":")
             self.local = getattr(importlib.import_module(module_name), class_name)(local_config, self.views)
