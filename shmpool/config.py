@@ -18,7 +18,7 @@ from gymnasium.vector import AutoresetMode
 
 from .options import MAX_COUNT, autoreset_mode, batch_size_problem, count, mapping, seconds
 from .params import Param, ParamSpec, compile_specs, merged_declarations
-from .system import POOL_NAME_PATTERN, usable_cores
+from .system import POOL_NAME_PATTERN, is_pool_name, usable_cores
 
 EnvFactory = str | Callable[..., gymnasium.Env]
 #: What ``launch`` takes as ``env``: one factory for every env, or one callable per env (``env_fns``).
@@ -220,7 +220,7 @@ class PoolConfig:
             ) from None
         settle("autoreset_mode", mode)
         name = f"{os.getpid()}-{secrets.token_hex(4)}" if self.name is None else self.name
-        if not isinstance(name, str) or not POOL_NAME_PATTERN.fullmatch(name):
+        if not is_pool_name(name):
             raise ValueError(f"pool name must match {POOL_NAME_PATTERN.pattern}, got {name!r}")
         settle("name", name)
         if self.seed is not None:

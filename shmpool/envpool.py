@@ -342,7 +342,7 @@ class EnvPoolAPI(WrappedPoolChannels, VectorEnv, gym.Env):  # type: ignore[misc]
         """EnvPool's info for the rows ``ids`` of ``infos`` (which holds those rows only); every array
         is the caller's to write (Tianshou writes into ``env_id``)."""
         # Masks only where rows lack the key (EnvPool's infos have none); ``episode`` keeps its own always.
-        full = {"_" + key for key in infos if key != "episode" and np.all(infos.get("_" + key, False))}
+        full = {mask for key in infos if key != "episode" and (mask := "_" + key) in infos and infos[mask].all()}
         info = {key: value for key, value in infos.items() if key != "env_id" and key not in full}
         info["env_id"] = np.array(ids, dtype=np.int32)
         info["players"] = {"env_id": info["env_id"].copy()}

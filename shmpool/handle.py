@@ -17,7 +17,7 @@ from .errors import (
 from .layout import CONTROL_WORDS, H_GLOBAL_STEP, H_STATE, STATE_CLOSING, Layout, header_words
 from .protocol import check_memory_model
 from .registry import list_pools
-from .system import POOL_NAME_PATTERN, ProcessWatch, Segment, pid_namespace, process_alive
+from .system import ProcessWatch, Segment, is_pool_name, pid_namespace, process_alive
 from .view import PoolStats, PoolView, SharedChannels
 
 __all__ = ["PoolHandle", "PoolStats", "attach"]
@@ -106,8 +106,6 @@ def attach(name: str, *, wait: float | None = None) -> PoolHandle:
         1
     """
     check_memory_model()
-    if not isinstance(name, str) or not POOL_NAME_PATTERN.fullmatch(name):  # launch takes no other names
-        raise PoolNotFoundError(f"no pool can be named {name!r:.80}: pool names match {POOL_NAME_PATTERN.pattern}")
     if wait is not None and math.isnan(wait):  # every comparison with the deadline would be false: no end
         raise ValueError(f"attach({name!r}): wait must be a number of seconds or None, got {wait}")
     deadline = None if wait is None else time.monotonic() + wait
@@ -122,6 +120,8 @@ def attach(name: str, *, wait: float | None = None) -> PoolHandle:
                 break
             segment.close()  # a pool on its way out is as good as gone (a restarted one may come)
         except PoolNotFoundError:
+            if not is_pool_name(name):  # Segment.open's word: no pool can have that name
+                raise
             if deadline is None or time.monotonic() > deadline:
                 others = [record.name for record in list_pools() if record.alive]
                 raise PoolNotFoundError(f"no pool named {name!r}; running pools: {others or 'none'}") from None

@@ -31,9 +31,14 @@ from .errors import LayoutMismatchError, PoolExistsError, PoolNotFoundError, Seg
 SEGMENT_PREFIX = "shmpool-"
 SHM_DIR = "/dev/shm"
 _SEMAPHORE_FILE_PREFIX = "sem."
-#: The names ``launch`` accepts (shmpool.config checks them); anything else in /dev/shm that starts
-#: with the prefix was not made by shmpool and is skipped, never opened.
+#: The names ``launch`` accepts; anything else in /dev/shm with the prefix is not shmpool's, never opened.
 POOL_NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
+
+
+def is_pool_name(name: object) -> bool:
+    """Whether ``name`` is one that ``launch`` accepts (``POOL_NAME_PATTERN``)."""
+    return isinstance(name, str) and POOL_NAME_PATTERN.fullmatch(name) is not None
+
 
 #: What tells one file from another that later takes the same name: (st_dev, st_ino).
 FileIdentity = tuple[int, int]
@@ -118,8 +123,8 @@ class Segment:
         this user can use. ``/dev/shm/shmpool-NAME`` is opened with ``O_NOFOLLOW``: a symlink, directory,
         fifo or device planted under a pool's name is refused before anything reads it. Never creates,
         truncates or unlinks anything; a process out of file descriptors gets the OSError."""
-        if not name or "/" in name or "\0" in name:
-            raise PoolNotFoundError(f"{name!r} is not a pool name: pool names have no '/' (see launch's name=)")
+        if not is_pool_name(name):
+            raise PoolNotFoundError(f"no pool can be named {name!r:.80}: pool names match {POOL_NAME_PATTERN.pattern}")
         path = segment_file(name)
         try:
             # O_NONBLOCK: opening a fifo planted under the name must not wait for a writer.
@@ -342,7 +347,7 @@ def list_entries() -> Iterator[ShmEntry]:
             regular = entry.is_file(follow_symlinks=False)
         except OSError:  # gone meanwhile
             continue
-        if regular and POOL_NAME_PATTERN.fullmatch(pool_name):
+        if regular and is_pool_name(pool_name):
             yield ShmEntry(pool_name, kind, posix_name)
 
 
@@ -381,7 +386,7 @@ def descendants(root: int) -> set[int]:
 
 
 def stat_fields(pid: int) -> list[bytes] | None:
-    """The fields of ``/proc/PID/stat`` after the command name (state first), or None if unreadable."""
+    """The fields of ``/proc/PID/stat`` after the command name (state first); None if gone or hidden."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as file:
             data = file.read()
