@@ -9,19 +9,21 @@ removed from here.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import LayoutMismatchError
 from .layout import H_GLOBAL_STEP, H_STEPS_PER_SECOND, Layout, header_words
 from .system import (
+    SEGMENT_PREFIX,
+    SEMAPHORE_FILE_PREFIX,
+    SHM_DIR,
     FileIdentity,
     Segment,
     doorbell_file,
-    entry_file,
     file_identity,
-    list_entries,
-    owned_by_me,
+    is_pool_name,
     pid_namespace,
     process_alive,
     segment_file,
@@ -31,6 +33,57 @@ from .system import (
 # What reading one entry may raise for a segment that is not a readable pool of this user: skipped.
 # (PoolNotFoundError and PermissionError are OSErrors.)
 _UNREADABLE = (LayoutMismatchError, OSError)
+
+
+@dataclass(frozen=True)
+class ShmEntry:
+    """One object in ``/dev/shm`` that belongs to shmpool."""
+
+    pool_name: str
+    kind: str  # "segment" or "doorbell"
+    posix_name: str
+
+
+def list_entries() -> Iterator[ShmEntry]:
+    """The shmpool segments and semaphores present in ``/dev/shm`` (any owner).
+
+    Only regular files with a name ``launch`` could have made: a directory, symlink, fifo or oddly named
+    file that merely starts with the prefix is someone else's business, and skipping it here keeps it
+    from breaking every ``launch``, ``shmpool ls`` and ``shmpool gc``.
+    """
+    try:
+        entries = list(os.scandir(SHM_DIR))
+    except OSError:
+        return
+    for entry in entries:
+        file_name = entry.name
+        if file_name.startswith(SEGMENT_PREFIX):
+            kind, posix_name = "segment", "/" + file_name
+            pool_name = file_name[len(SEGMENT_PREFIX) :]
+        elif file_name.startswith(SEMAPHORE_FILE_PREFIX + SEGMENT_PREFIX):
+            kind, posix_name = "doorbell", "/" + file_name[len(SEMAPHORE_FILE_PREFIX) :]
+            pool_name = posix_name[len(SEGMENT_PREFIX) + 1 :].rsplit(".", 1)[0]
+        else:
+            continue
+        try:
+            regular = entry.is_file(follow_symlinks=False)
+        except OSError:  # gone meanwhile
+            continue
+        if regular and is_pool_name(pool_name):
+            yield ShmEntry(pool_name, kind, posix_name)
+
+
+def entry_file(entry: ShmEntry) -> str:
+    """The file in ``/dev/shm`` behind an entry."""
+    return segment_file(entry.pool_name) if entry.kind == "segment" else doorbell_file(entry.posix_name)
+
+
+def owned_by_me(entry: ShmEntry) -> bool:
+    """Whether the entry's file (not what a symlink there points to) belongs to this user."""
+    try:
+        return os.lstat(entry_file(entry)).st_uid == os.getuid()
+    except OSError:
+        return False
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """Everything shmpool asks of the operating system, in one module.
 
-Named POSIX shared memory and semaphores (through ``posix_ipc``), ``mmap``, process liveness
-(``/proc``, pidfds), the parent-death signal and the wait loop live here; the rest of the package sees
-``Segment``, ``Doorbell`` and ``ProcessWatch`` only.
+Named POSIX shared memory and semaphores (through ``posix_ipc``, and libc for the doorbell's sleep),
+``mmap``, process liveness (``/proc``, pidfds), the parent-death signal and the wait loop live here;
+the rest of the package sees ``Segment``, ``Doorbell`` and ``ProcessWatch`` only. (Which of
+``/dev/shm``'s files are pools is ``shmpool.registry``'s.)
 
 Names: a pool called ``NAME`` owns the segment ``/shmpool-NAME`` and the semaphores
 ``/shmpool-NAME.<suffix>`` (``/dev/shm/sem.shmpool-NAME.<suffix>`` on Linux). The segment is always
@@ -21,8 +22,7 @@ import signal
 import stat
 import time
 import weakref
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import posix_ipc
 
@@ -30,7 +30,7 @@ from .errors import LayoutMismatchError, PoolExistsError, PoolNotFoundError, Seg
 
 SEGMENT_PREFIX = "shmpool-"
 SHM_DIR = "/dev/shm"
-_SEMAPHORE_FILE_PREFIX = "sem."
+SEMAPHORE_FILE_PREFIX = "sem."
 #: The names ``launch`` accepts; anything else in /dev/shm with the prefix is not shmpool's, never opened.
 POOL_NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 
@@ -188,14 +188,37 @@ def unlink_segment(name: str) -> None:
         pass
 
 
+class _TimeSpec(ctypes.Structure):
+    _fields_ = (("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long))
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.sem_open.restype = ctypes.c_void_p
+_libc.sem_open.argtypes = (ctypes.c_char_p, ctypes.c_int)
+_libc.sem_clockwait.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(_TimeSpec))
+_libc.sem_close.argtypes = (ctypes.c_void_p,)
+
+
 class Doorbell:
     """A named semaphore used only as a wake-up counter, never as a lock: a ring says "look at the
     control words again". Rings may outnumber waits and a wait may find a stale ring; ``wait_until``
-    therefore always re-checks the real condition in shared memory."""
+    therefore always re-checks the real condition in shared memory.
+
+    Sleeping goes through libc, ringing through posix_ipc (eight times cheaper than a ctypes call).
+    When a signal interrupts posix_ipc's ``acquire``, it runs the signal's Python handler itself and
+    raises ``SignalError`` in place of what the handler raised: a preemption handler's ``SystemExit``
+    would be lost while the trainer sleeps. libc's wait returns ``EINTR`` instead, and Python runs the
+    handler at its next bytecode, so what the handler raises propagates. Both handles share one
+    mapping (glibc counts the opens)."""
 
     def __init__(self, path: str, semaphore: posix_ipc.Semaphore) -> None:
         self.path = path
         self._semaphore = semaphore
+        self._deadline = _TimeSpec()
+        self._handle: int | None = _libc.sem_open(os.fsencode(path), 0)
+        if not self._handle:
+            semaphore.close()
+            raise PoolNotFoundError(f"no semaphore {path!r} ({os.strerror(ctypes.get_errno())})")
 
     @classmethod
     def create(cls, path: str) -> Doorbell:
@@ -247,17 +270,22 @@ class Doorbell:
                 semaphore.acquire(0)
             if ready():
                 return
-            try:
-                semaphore.acquire(poll_interval)
-            except posix_ipc.BusyError:
+            if not self._sleep(poll_interval):  # timed out, or a signal's handler returned
                 on_idle()
-            except posix_ipc.SignalError:
-                # A signal arrived while asleep; its Python handler has run (posix_ipc raises this in
-                # place of what the handler raised, if anything). Anything else: go round and re-check.
-                on_idle()
-            else:
-                if ready():
-                    return
+            elif ready():
+                return
+
+    def _sleep(self, seconds: float) -> bool:
+        """Takes one ring, waiting up to ``seconds``; False if none came in time or a signal came."""
+        deadline = time.clock_gettime(time.CLOCK_MONOTONIC) + seconds
+        self._deadline.tv_sec = whole = int(deadline)
+        self._deadline.tv_nsec = int((deadline - whole) * 1e9)
+        if _libc.sem_clockwait(self._handle, time.CLOCK_MONOTONIC, ctypes.byref(self._deadline)) == 0:
+            return True
+        code = ctypes.get_errno()
+        if code in (errno.ETIMEDOUT, errno.EINTR):
+            return False
+        raise OSError(code, f"waiting on semaphore {self.path!r}: {os.strerror(code)}")
 
     def unlink(self) -> None:
         """Removes the name (ignores a name that is already gone)."""
@@ -267,7 +295,10 @@ class Doorbell:
             pass
 
     def close(self) -> None:
-        """Closes this process's handle."""
+        """Closes this process's handles."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            _libc.sem_close(handle)
         try:
             self._semaphore.close()
         except posix_ipc.ExistentialError:
@@ -276,7 +307,7 @@ class Doorbell:
 
 def doorbell_file(path: str) -> str:
     """The file of the semaphore with POSIX name ``path`` (glibc keeps it as ``/dev/shm/sem.NAME``)."""
-    return os.path.join(SHM_DIR, _SEMAPHORE_FILE_PREFIX + path.lstrip("/"))
+    return os.path.join(SHM_DIR, SEMAPHORE_FILE_PREFIX + path.lstrip("/"))
 
 
 def file_identity(path: str) -> FileIdentity | None:
@@ -311,57 +342,6 @@ def pid_namespace() -> int:
         return os.stat("/proc/self/ns/pid").st_ino
     except OSError:
         return 0
-
-
-@dataclass(frozen=True)
-class ShmEntry:
-    """One object in ``/dev/shm`` that belongs to shmpool."""
-
-    pool_name: str
-    kind: str  # "segment" or "doorbell"
-    posix_name: str
-
-
-def list_entries() -> Iterator[ShmEntry]:
-    """The shmpool segments and semaphores present in ``/dev/shm`` (any owner).
-
-    Only regular files with a name ``launch`` could have made: a directory, symlink, fifo or oddly named
-    file that merely starts with the prefix is someone else's business, and skipping it here keeps it
-    from breaking every ``launch``, ``shmpool ls`` and ``shmpool gc``.
-    """
-    try:
-        entries = list(os.scandir(SHM_DIR))
-    except OSError:
-        return
-    for entry in entries:
-        file_name = entry.name
-        if file_name.startswith(SEGMENT_PREFIX):
-            kind, posix_name = "segment", "/" + file_name
-            pool_name = file_name[len(SEGMENT_PREFIX) :]
-        elif file_name.startswith(_SEMAPHORE_FILE_PREFIX + SEGMENT_PREFIX):
-            kind, posix_name = "doorbell", "/" + file_name[len(_SEMAPHORE_FILE_PREFIX) :]
-            pool_name = posix_name[len(SEGMENT_PREFIX) + 1 :].rsplit(".", 1)[0]
-        else:
-            continue
-        try:
-            regular = entry.is_file(follow_symlinks=False)
-        except OSError:  # gone meanwhile
-            continue
-        if regular and is_pool_name(pool_name):
-            yield ShmEntry(pool_name, kind, posix_name)
-
-
-def entry_file(entry: ShmEntry) -> str:
-    """The file in ``/dev/shm`` behind an entry."""
-    return segment_file(entry.pool_name) if entry.kind == "segment" else doorbell_file(entry.posix_name)
-
-
-def owned_by_me(entry: ShmEntry) -> bool:
-    """Whether the entry's file (not what a symlink there points to) belongs to this user."""
-    try:
-        return os.lstat(entry_file(entry)).st_uid == os.getuid()
-    except OSError:
-        return False
 
 
 def descendants(root: int) -> set[int]:
@@ -478,9 +458,8 @@ class ProcessWatch:
 def set_parent_death_signal(signum: int) -> None:
     """Asks Linux to send ``signum`` to this process when the thread that started it exits."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
         pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, int(signum), 0, 0, 0)
+        _libc.prctl(pr_set_pdeathsig, int(signum), 0, 0, 0)
     except (OSError, AttributeError):  # not Linux: the bounded waits still notice the owner's death
         pass
 

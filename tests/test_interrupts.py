@@ -107,3 +107,39 @@ def test_close_from_a_signal_handler_mid_step_closes_once_the_step_lets_go(train
         assert time.monotonic() - started < 2.0
     # The with block's close() returns once the release that the handler's close left for later is done.
     assert not helpers.shm_entries(pool_name) and not [pid for pid in workers if helpers.pid_alive(pid)]
+
+
+def test_what_a_signal_handler_raises_while_the_trainer_sleeps_is_what_the_step_raises(pool_name: str) -> None:
+    """A preemption handler's exception (``SystemExit`` from a SIGTERM handler, say) raised while the
+    trainer sleeps on its doorbell for the workers reaches the caller as it was raised, not as a lost
+    signal; the pool steps on after it."""
+
+    class Preempted(Exception):
+        pass
+
+    signum = signal.SIGUSR1
+
+    def send() -> None:
+        threading.Timer(0.02, signal.pthread_kill, (threading.main_thread().ident, signum)).start()
+
+    def preempt(number: int, frame: Any) -> None:
+        asleep = frame
+        while asleep is not None and asleep.f_code.co_name != "wait_until":
+            asleep = asleep.f_back
+        if asleep is None:  # landed outside the doorbell's wait: once more
+            send()
+            return
+        raise Preempted
+
+    with shmpool.launch(slow_envs(), num_workers=2, trainer_slot=False, name=pool_name) as pool:
+        pool.reset(seed=0)
+        previous = signal.signal(signum, preempt)
+        try:
+            send()
+            with pytest.raises(Preempted):
+                for _ in range(300):  # 3 s of 10-ms steps
+                    pool.step(np.ones(4, dtype=np.int64))
+        finally:
+            signal.signal(signum, previous)
+        _, rewards, *_ = pool.step(np.ones(4, dtype=np.int64))
+        assert rewards.shape == (4,)
