@@ -28,20 +28,35 @@ import tarfile
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
+import helpers
 import numpy as np
 import pytest
 from helpers import CountingEnv, InfoEnv
 
-pytest.importorskip("stable_baselines3", reason="stable-baselines3 is not installed: pip install -e '.[sb3]'")
+if TYPE_CHECKING:
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.monitor import Monitor
+    from stable_baselines3.common.vec_env import DummyVecEnv
 
-from stable_baselines3.common.env_util import make_vec_env  # noqa: E402
-from stable_baselines3.common.monitor import Monitor  # noqa: E402
-from stable_baselines3.common.vec_env import DummyVecEnv  # noqa: E402
+    from shmpool.sb3 import ShmpoolVecEnv
 
-from shmpool.sb3 import ShmpoolVecEnv  # noqa: E402
+pytestmark = helpers.needs("stable_baselines3")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def sb3_imported() -> None:
+    """Imports SB3 (and so torch) when this module's first test runs: at module level every
+    pytest-xdist worker would pay for it while collecting, for tests that run on one or two."""
+    global make_vec_env, Monitor, DummyVecEnv, ShmpoolVecEnv
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.monitor import Monitor
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from shmpool.sb3 import ShmpoolVecEnv
+
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITES = ("test_vec_envs.py", "test_vec_monitor.py")
