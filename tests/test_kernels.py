@@ -397,3 +397,22 @@ def test_a_value_written_back_after_a_compiled_sync_is_applied(pool_name: str) -
             pool.step(actions)
             assert pool.applied["length"].tolist() == [length] * 4
             assert pool.get_attr("length") == (length,) * 4
+
+
+@needs_numba
+def test_max_episode_steps_is_taken_as_gymnasium_make_takes_it(pool_name: str) -> None:
+    """-1 means no time limit (Pendulum's episodes run past its registered 200 steps, as gymnasium's
+    do, and are not cut at every step); 0, 2.5 and True are refused at launch, as ``TimeLimit`` does."""
+    reference = SyncVectorEnv([lambda: gym.make("Pendulum-v1", max_episode_steps=-1) for _ in range(2)])
+    with shmpool.launch(
+        "Pendulum-v1", 2, num_workers=1, engine="numba", env_kwargs={"max_episode_steps": -1}, name=pool_name
+    ) as pool:
+        pool.reset(seed=3), reference.reset(seed=3)
+        for t in range(250):  # past Pendulum's registered 200
+            torques = np.full((2, 1), np.sin(t), dtype=np.float32)
+            for got, wanted in zip(pool.step(torques)[:4], reference.step(torques)[:4]):
+                assert got.tobytes() == wanted.tobytes(), f"step {t}"
+        assert pool.get_attr("_max_episode_steps") == (None, None)
+    for bad, error in ((0, ValueError), (2.5, TypeError), (True, TypeError)):
+        with pytest.raises(error, match=rf"engine='numba': CartPole-v1: env_kwargs: max_episode_steps .*{bad}"):
+            shmpool.launch("CartPole-v1", 2, engine="numba", env_kwargs={"max_episode_steps": bad}, name=pool_name)

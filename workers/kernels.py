@@ -143,9 +143,8 @@ class KernelSlot(ArraySlot):
 
         count = self.stop - self.start
         kwargs = dict(config.env_kwargs)
-        limit = kwargs.pop("max_episode_steps", None)
+        self._max_steps = kwargs.pop("max_episode_steps", None)  # checked by KernelEnv, as TimeLimit does
         kwargs.pop("render_mode", None)
-        self._max_steps = self.kernel.max_episode_steps if limit is None else int(limit)
         from shmpool.kernels import slot  # imports numba: only in the workers of this engine
 
         self._slot = slot

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .batch_kernel import MODELED, BatchKernel, Draw, Kick, Refresh, Reset, SetState, Step
-from .env import ADAPTERS, NO_LIMIT, KernelAdapter, KernelEnv
+from .env import ADAPTERS, NO_LIMIT, KernelAdapter, KernelEnv, time_limit
 
 #: The extra that installs numba.
 NUMBA_EXTRA = 'pip install "shmpool[numba]"'
@@ -120,6 +120,8 @@ def check_options(kernel: BatchKernel, env_id: str, specs: Sequence[Any], env_kw
             )
         if key == "render_mode" and value is not None:
             raise ValueError("engine='numba': compiled envs do not render; render_mode must be None")
+        if key == "max_episode_steps" and value is not None:
+            time_limit(value, f"engine='numba': {env_id}: env_kwargs")
 
 
 class KernelFactory:

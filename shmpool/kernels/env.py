@@ -20,6 +20,18 @@ from .batch_kernel import BatchKernel
 NO_LIMIT = np.iinfo(np.int64).max
 
 
+def time_limit(max_episode_steps: Any, where: str) -> int | None:
+    """``gymnasium.make``'s ``max_episode_steps`` (-1: none), checked as ``TimeLimit`` checks it;
+    ``where`` begins the messages."""
+    if isinstance(max_episode_steps, (bool, np.bool_)) or not isinstance(max_episode_steps, numbers.Integral):
+        raise TypeError(f"{where}: max_episode_steps must be an int, got {max_episode_steps!r:.80}")
+    if max_episode_steps == -1:
+        return None
+    if max_episode_steps <= 0:
+        raise ValueError(f"{where}: max_episode_steps must be positive, or -1 for no limit; got {max_episode_steps}")
+    return int(max_episode_steps)
+
+
 class KernelEnv(gymnasium.Env[np.ndarray, Any]):
     """One env of a compiled kernel, as a gymnasium env: row ``row`` of a slot's arrays.
 
@@ -63,8 +75,8 @@ class KernelEnv(gymnasium.Env[np.ndarray, Any]):
         self._arrays = arrays
         self._row = row
         self._label = env_label or "this compiled env"
-        limit = kernel.max_episode_steps if max_episode_steps is None else max_episode_steps
-        arrays["limits"][row] = NO_LIMIT if limit is None else min(int(limit), NO_LIMIT - 1)
+        limit = kernel.max_episode_steps if max_episode_steps is None else time_limit(max_episode_steps, self._label)
+        arrays["limits"][row] = NO_LIMIT if limit is None else min(limit, NO_LIMIT - 1)
         self.observation_space = kernel.observation_space
         self.action_space = kernel.action_space
         self.metadata = dict(kernel.metadata)
