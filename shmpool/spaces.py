@@ -163,10 +163,13 @@ def _(space: spaces.MultiBinary) -> Callable[[np.ndarray], np.ndarray | None]:
     return check
 
 
-def _integer_bounds(dtype: np.dtype[Any]) -> tuple[int, int]:
-    """The smallest and the largest value of an integer dtype."""
-    limits = np.iinfo(dtype)
-    return int(limits.min), int(limits.max)
+def _narrowing_bounds(source: np.dtype[Any], target: np.dtype[Any]) -> tuple[float, float] | None:
+    """The smallest and the largest value of ``target``, where casting ``source`` to it could wrap (an
+    integer) or overflow to infinity (a float); None where it cannot."""
+    if target.kind not in "iuf" or np.can_cast(source, target):
+        return None
+    limits = np.finfo(target) if target.kind == "f" else np.iinfo(target)
+    return limits.min, limits.max
 
 
 class ActionChecker:
@@ -174,8 +177,9 @@ class ActionChecker:
 
     Calling it returns one array per leaf. It raises ``TypeError`` for a scalar where a batch belongs
     (as gymnasium does), and ``ValueError`` naming the env and the value for a wrong shape, a dtype
-    that cannot be cast to the space's, a discrete value out of range, or an integer that the
-    space's dtype cannot hold. Box bounds are not checked: gymnasium envs clip.
+    that cannot be cast to the space's, a discrete value out of range, or a number that the space's
+    dtype cannot hold (an integer the cast would wrap, a finite float it would make infinite). Box
+    bounds are not checked: gymnasium envs clip; infinities and NaNs pass, as gymnasium passes them.
     """
 
     def __init__(self, space: spaces.Space[Any], num_envs: int, env_label: str) -> None:
@@ -192,9 +196,10 @@ class ActionChecker:
             )
             for leaf in self._leaves
         ]
-        #: Per leaf, the integer dtypes of actions that a cast to the leaf's would wrap (a bounded space's
-        #: range check covers the others); cached, as the same dtype comes on every step.
-        self._narrowing: list[dict[np.dtype[Any], tuple[int, int] | None]] = [{} for _ in self._leaves]
+        #: Per leaf, the dtypes of actions that a cast to the leaf's would wrap or overflow, with the range
+        #: the leaf's dtype holds (a bounded space's range check covers the others); cached, as the same
+        #: dtype comes on every step.
+        self._narrowing: list[dict[np.dtype[Any], tuple[float, float] | None]] = [{} for _ in self._leaves]
 
     def __call__(self, actions: Any, env_ids: np.ndarray | None = None) -> list[np.ndarray]:
         """The checked arrays; ``env_ids`` names the env of each row in messages (default: the row)."""
@@ -219,12 +224,20 @@ class ActionChecker:
                 )
             bad, outside = range_check(array) if range_check is not None else None, "is outside"
             if range_check is None and array.dtype != leaf.dtype:
-                if array.dtype not in narrowing:  # the bounds of the leaf's dtype, where a cast would wrap
-                    wraps = leaf.dtype.kind in "iu" and not np.can_cast(array.dtype, leaf.dtype)
-                    narrowing[array.dtype] = _integer_bounds(leaf.dtype) if wraps else None
+                if array.dtype not in narrowing:
+                    narrowing[array.dtype] = _narrowing_bounds(array.dtype, leaf.dtype)
                 bounds = narrowing[array.dtype]
-                if bounds is not None and array.size and not bounds[0] <= array.min() <= array.max() <= bounds[1]:
-                    bad, outside = (array < bounds[0]) | (array > bounds[1]), f"does not fit {leaf.dtype}, the dtype of"
+                if bounds is not None and array.size:
+                    if leaf.dtype.kind == "f":  # a cast that overflows says so: cheaper than a min and a max
+                        try:
+                            with np.errstate(over="raise"):
+                                array = array.astype(leaf.dtype)
+                        except FloatingPointError:  # beyond the dtype's range and finite (inf and nan pass)
+                            bad = np.isfinite(array) & ((array < bounds[0]) | (array > bounds[1]))
+                    elif not bounds[0] <= array.min() <= array.max() <= bounds[1]:
+                        bad = (array < bounds[0]) | (array > bounds[1])
+                    if bad is not None:
+                        outside = f"does not fit {leaf.dtype}, the dtype of"
             if bad is not None:
                 row = _first_bad_env(bad)
                 env_id = row if env_ids is None else int(env_ids[row])

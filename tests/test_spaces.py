@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import warnings
+
 import gymnasium as gym
 import helpers
 import numpy as np
@@ -104,6 +107,24 @@ def test_integer_actions_that_the_spaces_dtype_cannot_hold_are_refused_not_wrapp
                 pool.step(np.array(bad, dtype=np.int64))
         observations, *_ = pool.step(np.array([[32767], [-32768], [7], [-7]], dtype=np.int64))
         assert observations.ravel().tolist() == [100.0, -100.0, 7.0, -7.0]
+
+
+def test_finite_float_actions_that_the_spaces_dtype_cannot_hold_are_refused_not_made_infinite(
+    pool_name: str,
+) -> None:
+    """float64 actions for a float32 Box: 1e40 would reach the env as inf (with only numpy's overflow
+    warning), where gymnasium's vector envs pass 1e40 on; inf and NaN themselves pass as they do there."""
+    with shmpool.launch("Pendulum-v1", 3, num_workers=2, name=pool_name) as pool:
+        pool.reset(seed=0)
+        for bad, env, shown in [([[0.5], [1e40], [0.0]], 1, "1e+40"), ([[0.5], [0.0], [-1e39]], 2, "-1e+39")]:
+            with pytest.raises(
+                ValueError, match=rf"env {env}: action \[{re.escape(shown)}\] in actions does not fit float32"
+            ):
+                pool.step(np.array(bad, dtype=np.float64))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no overflow on the way either
+            _, rewards, *_ = pool.step(np.array([[np.inf], [np.nan], [1.5]], dtype=np.float64))
+        assert np.isnan(rewards[1]) and np.isfinite(rewards[2])
 
 
 class _Bytes(gym.Env):
