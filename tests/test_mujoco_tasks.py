@@ -470,6 +470,21 @@ class _ReadsTheData:
         ctx.rewards[:] = [env.unwrapped.data.qpos[0] for env in ctx.envs]
 
 
+class _ReadsTheModel:
+    """Would read the nominal mass, not the one written for the env (``env.dt`` reads the model too)."""
+
+    def after_step(self, ctx: Any) -> None:
+        ctx.rewards[:] = [env.unwrapped.model.body_mass[1] for env in ctx.envs]
+
+
+class _ChangesTheModel:
+    """Would change a model that the batch never reads again."""
+
+    def before_step(self, ctx: Any) -> None:
+        for env in ctx.envs:
+            env.unwrapped.model.opt.gravity[2] = -2.0
+
+
 class _DoublesTheRewards:
     def after_step(self, ctx: Any) -> None:
         ctx.rewards *= 2.0
@@ -477,16 +492,22 @@ class _DoublesTheRewards:
 
 def test_hooks_that_would_touch_an_envs_data_under_the_batch_are_refused(pool_name: str) -> None:
     """The batch holds the physics: a kick function's writes to an env's MjData would be lost, and
-    a hook reading it would see its last reset. Both raise, naming the way; a hook of the results runs."""
+    a hook reading it would see its last reset; its MjModel likewise, with the parameters written.
+    Each raises, naming the way; a hook of the results runs."""
     with pytest.raises(shmpool.WorkerError, match=r"during launch.*kick with shmpool\.mujoco\.Push"):
         shmpool.launch(
             "Hopper-v5", 2, engine="mujoco", hooks=[Perturb(2.0, every=3, dims=3, kick=_kick_the_data)], name=pool_name
         )
     actions = np.full((2, 3), 0.2, dtype=np.float32)
-    with shmpool.launch("Hopper-v5", 2, engine="mujoco", hooks=[_ReadsTheData()], name=f"{pool_name}-r") as pool:
-        pool.reset(seed=0)
-        with pytest.raises(shmpool.WorkerError, match=r"'_ReadsTheData'.*env\.unwrapped\.data\.qpos in a hook"):
-            pool.step(actions)
+    for hook, used in [
+        (_ReadsTheData, "data.qpos"),
+        (_ReadsTheModel, "model.body_mass"),
+        (_ChangesTheModel, "model.opt"),
+    ]:
+        with shmpool.launch("Hopper-v5", 2, engine="mujoco", hooks=[hook()], name=f"{pool_name}-r") as pool:
+            pool.reset(seed=0)
+            with pytest.raises(shmpool.WorkerError, match=rf"'{hook.__name__}'.*env\.unwrapped\.{used} in a hook"):
+                pool.step(actions)
     rewards = {}
     for engine in ("python", "mujoco"):
         with shmpool.launch(

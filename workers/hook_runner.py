@@ -24,23 +24,28 @@ class HookError(Exception):
         self.env_ids = env_ids
 
 
-class _NoLiveData:
-    """An env's ``unwrapped.data`` while a hook of the user's runs under ``engine="mujoco"``: the
-    batch holds the physics, so reading the env's own ``MjData`` would give the state of its last
-    reset or control call, and writing it would change nothing. Any use raises, naming the way."""
+class _NotLive:
+    """An env's ``unwrapped.data`` or ``unwrapped.model`` while a hook of the user's runs under
+    ``engine="mujoco"``: the batch holds the physics and the per-simulation parameters, so the env's
+    own ``MjData`` holds the state of its last reset or control call and its ``MjModel`` the values
+    of then, and writing either would change nothing. Any use raises, naming the way."""
+
+    def __init__(self, attribute: str) -> None:
+        object.__setattr__(self, "_attribute", attribute)
 
     def __getattr__(self, name: str) -> Any:
-        raise RuntimeError(_NO_LIVE_DATA.format(name))
+        raise RuntimeError(_NOT_LIVE.format(self._attribute, name))
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise RuntimeError(_NO_LIVE_DATA.format(name))
+        raise RuntimeError(_NOT_LIVE.format(self._attribute, name))
 
 
-_NO_LIVE_DATA = (
-    "env.unwrapped.data.{} in a hook: engine='mujoco' steps the physics in a batch, and an env's MjData "
-    "is not its simulation during a step (reads would see its last reset, writes would be lost). Read "
-    "the results from the context (ctx.observations, ctx.rewards), change the physics through "
-    "shmpool.mujoco's bindings and Push, or launch with engine='python'"
+_NOT_LIVE = (
+    "env.unwrapped.{}.{} in a hook: engine='mujoco' steps the physics in a batch, and an env's MjData "
+    "and MjModel are not its simulation during a step (reads would see its last reset or control call, "
+    "writes would be lost). Read the results from the context (ctx.observations, ctx.rewards, "
+    "ctx.applied), change the physics through shmpool.mujoco's bindings and Push, or launch with "
+    "engine='python'"
 )
 
 
@@ -156,18 +161,20 @@ class HookRunner:
         for index, name, method in self._calls[phase]:
             ctx.events = self._due.get(index, [])
             # Taken before any is replaced: whatever cuts the swap short, every env gets its own back.
-            hidden = [unwrapped.data for unwrapped in self._unwrapped] if index in self._users else None
+            hidden = (
+                [(unwrapped.data, unwrapped.model) for unwrapped in self._unwrapped] if index in self._users else None
+            )
             try:
                 if hidden is not None:  # (none in on_launch: the user's hooks are known after it)
                     for unwrapped in self._unwrapped:
-                        unwrapped.data = _NO_DATA
+                        unwrapped.data, unwrapped.model = _NO_DATA, _NO_MODEL
                 method(ctx)
             except Exception as exc:  # noqa: BLE001 - reported to the trainer with the hook's name
                 raise HookError(name, self._slot, exc) from exc
             finally:
                 if hidden is not None:
-                    for unwrapped, data in zip(self._unwrapped, hidden):
-                        unwrapped.data = data
+                    for unwrapped, (data, model) in zip(self._unwrapped, hidden):
+                        unwrapped.data, unwrapped.model = data, model
 
 
-_NO_DATA = _NoLiveData()
+_NO_DATA, _NO_MODEL = _NotLive("data"), _NotLive("model")
