@@ -151,9 +151,11 @@ class PoolConfig:
     ``num_envs``. A multiple of the slot size, with equal slots (see ``shmpool.pool.batches``)."""
     recv_order: str = "finished"
     """Which envs a ``recv()`` of async batches returns: ``"finished"``, the first to finish their
-    step (a slow or descheduled worker is passed over); ``"sent"``, those whose step was sent first
-    (it waits for them), so that every env comes round once per ``num_envs / batch_size`` recvs, as
-    EnvPool's queue order gives with envs of equal cost (``shmpool.envpool`` uses it)."""
+    step (a slow or descheduled worker is passed over, and with ``trainer_slot=True`` the trainer's
+    own slot, stepped while it waits, can come round far more often than the workers'); ``"sent"``,
+    those whose step was sent first (it waits for them), so that every env comes round once per
+    ``num_envs / batch_size`` recvs, as EnvPool's queue order gives with envs of equal cost
+    (``shmpool.envpool`` uses it)."""
     trainer_slot: bool | None = None
     """Step the last slot in the trainer's process instead of a worker process's, while the workers
     step theirs: one process fewer, for machines with fewer cores than workers plus the trainer
