@@ -47,10 +47,10 @@ class MainFactory:
 
         return dill.loads(self._pickled)  # type: ignore[arg-type]
 
-    def __call__(self, **kwargs: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._factory is None:
             self._factory = self._resolve()
-        return self._factory(**kwargs)
+        return self._factory(*args, **kwargs)  # args: a ``functools.partial``'s
 
 
 def _by_value(factory: Any) -> bytes | None:

@@ -12,7 +12,8 @@ import helpers
 import pytest
 
 #: A trainer whose env class is its own, launched on spawn and forkserver as the class, a lambda, a
-#: function defined under `if __name__ == "__main__":`, a callable instance and a partial.
+#: function defined under `if __name__ == "__main__":`, a callable instance, and partials (one with a
+#: positional argument).
 OWN_ENV_CLASS = """
 import functools
 import sys
@@ -25,13 +26,16 @@ class Slide(gym.Env):
     observation_space = gym.spaces.Box(-1, 1, (1,))
     action_space = gym.spaces.Discrete(2)
 
+    def __init__(self, step=0.1):
+        self.size = step
+
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         self.x = 0.0
         return np.array([self.x], np.float32), {}
 
     def step(self, action):
-        self.x += 0.1 if action else -0.1
+        self.x += self.size if action else -self.size
         return np.array([self.x], np.float32), 0.0, False, False, {}
 
 
@@ -42,8 +46,8 @@ class Maker:
 
 if __name__ == "__main__":
 
-    def make_slide():  # defined where a spawned worker's import of the script does not run
-        return Slide()
+    def make_slide(step=0.1):  # defined where a spawned worker's import of the script does not run
+        return Slide(step)
 
     factories = {
         "class": Slide,
@@ -51,6 +55,7 @@ if __name__ == "__main__":
         "function": make_slide,
         "instance": Maker(),
         "partial": functools.partial(Slide),
+        "partial-with-arguments": functools.partial(make_slide, 0.1),
     }
     for method in ("spawn", "forkserver"):
         for label, factory in factories.items():
@@ -60,7 +65,7 @@ if __name__ == "__main__":
                 print(method, label, [round(float(x), 3) for x in pool.step([1, 0])[0].ravel()])
 """
 
-LABELS = ("class", "lambda", "function", "instance", "partial")
+LABELS = ("class", "lambda", "function", "instance", "partial", "partial-with-arguments")
 EXPECTED = [f"{method} {label} [0.1, -0.1]" for method in ("spawn", "forkserver") for label in LABELS]
 
 
