@@ -109,7 +109,10 @@ def build(settings: Settings) -> Threshold | ADR:
             seed=settings.seed,
         )
     if settings.state and Path(settings.state).exists():
-        curriculum.load(json.loads(Path(settings.state).read_text()))
+        try:
+            curriculum.load(json.loads(Path(settings.state).read_text()))
+        except ValueError as exc:  # another curriculum's or parameter's state (or not JSON)
+            raise SystemExit(f"curriculum: cannot resume from {settings.state}: {exc}") from exc
         print(f"resumed from {settings.state}", flush=True)
     return curriculum
 

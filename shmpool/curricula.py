@@ -42,8 +42,11 @@ class Threshold:
     """
 
     def __init__(self, param: str, *, step: float, target: float, window: int = 20, metric: str = "return") -> None:
-        if window < 1:
-            raise ValueError(f"window must be >= 1, got {window}")
+        if not isinstance(param, str):
+            raise TypeError(f"Threshold(param=...) takes a parameter's name, got {param!r:.80}")
+        _check_settings("Threshold", window=window, metric=metric)
+        if not (np.isfinite(step) and np.isfinite(target)):
+            raise ValueError(f"Threshold needs a finite step and target, got step={step!r}, target={target!r}")
         self.param, self.step, self.target, self.window, self.metric = param, float(step), float(target), window, metric
         self.value: float | None = None
         self._recent: deque[float] = deque(maxlen=window)
@@ -89,7 +92,11 @@ class Threshold:
         }
 
     def load(self, state: dict[str, Any]) -> None:
-        """Resumes from ``state()``; the next ``update`` writes the value to the pool first."""
+        """Resumes from ``state()``; the next ``update`` writes the value to the pool first. Raises
+        ``ValueError`` for the state of another curriculum or parameter."""
+        _check_algo(state, "threshold", settings=False)
+        if state["param"] != self.param:
+            raise ValueError(f"this state moves {state['param']!r}, this Threshold moves {self.param!r}")
         self.value = state["value"]
         self._recent = deque(state["recent"], maxlen=self.window)
         self.changes = state["changes"]
@@ -106,12 +113,11 @@ class Threshold:
         Raises ``ValueError`` for the state of another curriculum or parameter.
         """
         _check_algo(state, "threshold")
-        if state["param"] != self.param:
-            raise ValueError(f"this state moves {state['param']!r}, this Threshold moves {self.param!r}")
+        self.load(state)  # checks the parameter before anything changes
         settings = state["settings"]
         self.step, self.target, self.metric = float(settings["step"]), float(settings["target"]), settings["metric"]
         self.window = int(settings["window"])
-        self.load(state)
+        self._recent = deque(state["recent"], maxlen=self.window)
 
 
 class ADR:
@@ -138,9 +144,13 @@ class ADR:
         metric: str = "return",
         seed: int = 0,
     ) -> None:
-        if not 0 <= p_boundary <= 1 or buffer < 1 or delta <= 0 or low_threshold > high_threshold:
+        if isinstance(params, str):
+            raise TypeError(f"ADR(params=...) takes a list of names, got the one name {params!r} (use [{params!r}])")
+        _check_settings("ADR", buffer=buffer, metric=metric)
+        if not (0 <= p_boundary <= 1 and 0 < delta < np.inf and low_threshold <= high_threshold):
             raise ValueError(
-                "ADR needs 0 <= p_boundary <= 1, buffer >= 1, delta > 0 and low_threshold <= high_threshold"
+                "ADR needs 0 <= p_boundary <= 1, a finite delta > 0 and low_threshold <= high_threshold (no NaN); "
+                f"got p_boundary={p_boundary!r}, delta={delta!r}, thresholds {low_threshold!r} and {high_threshold!r}"
             )
         self.names = list(params) if params else None
         self.delta, self.p_boundary, self.buffer = delta, p_boundary, buffer
@@ -270,7 +280,12 @@ class ADR:
         }
 
     def load(self, state: dict[str, Any]) -> None:
-        """Resumes from ``state()`` (the pinned envs start afresh)."""
+        """Resumes from ``state()`` (the pinned envs start afresh). Raises ``ValueError`` for the state
+        of another curriculum, or of other parameters than those named at construction."""
+        _check_algo(state, "adr", settings=False)
+        if self.names is not None and set(state["ranges"]) != set(self.names):
+            raise ValueError(f"this state steers {sorted(state['ranges'])}, this ADR steers {sorted(self.names)}")
+        self.pinned = {}
         self.ranges = {name: [float(v) for v in bounds] for name, bounds in state["ranges"].items()}
         self.nominal = {name: float(v) for name, v in state["nominal"].items()}
         self.buffers = {key: [float(v) for v in values] for key, values in state["buffers"].items()}
@@ -307,6 +322,7 @@ class ADR:
         self.delta, self.p_boundary = float(settings["delta"]), float(settings["p_boundary"])
         self.buffer, self.metric = int(settings["buffer"]), settings["metric"]
         self.low_threshold, self.high_threshold = float(settings["low_threshold"]), float(settings["high_threshold"])
+        self.names = None  # the state's names replace this ADR's
         self.load(state)
         self.names = None if state["names"] is None else list(state["names"])
         self._hard = {name: (float(low), float(high)) for name, (low, high) in state["hard"].items()}
@@ -320,7 +336,20 @@ class ADR:
 _SIDE = {"low": 0, "high": 1}
 
 
-def _check_algo(state: Any, algo: str) -> None:
-    if not isinstance(state, dict) or state.get("algo") != algo or "settings" not in state:
+def _check_algo(state: Any, algo: str, *, settings: bool = True) -> None:
+    """Raises ``ValueError`` unless ``state`` is a ``state_dict()`` (or with ``settings=False``, a
+    ``state()``) of the curriculum ``algo``."""
+    if not isinstance(state, dict) or state.get("algo") != algo or (settings and "settings" not in state):
         found = state.get("algo") if isinstance(state, dict) else type(state).__name__
-        raise ValueError(f"not a state_dict() of {algo!r} (algo {found!r}); load() takes the older state()")
+        kind = "state_dict()" if settings else "state()"
+        hint = "; load() takes the older state()" if settings else ""
+        raise ValueError(f"not a {kind} of {algo!r} (algo {found!r}){hint}")
+
+
+def _check_settings(curriculum: str, *, metric: Any, window: Any = 1, buffer: Any = 1) -> None:
+    """Raises for a count that is not a whole number >= 1, or a metric that is not a name."""
+    for name, count in (("window", window), ("buffer", buffer)):
+        if isinstance(count, (bool, np.bool_)) or not isinstance(count, (int, np.integer)) or count < 1:
+            raise ValueError(f"{curriculum}({name}=...) must be a whole number >= 1, got {count!r}")
+    if not isinstance(metric, str):
+        raise TypeError(f"{curriculum}(metric=...) takes 'return' or an episode metric's name, got {metric!r:.80}")

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -235,3 +236,55 @@ def test_moves_made_before_the_pool_closes_midway_are_kept_in_the_log(pool_name:
         with pytest.raises(PoolClosedError):
             curriculum.update(records, ClosingAfterWrites(pool, writes), lines)  # type: ignore[arg-type]
         assert lines and lines[0].startswith("length: [0.5, 0.5] -> [" if algo == "adr" else "x: 0 -> 1"), lines
+
+
+def test_a_curriculum_resumes_only_from_a_state_of_its_own_kind_and_parameters(pool_name: str) -> None:
+    """``load`` refuses another parameter's or curriculum's state, as ``load_state_dict`` does: a
+    Threshold loaded from gravity's state wrote gravity's value into force_mag. A loaded ADR pins
+    its envs afresh, as its docstring says."""
+    gravity = Threshold("gravity", step=1.0, target=1e9)
+    gravity.value = 9.8
+    with pytest.raises(ValueError, match="this state moves 'gravity', this Threshold moves 'force_mag'"):
+        Threshold("force_mag", step=1.0, target=1e9).load(gravity.state())
+    settings = {"low_threshold": 100, "high_threshold": 400}
+    with pytest.raises(ValueError, match=r"not a state\(\) of 'threshold' \(algo 'adr'\)"):
+        Threshold("gravity", step=1.0, target=1e9).load(ADR(**settings).state())
+    with shmpool.launch("CartPole-v1", 4, num_workers=1, name=pool_name, params=PARAMS) as pool:
+        adr = ADR(p_boundary=1.0, **settings)
+        adr.update(records_for(pool, [0, 1], {"length": [0.5, 0.5], "gravity": [9.8, 9.8]}, 0.0), pool.params)
+        assert adr.pinned
+        with pytest.raises(
+            ValueError, match=r"this state steers \['gravity', 'length'\], this ADR steers \['length'\]"
+        ):
+            ADR(["length"], **settings).load(adr.state())
+        with pytest.raises(ValueError, match=r"not a state\(\) of 'adr' \(algo 'threshold'\)"):
+            ADR(**settings).load(gravity.state())
+        resumed = ADR(p_boundary=1.0, **settings)
+        resumed.pinned = dict(adr.pinned)  # as if it had run before
+        resumed.load(adr.state())
+        assert resumed.pinned == {} and resumed.ranges == adr.ranges
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "message"),
+    [
+        (
+            lambda: ADR("length", low_threshold=0, high_threshold=1),
+            TypeError,
+            r"the one name 'length' \(use \['length'\]\)",
+        ),
+        (lambda: ADR(delta=float("nan"), low_threshold=0, high_threshold=1), ValueError, "delta=nan"),
+        (lambda: ADR(low_threshold=float("nan"), high_threshold=1), ValueError, "thresholds nan and 1"),
+        (lambda: ADR(buffer=2.5, low_threshold=0, high_threshold=1), ValueError, r"ADR\(buffer=...\) .* got 2.5"),
+        (lambda: ADR(metric=None, low_threshold=0, high_threshold=1), TypeError, r"ADR\(metric=...\)"),
+        (lambda: Threshold("length", step=float("nan"), target=1), ValueError, "step=nan"),
+        (lambda: Threshold("length", step=0.1, target=float("nan")), ValueError, "target=nan"),
+        (lambda: Threshold(["length"], step=0.1, target=1), TypeError, r"parameter's name, got \['length'\]"),
+        (lambda: Threshold("length", step=0.1, target=1, window=0), ValueError, r"window=...\) .* got 0"),
+    ],
+)
+def test_curricula_refuse_bad_settings_when_made(make: Any, error: type[Exception], message: str) -> None:
+    """Not at the first update: a NaN delta stored a NaN boundary that made every later update fail,
+    and ADR("length") steered the parameters 'l', 'e', 'n', ..."""
+    with pytest.raises(error, match=message):
+        make()

@@ -109,7 +109,7 @@ def test_step_timeout_then_bounded_close(pool_name: str) -> None:
     )
     pool.reset()
     started = time.monotonic()
-    with pytest.raises(PoolTimeoutError, match=r"worker\(s\) \[0, 1\] did not finish step within 0.5 s"):
+    with pytest.raises(PoolTimeoutError, match=r"\[0, 1\] did not finish step within 0.5 s.*launch\(timeout=...\)"):
         pool.step([0, 0])
     assert time.monotonic() - started < 10.0  # the 0.5 s timeout, not the 30 s step
     pids = pool.worker_pids
@@ -117,6 +117,18 @@ def test_step_timeout_then_bounded_close(pool_name: str) -> None:
     pool.close()
     assert time.monotonic() - started < 20.0  # close command, SIGTERM, SIGKILL: not the 30 s step
     assert helpers.wait_gone(pids, 1.0) == []
+
+
+def _stall() -> None:
+    time.sleep(60)
+
+
+def test_a_slow_launch_names_launch_timeout(pool_name: str) -> None:
+    """The launch waits ``launch_timeout``, not ``timeout``: its message names the option to raise."""
+    started = time.monotonic()
+    with pytest.raises(PoolTimeoutError, match=r"did not finish launch within 1.0 s .* launch\(launch_timeout=...\)"):
+        shmpool.launch("CartPole-v1", 2, num_workers=2, worker_init=_stall, launch_timeout=1.0, name=pool_name)
+    assert time.monotonic() - started < 15.0
 
 
 def test_use_after_close_raises(pool_name: str) -> None:

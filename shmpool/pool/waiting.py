@@ -222,7 +222,7 @@ class Waiter:
             raise PoolTimeoutError(
                 f"pool {self._name!r}: worker(s) {stuck} did not finish {phase} within {limit} s "
                 f"(envs {', '.join(f'{self._slots[k][0]}..{self._slots[k][1] - 1}' for k in stuck)}); "
-                f"raise launch(timeout=...) if the env is this slow"
+                f"raise launch({'launch_timeout' if phase == 'launch' else 'timeout'}=...) if the env is this slow"
             )
 
     def raise_failures(self, phase: str) -> None:
