@@ -47,9 +47,10 @@ class Threshold:
         _check_settings("Threshold", window=window, metric=metric)
         if not (np.isfinite(step) and np.isfinite(target)):
             raise ValueError(f"Threshold needs a finite step and target, got step={step!r}, target={target!r}")
-        self.param, self.step, self.target, self.window, self.metric = param, float(step), float(target), window, metric
+        self.param, self.step, self.target, self.metric = param, float(step), float(target), metric
+        self.window = int(window)
         self.value: float | None = None
-        self._recent: deque[float] = deque(maxlen=window)
+        self._recent: deque[float] = deque(maxlen=self.window)
         self.changes = 0
         self._reapply = False
 
@@ -153,7 +154,7 @@ class ADR:
                 f"got p_boundary={p_boundary!r}, delta={delta!r}, thresholds {low_threshold!r} and {high_threshold!r}"
             )
         self.names = list(params) if params else None
-        self.delta, self.p_boundary, self.buffer = delta, p_boundary, buffer
+        self.delta, self.p_boundary, self.buffer = delta, p_boundary, int(buffer)
         self.low_threshold, self.high_threshold, self.metric = low_threshold, high_threshold, metric
         self.ranges: dict[str, list[float]] = {}
         self.nominal: dict[str, float] = {}
@@ -283,7 +284,7 @@ class ADR:
         """Resumes from ``state()`` (the pinned envs start afresh). Raises ``ValueError`` for the state
         of another curriculum, or of other parameters than those named at construction."""
         _check_algo(state, "adr", settings=False)
-        if self.names is not None and set(state["ranges"]) != set(self.names):
+        if self.names is not None and state["ranges"] and set(state["ranges"]) != set(self.names):
             raise ValueError(f"this state steers {sorted(state['ranges'])}, this ADR steers {sorted(self.names)}")
         self.pinned = {}
         self.ranges = {name: [float(v) for v in bounds] for name, bounds in state["ranges"].items()}

@@ -232,8 +232,9 @@ class ActionChecker:
                         try:
                             with np.errstate(over="raise"):
                                 array = array.astype(leaf.dtype)
-                        except FloatingPointError:  # beyond the dtype's range and finite (inf and nan pass)
-                            bad = np.isfinite(array) & ((array < bounds[0]) | (array > bounds[1]))
+                        except FloatingPointError:  # finite, and infinite once cast (inf and nan pass)
+                            with np.errstate(over="ignore"):
+                                bad = np.isfinite(array) & ~np.isfinite(array.astype(leaf.dtype))
                     elif not bounds[0] <= array.min() <= array.max() <= bounds[1]:
                         bad = (array < bounds[0]) | (array > bounds[1])
                     if bad is not None:

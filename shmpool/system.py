@@ -26,7 +26,14 @@ from collections.abc import Callable
 
 import posix_ipc
 
-from .errors import LayoutMismatchError, PoolExistsError, PoolNotFoundError, SegmentNotReadyError, ShmpoolError
+from .errors import (
+    LayoutMismatchError,
+    PoolClosedError,
+    PoolExistsError,
+    PoolNotFoundError,
+    SegmentNotReadyError,
+    ShmpoolError,
+)
 
 SEGMENT_PREFIX = "shmpool-"
 SHM_DIR = "/dev/shm"
@@ -189,36 +196,49 @@ def unlink_segment(name: str) -> None:
 
 
 class _TimeSpec(ctypes.Structure):
+    """C's ``struct timespec``: a deadline for libc's semaphore waits."""
+
     _fields_ = (("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long))
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.sem_open.restype = ctypes.c_void_p
 _libc.sem_open.argtypes = (ctypes.c_char_p, ctypes.c_int)
-_libc.sem_clockwait.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(_TimeSpec))
 _libc.sem_close.argtypes = (ctypes.c_void_p,)
+# On the monotonic clock where libc has sem_clockwait (glibc 2.30 and later), else on the wall clock.
+_CLOCK_WAIT = getattr(_libc, "sem_clockwait", None)
+if _CLOCK_WAIT is not None:
+    _CLOCK_WAIT.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(_TimeSpec))
+else:
+    _libc.sem_timedwait.argtypes = (ctypes.c_void_p, ctypes.POINTER(_TimeSpec))
+
+
+def _sem_wait(handle: int, seconds: float) -> int:
+    """libc's timed wait on the semaphore at ``handle``: 0 once it took a ring, else the errno."""
+    clock = time.CLOCK_MONOTONIC if _CLOCK_WAIT is not None else time.CLOCK_REALTIME
+    deadline = time.clock_gettime(clock) + seconds
+    whole = int(deadline)
+    at = ctypes.byref(_TimeSpec(whole, int((deadline - whole) * 1e9)))
+    waited = _CLOCK_WAIT(handle, clock, at) if _CLOCK_WAIT is not None else _libc.sem_timedwait(handle, at)
+    return 0 if waited == 0 else ctypes.get_errno()
 
 
 class Doorbell:
     """A named semaphore used only as a wake-up counter, never as a lock: a ring says "look at the
-    control words again". Rings may outnumber waits and a wait may find a stale ring; ``wait_until``
-    therefore always re-checks the real condition in shared memory.
-
-    Sleeping goes through libc, ringing through posix_ipc (eight times cheaper than a ctypes call).
-    When a signal interrupts posix_ipc's ``acquire``, it runs the signal's Python handler itself and
-    raises ``SignalError`` in place of what the handler raised: a preemption handler's ``SystemExit``
-    would be lost while the trainer sleeps. libc's wait returns ``EINTR`` instead, and Python runs the
-    handler at its next bytecode, so what the handler raises propagates. Both handles share one
-    mapping (glibc counts the opens)."""
+    control words again", and a wait may find a stale ring, so ``wait_until`` always re-checks the
+    real condition in shared memory. It rings through posix_ipc and sleeps through libc, so that what
+    a signal's handler raises during a sleep propagates (docs/internals.md, "Doorbells")."""
 
     def __init__(self, path: str, semaphore: posix_ipc.Semaphore) -> None:
         self.path = path
         self._semaphore = semaphore
-        self._deadline = _TimeSpec()
+        # Opened by name a second time (posix_ipc does not show its handle): a name unlinked and made
+        # again in between would give another semaphore, but only the pool's owner does either.
         self._handle: int | None = _libc.sem_open(os.fsencode(path), 0)
         if not self._handle:
+            code = ctypes.get_errno()
             semaphore.close()
-            raise PoolNotFoundError(f"no semaphore {path!r} ({os.strerror(ctypes.get_errno())})")
+            raise OSError(code, f"opening semaphore {path!r}: {os.strerror(code)}")
 
     @classmethod
     def create(cls, path: str) -> Doorbell:
@@ -227,16 +247,19 @@ class Doorbell:
             semaphore = posix_ipc.Semaphore(path, posix_ipc.O_CREX, mode=0o600, initial_value=0)
         except posix_ipc.ExistentialError as exc:
             raise PoolExistsError(f"a semaphore named {path!r} already exists") from exc
-        return cls(path, semaphore)
+        try:
+            return cls(path, semaphore)
+        except OSError:
+            posix_ipc.unlink_semaphore(path)  # made just now: not left behind
+            raise
 
     @classmethod
     def open(cls, path: str) -> Doorbell:
         """Opens an existing semaphore."""
         try:
-            semaphore = posix_ipc.Semaphore(path)
-        except posix_ipc.ExistentialError as exc:
+            return cls(path, posix_ipc.Semaphore(path))
+        except (posix_ipc.ExistentialError, FileNotFoundError) as exc:  # (gone between the two opens)
             raise PoolNotFoundError(f"no semaphore {path!r}") from exc
-        return cls(path, semaphore)
 
     def ring(self) -> None:
         """Wakes the waiter; costs an atomic add when nobody sleeps on it."""
@@ -277,14 +300,12 @@ class Doorbell:
 
     def _sleep(self, seconds: float) -> bool:
         """Takes one ring, waiting up to ``seconds``; False if none came in time or a signal came."""
-        deadline = time.clock_gettime(time.CLOCK_MONOTONIC) + seconds
-        self._deadline.tv_sec = whole = int(deadline)
-        self._deadline.tv_nsec = int((deadline - whole) * 1e9)
-        if _libc.sem_clockwait(self._handle, time.CLOCK_MONOTONIC, ctypes.byref(self._deadline)) == 0:
-            return True
-        code = ctypes.get_errno()
-        if code in (errno.ETIMEDOUT, errno.EINTR):
-            return False
+        handle = self._handle
+        if handle is None:  # closed by another thread: libc must not be handed NULL
+            raise PoolClosedError(f"semaphore {self.path!r} was closed")
+        code = _sem_wait(handle, seconds)
+        if code in (0, errno.ETIMEDOUT, errno.EINTR):
+            return code == 0
         raise OSError(code, f"waiting on semaphore {self.path!r}: {os.strerror(code)}")
 
     def unlink(self) -> None:
@@ -322,10 +343,8 @@ def file_identity(path: str) -> FileIdentity | None:
 def unlink_if_same(path: str, identity: FileIdentity | None) -> bool:
     """Removes ``path`` only while it is still the file that had ``identity``; whether it removed it.
 
-    A name can be taken again as soon as it is free: a pool launched under the same name after this
-    one's owner died owns new files there, and those must survive whoever cleans up after the old one.
-    The check and the unlink are two calls; the window between them is a few microseconds, not the
-    seconds a late worker or a sweep would otherwise leave.
+    A pool launched under a freed name owns new files there, which must survive whoever cleans up
+    after the old one; the window between the check and the unlink is microseconds, not seconds.
     """
     if identity is None or file_identity(path) != identity:
         return False

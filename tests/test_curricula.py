@@ -263,6 +263,9 @@ def test_a_curriculum_resumes_only_from_a_state_of_its_own_kind_and_parameters(p
         resumed.pinned = dict(adr.pinned)  # as if it had run before
         resumed.load(adr.state())
         assert resumed.pinned == {} and resumed.ranges == adr.ranges
+    unstarted = ADR(["length"], **settings).state()  # saved before any episode ended: no ranges yet
+    ADR(["length"], **settings).load(unstarted)
+    assert Threshold("x", step=1.0, target=1.0, window=np.int64(5)).state_dict()["settings"]["window"] == 5
 
 
 @pytest.mark.parametrize(

@@ -118,12 +118,14 @@ def test_what_a_signal_handler_raises_while_the_trainer_sleeps_is_what_the_step_
         pass
 
     signum = signal.SIGUSR1
+    timers: list[threading.Timer] = []
 
     def send() -> None:
-        threading.Timer(0.02, signal.pthread_kill, (threading.main_thread().ident, signum)).start()
+        timers.append(threading.Timer(0.02, signal.pthread_kill, (threading.main_thread().ident, signum)))
+        timers[-1].start()
 
     def preempt(number: int, frame: Any) -> None:
-        asleep = frame
+        asleep = frame  # the doorbell's wait (nearly always its sleep: a 10-ms step outlasts the spin)
         while asleep is not None and asleep.f_code.co_name != "wait_until":
             asleep = asleep.f_back
         if asleep is None:  # landed outside the doorbell's wait: once more
@@ -140,6 +142,9 @@ def test_what_a_signal_handler_raises_while_the_trainer_sleeps_is_what_the_step_
                 for _ in range(300):  # 3 s of 10-ms steps
                     pool.step(np.ones(4, dtype=np.int64))
         finally:
+            for timer in timers:  # none may fire once the default action (exit) is back
+                timer.cancel()
+                timer.join()
             signal.signal(signum, previous)
         _, rewards, *_ = pool.step(np.ones(4, dtype=np.int64))
         assert rewards.shape == (4,)

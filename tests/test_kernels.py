@@ -402,7 +402,8 @@ def test_a_value_written_back_after_a_compiled_sync_is_applied(pool_name: str) -
 @needs_numba
 def test_max_episode_steps_is_taken_as_gymnasium_make_takes_it(pool_name: str) -> None:
     """-1 means no time limit (Pendulum's episodes run past its registered 200 steps, as gymnasium's
-    do, and are not cut at every step); 0, 2.5 and True are refused at launch, as ``TimeLimit`` does."""
+    do, and are not cut at every step); 0 and 2.5 are refused at launch, as ``TimeLimit`` refuses them,
+    and True too (which ``TimeLimit``, testing for an int, takes for 1)."""
     reference = SyncVectorEnv([lambda: gym.make("Pendulum-v1", max_episode_steps=-1) for _ in range(2)])
     with shmpool.launch(
         "Pendulum-v1", 2, num_workers=1, engine="numba", env_kwargs={"max_episode_steps": -1}, name=pool_name

@@ -492,26 +492,32 @@ class _DoublesTheRewards:
 
 def test_hooks_that_would_touch_an_envs_data_under_the_batch_are_refused(pool_name: str) -> None:
     """The batch holds the physics: a kick function's writes to an env's MjData would be lost, and
-    a hook reading it would see its last reset; its MjModel likewise, with the parameters written.
-    Each raises, naming the way; a hook of the results runs."""
+    a hook reading it would see its last reset; its MjModel likewise, once parameters live in the
+    batch (without them every env's model is right, and hooks read it). Each raises, naming the way;
+    a hook of the results runs."""
     with pytest.raises(shmpool.WorkerError, match=r"during launch.*kick with shmpool\.mujoco\.Push"):
         shmpool.launch(
             "Hopper-v5", 2, engine="mujoco", hooks=[Perturb(2.0, every=3, dims=3, kick=_kick_the_data)], name=pool_name
         )
     actions = np.full((2, 3), 0.2, dtype=np.float32)
-    for hook, used in [
-        (_ReadsTheData, "data.qpos"),
-        (_ReadsTheModel, "model.body_mass"),
-        (_ChangesTheModel, "model.opt"),
+    mass = {"mass": Param(default=1.0, low=0.5, high=2.0, bind=smj.body_mass("torso", relative=True))}
+    for hook, used, params in [
+        (_ReadsTheData, "data.qpos", None),
+        (_ReadsTheModel, "model.body_mass", mass),
+        (_ChangesTheModel, "model.opt", mass),
     ]:
-        with shmpool.launch("Hopper-v5", 2, engine="mujoco", hooks=[hook()], name=f"{pool_name}-r") as pool:
+        with shmpool.launch(
+            "Hopper-v5", 2, engine="mujoco", hooks=[hook()], params=params, name=f"{pool_name}-r"
+        ) as pool:
             pool.reset(seed=0)
+            if params:
+                pool.params.write([1], mass=1.5)
             with pytest.raises(shmpool.WorkerError, match=rf"'{hook.__name__}'.*env\.unwrapped\.{used} in a hook"):
                 pool.step(actions)
     rewards = {}
     for engine in ("python", "mujoco"):
         with shmpool.launch(
-            "Hopper-v5", 2, engine=engine, hooks=[_DoublesTheRewards()], name=f"{pool_name}-{engine}"
+            "Hopper-v5", 2, engine=engine, hooks=[_ReadsTheModel(), _DoublesTheRewards()], name=f"{pool_name}-{engine}"
         ) as pool:
             pool.reset(seed=0)
             rewards[engine] = [pool.step(actions)[1] for _ in range(3)]

@@ -9,6 +9,7 @@ import numpy as np
 from shmpool.config import library_code
 from shmpool.events import Event, EventReader
 from shmpool.hooks import PHASES, HookContext, hook_name
+from shmpool.mujoco import simulation_of
 from shmpool.protocol import event_rings
 from shmpool.spaces import assemble, leaves
 
@@ -25,27 +26,33 @@ class HookError(Exception):
 
 
 class _NotLive:
-    """An env's ``unwrapped.data`` or ``unwrapped.model`` while a hook of the user's runs under
-    ``engine="mujoco"``: the batch holds the physics and the per-simulation parameters, so the env's
-    own ``MjData`` holds the state of its last reset or control call and its ``MjModel`` the values
-    of then, and writing either would change nothing. Any use raises, naming the way."""
+    """An env's ``unwrapped.data`` (or ``unwrapped.model``, once parameters made model fields per
+    simulation) while a hook of the user's runs under ``engine="mujoco"``: the batch holds the
+    physics and those fields, so reads would see the values of the env's last reset or control call,
+    and writes would change nothing. Any use raises, naming the way."""
 
-    def __init__(self, attribute: str) -> None:
-        object.__setattr__(self, "_attribute", attribute)
+    def __init__(self, message: str) -> None:
+        object.__setattr__(self, "_message", message)
 
     def __getattr__(self, name: str) -> Any:
-        raise RuntimeError(_NOT_LIVE.format(self._attribute, name))
+        raise RuntimeError(self._message.format(name))
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise RuntimeError(_NOT_LIVE.format(self._attribute, name))
+        raise RuntimeError(self._message.format(name))
 
 
-_NOT_LIVE = (
-    "env.unwrapped.{}.{} in a hook: engine='mujoco' steps the physics in a batch, and an env's MjData "
-    "and MjModel are not its simulation during a step (reads would see its last reset or control call, "
-    "writes would be lost). Read the results from the context (ctx.observations, ctx.rewards, "
-    "ctx.applied), change the physics through shmpool.mujoco's bindings and Push, or launch with "
-    "engine='python'"
+_NO_DATA = _NotLive(
+    "env.unwrapped.data.{} in a hook: engine='mujoco' steps the physics in a batch, and an env's MjData "
+    "is not its simulation during a step (reads would see its last reset, writes would be lost). Read "
+    "the results from the context (ctx.observations, ctx.rewards), change the physics through "
+    "shmpool.mujoco's bindings and Push, or launch with engine='python'"
+)
+_NO_MODEL = _NotLive(
+    "env.unwrapped.model.{} in a hook (env.dt reads it too): under engine='mujoco' the parameters written "
+    "through shmpool.mujoco's bindings live in the batch, and an env's MjModel does not hold them (reads "
+    "would see the values of its last reset, writes would be lost). Look up what never changes (ids, "
+    "sizes) in on_launch, read the parameters from ctx.applied, change them through the bindings, or "
+    "launch with engine='python'"
 )
 
 
@@ -72,6 +79,7 @@ class HookRunner:
         self._hooks = hooks
         self._users: set[int] = set()  # under engine="mujoco": the indices of the user's hooks
         self._unwrapped: list[Any] = []
+        self._per_simulation: set[str] = set()  # the batch's model fields made per simulation, as they grow
         self._calls = {
             phase: [
                 (index, hook_name(hook), getattr(hook, phase))
@@ -115,8 +123,9 @@ class HookRunner:
         ctx = self.ctx
         ctx.engine, ctx.kernel, ctx.state = engine, kernel, state
         self._run("on_launch")
-        if engine == "mujoco":  # the user's hooks find no stale MjData in the envs during steps
+        if engine == "mujoco":  # the user's hooks find no stale MjData (or MjModel) in the envs during steps
             self._unwrapped = [env.unwrapped for env in ctx.envs]
+            self._per_simulation = simulation_of(ctx.envs[0]).expanded  # type: ignore[union-attr]
             self._users = {index for index, hook in enumerate(self._hooks) if not library_code(hook)}
 
     def begin_step(self, global_step: int) -> None:
@@ -166,8 +175,11 @@ class HookRunner:
             )
             try:
                 if hidden is not None:  # (none in on_launch: the user's hooks are known after it)
+                    stale_models = bool(self._per_simulation)  # without such fields every model is right
                     for unwrapped in self._unwrapped:
-                        unwrapped.data, unwrapped.model = _NO_DATA, _NO_MODEL
+                        unwrapped.data = _NO_DATA
+                        if stale_models:
+                            unwrapped.model = _NO_MODEL
                 method(ctx)
             except Exception as exc:  # noqa: BLE001 - reported to the trainer with the hook's name
                 raise HookError(name, self._slot, exc) from exc
@@ -175,6 +187,3 @@ class HookRunner:
                 if hidden is not None:
                     for unwrapped, (data, model) in zip(self._unwrapped, hidden):
                         unwrapped.data, unwrapped.model = data, model
-
-
-_NO_DATA, _NO_MODEL = _NotLive("data"), _NotLive("model")
