@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .errors import EventQueueFullError
+from .options import deadline_after
 from .protocol import EventRings, WriterLock
 
 #: The shortest wait for the writers' lock, even with ``wait=0``: a live holder keeps it for
@@ -165,9 +166,7 @@ class EventSender:
             raise ValueError(f"at_step must be a non-negative int, got {at_step!r}")
         parts = [(worker, self._record(hook_index, values, at_step, mask)) for worker, mask in masks]
         workers = [worker for worker, _ in parts]
-        if wait is not None and math.isnan(wait):  # every comparison with the deadline would be false: no end
-            raise ValueError(f"{self._label}: events.send's wait must be a number of seconds or None, got {wait}")
-        deadline = None if wait is None else time.monotonic() + wait
+        deadline = deadline_after(wait, f"{self._label}: events.send")
         lock_wait = None if wait is None else max(wait, LOCK_GRACE)
         while True:
             full = self._lock.run(lock_wait, self._check_open, self._publish, workers, parts)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -15,6 +14,7 @@ from .errors import (
     SegmentNotReadyError,
 )
 from .layout import CONTROL_WORDS, H_GLOBAL_STEP, H_STATE, STATE_CLOSING, Layout, header_words
+from .options import deadline_after
 from .protocol import check_memory_model
 from .registry import list_pools
 from .system import ProcessWatch, Segment, is_pool_name, pid_namespace, process_alive
@@ -106,9 +106,7 @@ def attach(name: str, *, wait: float | None = None) -> PoolHandle:
         1
     """
     check_memory_model()
-    if wait is not None and math.isnan(wait):  # every comparison with the deadline would be false: no end
-        raise ValueError(f"attach({name!r}): wait must be a number of seconds or None, got {wait}")
-    deadline = None if wait is None else time.monotonic() + wait
+    deadline = deadline_after(wait, f"attach({name!r})")
     while True:  # until the segment exists and has its header (a pool being launched gets both soon)
         segment, closing = None, False
         try:

@@ -4,6 +4,8 @@ option sets that functions forwarding ``shmpool.launch``'s options take (typed, 
 from __future__ import annotations
 
 import contextlib
+import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypedDict
 
@@ -54,6 +56,16 @@ def seconds(option: str, value: Any) -> float:
     if not value > 0:  # NaN fails too
         raise ValueError(f"{option} must be a positive number of seconds, got {value!r}")
     return float(value)
+
+
+def deadline_after(wait: float | None, where: str) -> float | None:
+    """When a wait of ``wait`` seconds from now ends, on ``time.monotonic``'s clock (None: no end);
+    a ``ValueError`` naming ``where`` for NaN, which every comparison with a deadline would never end."""
+    if wait is None:
+        return None
+    if math.isnan(wait):
+        raise ValueError(f"{where}: wait must be a number of seconds or None, got {wait}")
+    return time.monotonic() + wait
 
 
 def count(option: str, value: Any, low: int, high: int | None = None) -> int:

@@ -28,6 +28,7 @@ from ray_support import cmdline, no_leftovers_but_rays, ray_environment, wait_fo
 
 import shmpool
 import shmpool.ray  # cheap: Ray itself is imported on first use
+from shmpool.hooks import Reset
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason='needs Ray: pip install -e ".[ray]"'),
@@ -313,6 +314,28 @@ def test_send_misuse_and_calls_after_close_are_clear_errors(pool_name: str) -> N
     for call in (lambda: fleet.step(np.ones(2, dtype=np.int64)), fleet.async_reset, fleet.recv):
         with pytest.raises(shmpool.PoolClosedError):
             call()
+
+
+def test_a_refused_step_or_reset_moves_no_env_on_any_node(pool_name: str) -> None:
+    """Actions, seeds and options are checked whole before any node gets its share, as a local pool
+    checks them: a node that refused its share left the others stepped or reset, and named its own
+    env ids. A NaN wait is refused, as on a local pool, instead of waiting for ever."""
+    with shmpool.ray.launch(CountingEnv, 4, name=pool_name, num_workers=1, hooks=[Reset()]) as fleet:
+        fleet.reset(seed=0)
+        with pytest.raises(ValueError, match=r"env 3: action 5 in actions is outside Discrete\(3\)"):
+            fleet.step(np.array([1, 1, 1, 5]))
+        with pytest.raises(ValueError, match=r"seed\[2\] = -1"):  # SeedError, as gymnasium raises
+            fleet.reset(seed=[0, 1, -1, 3])
+        with pytest.raises(TypeError, match="plain JSON data"):
+            fleet.reset(options={"goal": object()})
+        observations, *_ = fleet.step(np.array([1, 1, 1, 1]))
+        assert observations[:, 0].tolist() == [1, 1, 1, 1] and fleet.global_step == 1  # one step, on every env
+        for wait_forever in (
+            lambda: fleet.events.send("Reset", [0], wait=float("nan")),
+            lambda: shmpool.ray.attach(pool_name, wait=float("nan")),
+        ):
+            with pytest.raises(ValueError, match="wait must be a number of seconds or None, got nan"):
+                wait_forever()
 
 
 @pytest.fixture

@@ -384,29 +384,14 @@ class ResetEncoder:
         if seed is None and self._launch_seed is not None and self._never_reset.any():
             # Masked resets too (SB3's ShmpoolVecEnv resets groups of envs with different options).
             seed = [self._launch_seed + i if first else None for i, first in enumerate(self._never_reset.tolist())]
-        if seed is None:
-            seeds: list[int | None] = [None] * n
-        elif isinstance(seed, (int, np.integer)):
-            seeds = [check_seed(int(seed), "seed") + i for i in range(n)]
-        else:
-            seeds = list(seed)
-            if len(seeds) != n:
-                raise ValueError(f"reset got {len(seeds)} seeds for num_envs={n}")
-            seeds = [None if s is None else check_seed(s, f"seed[{i}]") for i, s in enumerate(seeds)]
-        if seeds[-1] is not None:
-            check_seed(seeds[-1], f"seed + {n - 1} (env {n - 1})")
+        seeds = checked_seeds(seed, n)
         mask = np.ones(n, dtype=np.bool_)
         encoded = None
         if options is not None:
             options = dict(options)
             if "reset_mask" in options:
                 mask = self.check_mask(options.pop("reset_mask"))
-            changed = changed_by_json(options, "options")
-            if changed is not None:  # the env would get other data than it was given
-                raise TypeError(f"reset options must be plain JSON data (shmpool pickles nothing): {changed}")
-            encoded = json.dumps(options).encode()
-            if len(encoded) > RESET_OPTION_BYTES:
-                raise ValueError(f"reset options take {len(encoded)} bytes as JSON; at most {RESET_OPTION_BYTES} fit")
+            encoded = encode_options(options)
         return EncodedReset(seeds, mask, encoded)
 
     def write(self, reset: EncodedReset, global_step: int) -> None:
@@ -462,6 +447,35 @@ def check_reset_mask(mask: Any, num_envs: int) -> np.ndarray:
     if not mask.any():
         raise ValueError(f"`options['reset_mask']` must contain at least one True value, got {mask}")
     return mask
+
+
+def checked_seeds(seed: int | Sequence[int | None] | None, n: int) -> list[int | None]:
+    """Each of ``n`` envs' seed (or None) for ``reset(seed=...)``: an int gives env ``i`` ``seed + i``.
+    Raises ``SeedError`` naming the first seed gymnasium would refuse, ``ValueError`` for a wrong count."""
+    if seed is None:
+        return [None] * n
+    if isinstance(seed, (int, np.integer)):
+        seeds: list[int | None] = [check_seed(int(seed), "seed") + i for i in range(n)]
+    else:
+        seeds = list(seed)
+        if len(seeds) != n:
+            raise ValueError(f"reset got {len(seeds)} seeds for num_envs={n}")
+        seeds = [None if s is None else check_seed(s, f"seed[{i}]") for i, s in enumerate(seeds)]
+    if seeds[-1] is not None:
+        check_seed(seeds[-1], f"seed + {n - 1} (env {n - 1})")
+    return seeds
+
+
+def encode_options(options: dict[str, Any]) -> bytes:
+    """Reset ``options`` (``reset_mask`` taken out) as the JSON the workers read; raises for data that
+    JSON would change or that does not fit the segment."""
+    changed = changed_by_json(options, "options")
+    if changed is not None:  # the env would get other data than it was given
+        raise TypeError(f"reset options must be plain JSON data (shmpool pickles nothing): {changed}")
+    encoded = json.dumps(options).encode()
+    if len(encoded) > RESET_OPTION_BYTES:
+        raise ValueError(f"reset options take {len(encoded)} bytes as JSON; at most {RESET_OPTION_BYTES} fit")
+    return encoded
 
 
 def check_seed(seed: Any, where: str) -> int:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from shmpool.errors import ClusterNodeError, EventQueueFullError
+from shmpool.options import deadline_after
 from shmpool.param_block import env_rows
 from shmpool.params import ParamSpec
 
@@ -122,7 +123,7 @@ class ClusterEvents:
         else:
             by_node = fleet.split(np.unique(env_rows(env_ids, fleet.num_envs)))
             pending = {index: (hook, local.tolist(), payload, at_step) for index, local in by_node.items()}
-        deadline = None if wait is None else time.monotonic() + wait
+        deadline = deadline_after(wait, f"{self._label}: events.send")
         while pending:
             sent = fleet.call("send_event", pending, "events.send")
             pending = {index: arguments for index, arguments in pending.items() if not sent[index]}
@@ -261,7 +262,7 @@ class _ClusterChannels:
     def _channels(self, description: dict[str, Any], reader: str) -> None:
         fleet = self._fleet
         specs = [ParamSpec.from_json(index, data) for index, data in enumerate(description["params"])]
-        label = f"{description['env']} (cluster pool {fleet.name!r})"
+        label = self._label = f"{description['env']} (cluster pool {fleet.name!r})"
         self._params = (
             ClusterParams(fleet, specs, description["params_dtype"], label, self._check_open) if specs else None
         )

@@ -13,6 +13,8 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from shmpool.options import check_env_ids
+from shmpool.pool.commands import checked_seeds, encode_options
+from shmpool.spaces import ActionChecker
 
 from .batching import concat, merge_infos, split_actions, take_rows
 from .channels import _ClusterChannels
@@ -49,6 +51,9 @@ class ClusterPool(_ClusterChannels, VectorEnv):
         self._last_recv: int | None = None
         self._global_step = 0
         self._channels(description, f"owner-{uuid.uuid4().hex[:12]}")
+        #: Actions are checked here, whole, before any node gets its rows: a node refusing its share
+        #: would leave the others stepped, and name its own env ids rather than the global ones.
+        self._action_checkers: dict[int, ActionChecker] = {}
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -130,6 +135,7 @@ class ClusterPool(_ClusterChannels, VectorEnv):
                 f"step() while nodes {sorted(self._in_flight)} are stepping after send(): recv() them first, or reset()"
             )
         fleet = self._fleet
+        self._check_actions(actions, np.arange(self.num_envs))
         parts = split_actions(actions, fleet.starts, self.num_envs)
         results = fleet.call("step", {index: (part, True) for index, part in enumerate(parts)}, "step")
         self._global_step += 1
@@ -206,12 +212,22 @@ class ClusterPool(_ClusterChannels, VectorEnv):
         if node in self._in_flight:
             raise RuntimeError(f"send() to node {node}, which is still stepping: recv() its results first")
         fleet.check_nodes([node], "send")
-        count = len(fleet.nodes[node].env_ids)
+        envs = fleet.nodes[node].env_ids
+        self._check_actions(actions, np.arange(envs.start, envs.stop) if env_ids is None else np.asarray(env_ids))
+        count = len(envs)
         part = split_actions(actions, np.array([0, count]), count)[0]
         if rows is not None:
             part = take_rows(part, rows)
         self._in_flight[node] = (fleet.hosts[node].step.remote(part, False), "step")
         self._global_step += 1
+
+    def _check_actions(self, actions: Any, env_ids: np.ndarray) -> None:
+        """Raises as a local pool does for actions (one row per env of ``env_ids``) it would refuse."""
+        checker = self._action_checkers.get(len(env_ids))
+        if checker is None:
+            checker = ActionChecker(self.single_action_space, len(env_ids), self._label)
+            self._action_checkers[len(env_ids)] = checker
+        checker(actions, env_ids)
 
     def _node_of(self, env_ids: Any) -> tuple[int, np.ndarray | None]:
         """The node whose envs ``env_ids`` are (every one of them, once), and the order in which to
@@ -330,14 +346,15 @@ class ClusterPool(_ClusterChannels, VectorEnv):
     ) -> dict[int, tuple[Any, dict[str, Any] | None]]:
         """Each node's ``(seed, options)`` for a reset (nodes that a ``reset_mask`` skips left out)."""
         fleet = self._fleet
-        if seed is not None and not isinstance(seed, (int, np.integer)):
-            seeds = list(seed)
-            if len(seeds) != self.num_envs:
-                raise ValueError(f"reset got {len(seeds)} seeds for num_envs={self.num_envs}")
+        # Checked whole before any node resets, as a local pool checks them: one refusing its share
+        # would leave the others reset.
+        seeds = checked_seeds(seed, self.num_envs)
         mask = None
-        if options is not None and "reset_mask" in options:
+        if options is not None:
             options = dict(options)
-            mask = options.pop("reset_mask")
+            mask = options.pop("reset_mask", None)
+            encode_options(options)
+        if mask is not None:
             if not isinstance(mask, np.ndarray) or mask.shape != (self.num_envs,) or mask.dtype != np.bool_:
                 raise ValueError(f"`options['reset_mask']` must be a bool numpy array of shape ({self.num_envs},)")
             if not mask.any():

@@ -154,7 +154,11 @@ class _Fleet:
                 # The pool's own error (WorkerError, ValueError, ...): the same type the local pool
                 # raises, with the node named, and Ray's text of the remote traceback as context.
                 if hasattr(cause, "add_note"):
-                    cause.add_note(f"raised on {node} of cluster pool {self.name!r}, in {what}")
+                    ids = node.env_ids
+                    cause.add_note(
+                        f"raised on {node} of cluster pool {self.name!r}, in {what}; the envs it names are that "
+                        f"node's, 0..{len(ids) - 1}: global env ids {ids.start}..{ids.stop - 1}"
+                    )
                 raise cause from error
             raise self.fail(index, f"{what} failed in Ray", error) from error
         except ray.exceptions.GetTimeoutError as error:

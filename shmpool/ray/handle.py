@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 from shmpool.errors import PoolClosedError, PoolNotFoundError
+from shmpool.options import deadline_after
 
 from .channels import _ClusterChannels
 from .fleet import NAMESPACE, QUICK_CALL, _Fleet, actor_name, import_ray
@@ -107,7 +108,7 @@ def attach(name: str, *, address: str | None = None, wait: float | None = None) 
     ray = import_ray()
     if not ray.is_initialized():
         ray.init(address=address or "auto")
-    deadline = None if wait is None else time.monotonic() + wait
+    deadline = deadline_after(wait, f"shmpool.ray.attach({name!r})")
     while True:
         description = _find(ray, name)
         if description is not None:
