@@ -63,7 +63,7 @@ It prints a progress line every few seconds, then a table (a column per phase), 
 check failed.
 
     python scripts/soak.py                      # 10 million env steps, then 2.5 million per other phase
-    python scripts/soak.py --quick              # about 25 s, for CI
+    python scripts/soak.py --quick              # about 20 s, for CI
     python scripts/soak.py --seconds 600        # ten minutes for the workers phase, 2.5 for the others
     python scripts/soak.py --phases async       # one phase only
 
@@ -176,9 +176,9 @@ class Settings:
     logs: str = ""
     """folder for the event and check logs (default: a temporary one, removed at the end)."""
     quick: bool = False
-    """a CI-sized run: 7 s for each phase, writer 0 killed every 0.5 s
+    """a CI-sized run: 5 s for each phase, writer 0 killed every 0.5 s
     once it writes (its successor's first writes, fork included, take a second or more), SIGINT
-    bursts every 0.5 s and gusts every 4 s: on an idle machine each phase sees a kill, a burst and a
+    bursts every 0.5 s and gusts every 2 s: on an idle machine each phase sees a kill, a burst and a
     gust, as the tests check."""
 
 
@@ -203,13 +203,13 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, Role]:
         given.pop(f.name, None)
     if given["quick"]:
         quick = {
-            "seconds": 7.0,
+            "seconds": 5.0,
             "side_share": 1.0,
             "kill_every": 0.5,
             "progress_every": 5.0,
             "hang_seconds": 30.0,
             "burst_every": 0.5,
-            "gust_every": 4.0,
+            "gust_every": 2.0,
         }
         given.update({key: value for key, value in quick.items() if given[key] is None})
     settings = Settings(**{key: value for key, value in given.items() if value is not None})
