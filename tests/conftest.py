@@ -52,7 +52,22 @@ LONG_FIRST = ("test_e2e_soak.py", "test_scripts.py", "test_sb3.py", "test_docs.p
 XDIST_1386 = {"pytest": ((9, 2), (99, 0)), "pytest-xdist": ((0, 0), (3, 8))}
 
 
+def _warm_numba_cache() -> None:
+    """Compiles the built-in kernels once, into numba's on-disk cache, before pytest-xdist's workers
+    start: in a fresh clone each worker (and the pools it launches first) would compile them at once."""
+    import importlib.util
+
+    if importlib.util.find_spec("numba") is None:
+        return
+    from shmpool import kernels
+
+    for env_id in kernels.BUILTIN:
+        kernels.load(kernels.find(env_id)).warm_up()
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput") and config.getoption("numprocesses", None):
+        _warm_numba_cache()  # in the controlling process, before it starts the workers
     versions = {name: tuple(map(int, re.findall(r"\d+", metadata.version(name))[:2])) for name in XDIST_1386}
     if config.getoption("dist", None) == "loadgroup" and all(
         low <= versions[name] <= high for name, (low, high) in XDIST_1386.items()
