@@ -59,8 +59,8 @@ def seconds(option: str, value: Any) -> float:
 
 
 def deadline_after(wait: float | None, where: str) -> float | None:
-    """When a wait of ``wait`` seconds from now ends, on ``time.monotonic``'s clock (None: no end);
-    a ``ValueError`` naming ``where`` for NaN, which every comparison with a deadline would never end."""
+    """When a wait of ``wait`` seconds from now ends, on ``time.monotonic``'s clock (None: no end).
+    NaN, with which no deadline would ever pass, raises a ``ValueError`` naming ``where``."""
     if wait is None:
         return None
     if math.isnan(wait):

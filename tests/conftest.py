@@ -66,8 +66,6 @@ def _warm_numba_cache() -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if not hasattr(config, "workerinput") and config.getoption("numprocesses", None):
-        _warm_numba_cache()  # in the controlling process, before it starts the workers
     versions = {name: tuple(map(int, re.findall(r"\d+", metadata.version(name))[:2])) for name in XDIST_1386}
     if config.getoption("dist", None) == "loadgroup" and all(
         low <= versions[name] <= high for name, (low, high) in XDIST_1386.items()
@@ -76,6 +74,8 @@ def pytest_configure(config: pytest.Config) -> None:
             "pytest-xdist's --dist loadgroup ignores xdist_group marks on this pytest (pytest-dev/pytest-xdist#1386):"
             " install the test tools with -c constraints.txt, as the README's test command does"
         )
+    if not hasattr(config, "workerinput") and config.getoption("numprocesses", None):
+        _warm_numba_cache()  # in the controlling process, before it starts the workers
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
