@@ -8,6 +8,7 @@ import re
 import signal
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from importlib import metadata
 
@@ -74,8 +75,12 @@ def pytest_configure(config: pytest.Config) -> None:
             "pytest-xdist's --dist loadgroup ignores xdist_group marks on this pytest (pytest-dev/pytest-xdist#1386):"
             " install the test tools with -c constraints.txt, as the README's test command does"
         )
-    if not hasattr(config, "workerinput") and config.getoption("numprocesses", None):
-        _warm_numba_cache()  # in the controlling process, before it starts the workers
+    starts_workers = config.getoption("numprocesses", None) and not config.getoption("collectonly", False)
+    if starts_workers and not hasattr(config, "workerinput"):
+        try:  # in the controlling process, before it starts the workers
+            _warm_numba_cache()
+        except Exception as error:  # noqa: BLE001 - the numba tests report it; the others run
+            warnings.warn(f"numba's cache was not warmed: {type(error).__name__}: {error}", stacklevel=1)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -321,7 +321,11 @@ def test_a_refused_step_or_reset_moves_no_env_on_any_node(pool_name: str) -> Non
     checks them: a node that refused its share left the others stepped or reset, and named its own
     env ids. A NaN wait is refused, as on a local pool, instead of waiting for ever."""
     with shmpool.ray.launch(CountingEnv, 4, name=pool_name, num_workers=1, hooks=[Reset()]) as fleet:
+        with pytest.raises(ValueError, match=r"first reset of cluster pool .* resets none of node\(s\) \[1\]'s"):
+            fleet.reset(options={"reset_mask": np.array([True, True, False, False])})  # node 1 has nothing yet
         fleet.reset(seed=0)
+        with pytest.raises(TypeError, match=r"reset_mask'\]` must be a numpy array"):
+            fleet.reset(options={"reset_mask": None})
         with pytest.raises(ValueError, match=r"env 3: action 5 in actions is outside Discrete\(3\)"):
             fleet.step(np.array([1, 1, 1, 5]))
         with pytest.raises(ValueError, match=r"seed\[2\] = -1"):  # SeedError, as gymnasium raises

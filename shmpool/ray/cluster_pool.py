@@ -13,7 +13,6 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from shmpool.options import check_env_ids
-from shmpool.pool.commands import checked_seeds, encode_options
 from shmpool.spaces import ActionChecker
 
 from .batching import concat, merge_infos, split_actions, take_rows
@@ -345,20 +344,25 @@ class ClusterPool(_ClusterChannels, VectorEnv):
         self, seed: int | Sequence[int | None] | None, options: dict[str, Any] | None
     ) -> dict[int, tuple[Any, dict[str, Any] | None]]:
         """Each node's ``(seed, options)`` for a reset (nodes that a ``reset_mask`` skips left out)."""
-        fleet = self._fleet
         # Checked whole before any node resets, as a local pool checks them: one refusing its share
-        # would leave the others reset.
+        # would leave the others reset. (Imported here: the local pool's package is not the cluster's.)
+        from shmpool.pool.commands import check_reset_mask, checked_seeds, encode_options
+
+        fleet = self._fleet
         seeds = checked_seeds(seed, self.num_envs)
         mask = None
         if options is not None:
             options = dict(options)
-            mask = options.pop("reset_mask", None)
+            if "reset_mask" in options:
+                mask = check_reset_mask(options.pop("reset_mask"), self.num_envs)
+                unseen = [node for node in fleet.nodes if node.index not in self._observations]
+                skipped = [node.index for node in unseen if not mask[node.env_ids.start : node.env_ids.stop].any()]
+                if skipped:
+                    raise ValueError(
+                        f"the first reset of cluster pool {self.name!r} must reset an env of every node: "
+                        f"`options['reset_mask']` resets none of node(s) {skipped}'s"
+                    )
             encode_options(options)
-        if mask is not None:
-            if not isinstance(mask, np.ndarray) or mask.shape != (self.num_envs,) or mask.dtype != np.bool_:
-                raise ValueError(f"`options['reset_mask']` must be a bool numpy array of shape ({self.num_envs},)")
-            if not mask.any():
-                raise ValueError(f"`options['reset_mask']` must contain at least one True value, got {mask}")
         arguments = {}
         for node in fleet.nodes:
             start, stop = node.env_ids.start, node.env_ids.stop

@@ -156,8 +156,8 @@ class _Fleet:
                 if hasattr(cause, "add_note"):
                     ids = node.env_ids
                     cause.add_note(
-                        f"raised on {node} of cluster pool {self.name!r}, in {what}; the envs it names are that "
-                        f"node's, 0..{len(ids) - 1}: global env ids {ids.start}..{ids.stop - 1}"
+                        f"raised on {node} of cluster pool {self.name!r}, in {what}; env ids in it, if any, are "
+                        f"that node's: its env i is global env {ids.start} + i"
                     )
                 raise cause from error
             raise self.fail(index, f"{what} failed in Ray", error) from error
