@@ -130,7 +130,7 @@ def _nominal(spec: ParamSpec, binding: Binding | None, env_label: str) -> np.nda
 
 
 #: The rows of one env: a launch value is checked as a write to every env would be.
-ONE_ENV = np.zeros(1, dtype=np.int64)
+_ONE_ENV = np.zeros(1, dtype=np.int64)
 
 
 def initial_records(
@@ -158,7 +158,7 @@ def initial_records(
                 value = given.get(argument)
                 if value is None:
                     value = nominal() if argument == "mean" else fallback[argument]
-                record[argument] = as_stored(spec, ONE_ENV, value, f"[{argument!r}] (at launch)", env_label)[0]
+                record[argument] = as_stored(spec, _ONE_ENV, value, f"[{argument!r}] (at launch)", env_label)[0]
                 block[spec.name][argument] = record[argument]
             applied[spec.name] = np.nan  # nothing drawn before the env's first reset
             reason = problem(spec, record)
@@ -166,7 +166,7 @@ def initial_records(
             given, where = (
                 (nominal(), " (the env's own value)") if param.default is None else (param.default, " (default)")
             )
-            value = as_stored(spec, ONE_ENV, given, where, env_label)[0]  # stored exactly as given, or refused
+            value = as_stored(spec, _ONE_ENV, given, where, env_label)[0]  # stored exactly as given, or refused
             block[spec.name] = value
             applied[spec.name] = value
             reason = problem(spec, value)

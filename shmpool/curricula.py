@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from .interfaces import ParamsAPI
+from .options import count
 
 
 def scores(records: np.ndarray, metric: str) -> np.ndarray:
@@ -44,11 +45,11 @@ class Threshold:
     def __init__(self, param: str, *, step: float, target: float, window: int = 20, metric: str = "return") -> None:
         if not isinstance(param, str):
             raise TypeError(f"Threshold(param=...) takes a parameter's name, got {param!r:.80}")
-        _check_settings("Threshold", window=window, metric=metric)
+        _check_metric("Threshold", metric)
         if not (np.isfinite(step) and np.isfinite(target)):
             raise ValueError(f"Threshold needs a finite step and target, got step={step!r}, target={target!r}")
         self.param, self.step, self.target, self.metric = param, float(step), float(target), metric
-        self.window = int(window)
+        self.window = count("Threshold(window=...)", window, 1)
         self.value: float | None = None
         self._recent: deque[float] = deque(maxlen=self.window)
         self.changes = 0
@@ -147,14 +148,14 @@ class ADR:
     ) -> None:
         if isinstance(params, str):
             raise TypeError(f"ADR(params=...) takes a list of names, got the one name {params!r} (use [{params!r}])")
-        _check_settings("ADR", buffer=buffer, metric=metric)
+        _check_metric("ADR", metric)
         if not (0 <= p_boundary <= 1 and 0 < delta < np.inf and low_threshold <= high_threshold):
             raise ValueError(
                 "ADR needs 0 <= p_boundary <= 1, a finite delta > 0 and low_threshold <= high_threshold (no NaN); "
                 f"got p_boundary={p_boundary!r}, delta={delta!r}, thresholds {low_threshold!r} and {high_threshold!r}"
             )
         self.names = list(params) if params else None
-        self.delta, self.p_boundary, self.buffer = delta, p_boundary, int(buffer)
+        self.delta, self.p_boundary, self.buffer = delta, p_boundary, count("ADR(buffer=...)", buffer, 1)
         self.low_threshold, self.high_threshold, self.metric = low_threshold, high_threshold, metric
         self.ranges: dict[str, list[float]] = {}
         self.nominal: dict[str, float] = {}
@@ -347,10 +348,7 @@ def _check_algo(state: Any, algo: str, *, settings: bool = True) -> None:
         raise ValueError(f"not a {kind} of {algo!r} (algo {found!r}){hint}")
 
 
-def _check_settings(curriculum: str, *, metric: Any, window: Any = 1, buffer: Any = 1) -> None:
-    """Raises for a count that is not a whole number >= 1, or a metric that is not a name."""
-    for name, count in (("window", window), ("buffer", buffer)):
-        if isinstance(count, (bool, np.bool_)) or not isinstance(count, (int, np.integer)) or count < 1:
-            raise ValueError(f"{curriculum}({name}=...) must be a whole number >= 1, got {count!r}")
+def _check_metric(curriculum: str, metric: Any) -> None:
+    """Raises for a metric that is not a name."""
     if not isinstance(metric, str):
         raise TypeError(f"{curriculum}(metric=...) takes 'return' or an episode metric's name, got {metric!r:.80}")

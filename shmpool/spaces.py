@@ -165,7 +165,7 @@ def _(space: spaces.MultiBinary) -> Callable[[np.ndarray], np.ndarray | None]:
 
 def _narrowing_bounds(source: np.dtype[Any], target: np.dtype[Any]) -> tuple[float, float] | None:
     """The smallest and the largest value of ``target``, where casting ``source`` to it could wrap (an
-    integer) or overflow to infinity (a float); None where it cannot."""
+    integer) or overflow to infinity (a float: there the cast itself says so); None where it cannot."""
     if target.kind not in "iuf" or np.can_cast(source, target):
         return None
     limits = np.finfo(target) if target.kind == "f" else np.iinfo(target)

@@ -366,12 +366,7 @@ class ClusterPool(_ClusterChannels, VectorEnv):
         arguments = {}
         for node in fleet.nodes:
             start, stop = node.env_ids.start, node.env_ids.stop
-            if seed is None:
-                node_seed: Any = None
-            elif isinstance(seed, (int, np.integer)):
-                node_seed = int(seed) + start
-            else:
-                node_seed = seeds[start:stop]
+            node_seed = None if seed is None else seeds[start:stop]  # None: the launch seed, on a first reset
             node_options = options
             if mask is not None:
                 if not mask[start:stop].any() and node.index in self._observations:
