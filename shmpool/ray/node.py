@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from shmpool.errors import EventQueueFullError
+from shmpool.errors import EventQueueFullError, PoolClosedError
 from shmpool.view import PoolStats
 
 
@@ -133,7 +133,10 @@ class _Host:
             self._readers[reader] = shmpool.attach(self._pool.name)
 
     def read_episodes(self, reader: str) -> tuple[np.ndarray, int]:
-        episodes = self._readers[reader].episodes
+        handle = self._readers.get(reader)
+        if handle is None:  # dropped by close() since the caller last checked: the pool is closing
+            raise PoolClosedError(f"pool {self._pool.name!r} on this node was closed")
+        episodes = handle.episodes
         return episodes.read(), episodes.lost
 
     def drop_reader(self, reader: str) -> None:
