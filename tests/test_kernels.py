@@ -417,3 +417,5 @@ def test_max_episode_steps_is_taken_as_gymnasium_make_takes_it(pool_name: str) -
     for bad, error in ((0, ValueError), (2.5, TypeError), (True, TypeError)):
         with pytest.raises(error, match=rf"engine='numba': CartPole-v1: env_kwargs: max_episode_steps .*{bad}"):
             shmpool.launch("CartPole-v1", 2, engine="numba", env_kwargs={"max_episode_steps": bad}, name=pool_name)
+    with pytest.raises(ValueError, match=r"compiled CartPole-v1 does not render: .*'render_mode'.* got 'rgb_array'"):
+        shmpool.launch("CartPole-v1", 2, engine="numba", env_kwargs={"render_mode": "rgb_array"}, name=pool_name)

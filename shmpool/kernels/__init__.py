@@ -119,7 +119,10 @@ def check_options(kernel: BatchKernel, env_id: str, specs: Sequence[Any], env_kw
                 f"{', '.join(sorted(allowed))}"
             )
         if key == "render_mode" and value is not None:
-            raise ValueError("engine='numba': compiled envs do not render; render_mode must be None")
+            raise ValueError(
+                f"engine='numba': the compiled {env_id} does not render: env_kwargs['render_mode'] must be None, "
+                f"got {value!r}"
+            )
         if key == "max_episode_steps" and value is not None:
             time_limit(value, f"engine='numba': {env_id}: env_kwargs")
 
