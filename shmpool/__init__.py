@@ -41,46 +41,46 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
+__all__ = [
+    "EventQueueFullError",
+    "ForeignProcessError",
+    "KernelAttributeError",
+    "LayoutMismatchError",
+    "Param",
+    "ParamBlock",
+    "Pool",
+    "PoolHandle",
+    "PoolBrokenError",
+    "PoolClosedError",
+    "PoolExistsError",
+    "PoolNotFoundError",
+    "PoolTimeoutError",
+    "RemoteTraceback",
+    "ShmpoolError",
+    "StepSentInterrupt",
+    "WorkerDiedError",
+    "WorkerError",
+    "WriterLockReentryError",
+    "WriterLockTimeoutError",
+    "attach",
+    "evaluate",
+    "Evaluation",
+    "launch",
+]
+
 #: Each public name with the module that defines it, imported on first use: the errors derive from
 #: gymnasium's, and gymnasium alone takes a third of a second to import.
 _LAZY = {
-    "EventQueueFullError": "errors",
-    "ForeignProcessError": "errors",
-    "KernelAttributeError": "errors",
-    "LayoutMismatchError": "errors",
-    "PoolBrokenError": "errors",
-    "PoolClosedError": "errors",
-    "PoolExistsError": "errors",
-    "PoolNotFoundError": "errors",
-    "PoolTimeoutError": "errors",
-    "RemoteTraceback": "errors",
-    "ShmpoolError": "errors",
-    "StepSentInterrupt": "errors",
-    "WorkerDiedError": "errors",
-    "WorkerError": "errors",
-    "WriterLockReentryError": "errors",
-    "WriterLockTimeoutError": "errors",
-    "launch": "pool",
-    "Pool": "pool",
+    **dict.fromkeys([name for name in __all__ if name.endswith(("Error", "Interrupt", "Traceback"))], "errors"),
+    **dict.fromkeys(["launch", "Pool"], "pool"),
+    **dict.fromkeys(["attach", "PoolHandle"], "handle"),
+    **dict.fromkeys(["evaluate", "Evaluation"], "evaluation"),
     "Param": "params",
     "ParamBlock": "param_block",
-    "attach": "handle",
-    "PoolHandle": "handle",
-    "evaluate": "evaluation",
-    "Evaluation": "evaluation",
 }
 
 
-_SUBMODULES = {
-    "hooks",
-    "curricula",
-    "params",
-    "episodes",
-    "events",
-    "mujoco",
-    "env_families",
-    "classic_control",
-}
+_SUBMODULES = {"hooks", "curricula", "params", "episodes", "events", "mujoco", "env_families", "classic_control"}
 
 
 def __getattr__(name: str) -> Any:
@@ -110,31 +110,3 @@ def bind_lazy_names(module: str) -> None:
 def __dir__() -> list[str]:
     """The public names too, which are imported on first use (so that tab completion offers them)."""
     return sorted({*globals(), *__all__, *_SUBMODULES})
-
-
-__all__ = [
-    "EventQueueFullError",
-    "ForeignProcessError",
-    "KernelAttributeError",
-    "LayoutMismatchError",
-    "Param",
-    "ParamBlock",
-    "Pool",
-    "PoolHandle",
-    "PoolBrokenError",
-    "PoolClosedError",
-    "PoolExistsError",
-    "PoolNotFoundError",
-    "PoolTimeoutError",
-    "RemoteTraceback",
-    "ShmpoolError",
-    "StepSentInterrupt",
-    "WorkerDiedError",
-    "WorkerError",
-    "WriterLockReentryError",
-    "WriterLockTimeoutError",
-    "attach",
-    "evaluate",
-    "Evaluation",
-    "launch",
-]

@@ -22,8 +22,9 @@ Examples:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -160,15 +161,8 @@ class EnvPoolAPI(WrappedPoolChannels, VectorEnv, gym.Env):  # type: ignore[misc]
         """One env's action space (EnvPool's convention)."""
         return self.pool.single_action_space
 
-    @property
-    def single_observation_space(self) -> gym.Space[Any]:  # type: ignore[override]
-        """One env's observation space (the same object as ``observation_space``, as in EnvPool)."""
-        return self.pool.single_observation_space
-
-    @property
-    def single_action_space(self) -> gym.Space[Any]:  # type: ignore[override]
-        """One env's action space (the same object as ``action_space``, as in EnvPool)."""
-        return self.pool.single_action_space
+    single_observation_space = observation_space  # the same object, as in EnvPool
+    single_action_space = action_space
 
     # -- EnvPool's calls -----------------------------------------------------------------------------
 
@@ -269,10 +263,10 @@ class EnvPoolAPI(WrappedPoolChannels, VectorEnv, gym.Env):  # type: ignore[misc]
         ids = check_env_ids(
             np.atleast_1d(self._render_env_id if env_ids is None else env_ids), self.num_envs, "render", unique=False
         )
+        if self.render_mode == "human" and len(ids) != 1:
+            raise ValueError(f"{self.task_id}: render_mode='human' renders one env; got env_ids={ids.tolist()}")
         frames = self.pool.env_apply("render", ids.tolist())
         if self.render_mode == "human":
-            if len(ids) != 1:
-                raise ValueError(f"{self.task_id}: render_mode='human' renders one env; got env_ids={ids.tolist()}")
             return None
         return np.stack(frames)
 
@@ -280,13 +274,6 @@ class EnvPoolAPI(WrappedPoolChannels, VectorEnv, gym.Env):  # type: ignore[misc]
         """Closes the pool (idempotent); takes gymnasium's ``VectorEnv.close`` keywords."""
         self.pool.close()
         self.closed = True
-
-    def __enter__(self) -> EnvPoolAPI:
-        return self
-
-    def __exit__(self, *exc_info: Any) -> Literal[False]:
-        self.close()
-        return False
 
     def __len__(self) -> int:
         return self.num_envs
@@ -387,17 +374,7 @@ def make(
     unless given (EnvPool's info has no ``episode`` key), ``recv_order`` is ``"sent"`` unless given,
     and ``autoreset_mode`` is ``NEXT_STEP``.
     """
-    if env_type not in ENV_TYPES:
-        raise ValueError(
-            f"{task_id}: env_type={env_type!r} is not supported; shmpool.envpool takes {list(ENV_TYPES)} "
-            f"(pools speak gymnasium's API; dm_env's TimeStep is not offered)"
-        )
-    if not gym_reset_return_info:
-        raise ValueError(f"{task_id}: gym_reset_return_info=False: reset() always returns (observations, info)")
-    for key in launch_options.keys() & REFUSED_OPTIONS.keys():
-        raise TypeError(f"{task_id}: EnvPool's {key}= is not taken here: {REFUSED_OPTIONS[key]}")
-    if render_mode not in RENDER_MODES:
-        raise ValueError(f"{task_id}: render_mode={render_mode!r}; it is one of {list(RENDER_MODES)}")
+    _refuse(task_id, env_type, gym_reset_return_info, render_mode, launch_options)
     # EnvPool's API autoresets on the next step
     options = fixed_options(f"shmpool.envpool ({task_id})", launch_options, autoreset_mode=AutoresetMode.NEXT_STEP)
     env_kwargs = _env_kwargs(options.pop("env_kwargs", None), max_episode_steps, render_mode)
@@ -421,9 +398,7 @@ def make_gymnasium(task_id: str, **kwargs: Any) -> EnvPoolAPI:
     return make(task_id, env_type="gymnasium", **kwargs)
 
 
-def make_gym(task_id: str, **kwargs: Any) -> EnvPoolAPI:
-    """``make`` with ``env_type="gymnasium"`` (EnvPool 1.x's ``make_gym`` makes gymnasium's API too)."""
-    return make(task_id, env_type="gymnasium", **kwargs)
+make_gym = make_gymnasium  # EnvPool 1.x's make_gym makes gymnasium's API too
 
 
 def make_dm(task_id: str, **kwargs: Any) -> Any:
@@ -443,9 +418,10 @@ def make_spec(
     **make_options: Any,
 ) -> Spec:
     """The ``Spec`` that ``make`` with these arguments gives its env, without starting a pool: one
-    env is made and closed to read its spaces. ``make``'s other options are checked, not used."""
-    for key in make_options.keys() & REFUSED_OPTIONS.keys():
-        raise TypeError(f"{task_id}: EnvPool's {key}= is not taken here: {REFUSED_OPTIONS[key]}")
+    env is made and closed to read its spaces. What ``make`` refuses is refused; its other options are
+    not used."""
+    env_type, reset_info = make_options.pop("env_type", "gymnasium"), make_options.pop("gym_reset_return_info", True)
+    _refuse(task_id, env_type, reset_info, render_mode, make_options)
     batch = None if batch_size in (None, 0, num_envs) else batch_size
     if num_workers is None:  # as make places the pool: launch's placement when synchronous
         from .config import PoolConfig
@@ -479,12 +455,29 @@ def _env_kwargs(
     return kwargs
 
 
+def _refuse(task_id: str, env_type: str, reset_info: bool, render_mode: str | None, options: Mapping[str, Any]) -> None:
+    """Raises for what a pool does not take: another ``env_type``, ``gym_reset_return_info=False``, an
+    unknown ``render_mode``, EnvPool's options of its threads (the first of them in sorted order)."""
+    if env_type not in ENV_TYPES:
+        raise ValueError(
+            f"{task_id}: env_type={env_type!r} is not supported; shmpool.envpool takes {list(ENV_TYPES)} "
+            f"(pools speak gymnasium's API; dm_env's TimeStep is not offered)"
+        )
+    if not reset_info:
+        raise ValueError(f"{task_id}: gym_reset_return_info=False: reset() always returns (observations, info)")
+    for key in sorted(options.keys() & REFUSED_OPTIONS.keys())[:1]:
+        raise TypeError(f"{task_id}: EnvPool's {key}= is not taken here: {REFUSED_OPTIONS[key]}")
+    if render_mode not in RENDER_MODES:
+        raise ValueError(f"{task_id}: render_mode={render_mode!r}; it is one of {list(RENDER_MODES)}")
+
+
 def _limits(task_id: str, max_episode_steps: int | None) -> tuple[int | None, float | None]:
     """``max_episode_steps`` (or the registered one) and the registered ``reward_threshold``."""
     registered = gym.spec(task_id) if isinstance(task_id, str) else None
     if registered is None:
         return max_episode_steps, None
-    return max_episode_steps or registered.max_episode_steps, registered.reward_threshold
+    limit = registered.max_episode_steps if max_episode_steps is None else max_episode_steps
+    return limit, registered.reward_threshold
 
 
 def _workers_for_batches(num_envs: int, batch_size: int | None) -> int:

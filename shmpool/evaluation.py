@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import csv
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -63,17 +64,10 @@ class Evaluation:
         """Writes ``table()`` as CSV, with a header row, to the file at ``path`` (or to an open text
         stream, such as ``sys.stdout``)."""
         rows = self.table()
-        if hasattr(path, "write"):
-            self._write_csv(path, rows)  # type: ignore[arg-type]
-            return
-        with open(path, "w", newline="") as file:  # type: ignore[arg-type]
-            self._write_csv(file, rows)
-
-    @staticmethod
-    def _write_csv(stream: IO[str], rows: list[dict[str, Any]]) -> None:
-        writer = csv.DictWriter(stream, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+        with nullcontext(path) if hasattr(path, "write") else open(path, "w", newline="") as file:  # type: ignore[arg-type]
+            writer = csv.DictWriter(file, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
 
     def plot(
         self, path: str | Path | None = None, *, ax: Any = None, vmin: float | None = None, vmax: float | None = None
@@ -186,7 +180,7 @@ def evaluate(
 
     start_pool = launch_locally if launch is None else launch
     pool = start_pool(env, num_envs, params=params, autoreset_mode=AutoresetMode.DISABLED, **launch_options)
-    with pool, _ProgressBar(progress, total) as advance:
+    with pool, _progress_bar(progress, total) as advance:
         returns, lengths = _run(pool, policy, cells, episodes, seed, max_episode_steps, advance)
     return Evaluation(cells, returns, lengths, from_grid)
 
@@ -348,27 +342,21 @@ class _ActionsCheck:
         return actions
 
 
-class _ProgressBar:
+@contextmanager
+def _progress_bar(enabled: bool, total: int) -> Iterator[Callable[[], None]]:
     """A rich progress bar over the episodes while ``evaluate`` runs (nothing without rich or when
-    turned off); the context gives the call that counts one episode done."""
-
-    def __init__(self, enabled: bool, total: int) -> None:
-        self._progress: Any = None
-        self._total = total
-        if enabled:
-            try:
-                from rich.progress import Progress
-            except ImportError:
-                return
-            self._progress = Progress(transient=True)
-
-    def __enter__(self) -> Callable[[], None]:
-        if self._progress is None:
-            return lambda: None
-        self._progress.start()
-        task = self._progress.add_task("evaluating", total=self._total)
-        return lambda: self._progress.advance(task)
-
-    def __exit__(self, *exc_info: Any) -> None:
-        if self._progress is not None:
-            self._progress.stop()
+    turned off); it gives the call that counts one episode done."""
+    Progress: Any = None
+    if enabled:
+        with suppress(ImportError):
+            from rich.progress import Progress
+    if Progress is None:
+        yield lambda: None
+        return
+    progress = Progress(transient=True)
+    progress.start()
+    try:
+        task = progress.add_task("evaluating", total=total)
+        yield lambda: progress.advance(task)
+    finally:
+        progress.stop()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from operator import methodcaller
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -201,11 +202,11 @@ class ShmpoolVecEnv(VecEnv):
 
     def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
         """Attribute ``attr_name`` of each env, found through its wrappers (``get_wrapper_attr``)."""
-        return self.pool.env_apply(_get_attr, self._env_ids(indices), args=(attr_name,))
+        return self.pool.env_apply(methodcaller("get_wrapper_attr", attr_name), self._env_ids(indices))
 
     def has_attr(self, attr_name: str) -> bool:
         """Whether every env has ``attr_name`` (checked in the workers: nothing is pickled back)."""
-        return all(self.pool.env_apply(_has_attr, args=(attr_name,)))
+        return all(self.pool.env_apply(methodcaller("has_wrapper_attr", attr_name)))
 
     def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
         """Sets ``attr_name`` on each env's outermost wrapper, as SB3's own VecEnvs do."""
@@ -272,14 +273,6 @@ def unbatch_infos(infos: Mapping[str, Any], num_envs: int) -> list[dict[str, Any
 
 def _identity(env: gym.Env) -> tuple[int, int]:
     return os.getpid(), id(env.unwrapped)
-
-
-def _get_attr(env: gym.Env, name: str) -> Any:
-    return env.get_wrapper_attr(name)
-
-
-def _has_attr(env: gym.Env, name: str) -> bool:
-    return env.has_wrapper_attr(name)
 
 
 def _call_method(env: gym.Env, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

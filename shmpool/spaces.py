@@ -42,24 +42,12 @@ def leaves(space: spaces.Space[Any], path: Path = ()) -> list[Leaf]:
     )
 
 
-@leaves.register
-def _(space: spaces.Box, path: Path = ()) -> list[Leaf]:
-    return [Leaf(path, space, np.dtype(space.dtype), tuple(space.shape))]
-
-
-@leaves.register
-def _(space: spaces.Discrete, path: Path = ()) -> list[Leaf]:
-    return [Leaf(path, space, np.dtype(space.dtype), ())]
-
-
-@leaves.register
-def _(space: spaces.MultiDiscrete, path: Path = ()) -> list[Leaf]:
-    return [Leaf(path, space, np.dtype(space.dtype), tuple(space.nvec.shape))]
-
-
-@leaves.register
-def _(space: spaces.MultiBinary, path: Path = ()) -> list[Leaf]:
-    return [Leaf(path, space, np.dtype(space.dtype), tuple(space.shape))]
+@leaves.register(spaces.Box)
+@leaves.register(spaces.Discrete)  # shape ()
+@leaves.register(spaces.MultiDiscrete)  # shape nvec.shape
+@leaves.register(spaces.MultiBinary)
+def _(space: spaces.Space[Any], path: Path = ()) -> list[Leaf]:
+    return [Leaf(path, space, np.dtype(space.dtype), tuple(space.shape))]  # type: ignore[arg-type]
 
 
 @leaves.register

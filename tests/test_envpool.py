@@ -461,6 +461,14 @@ def test_make_spec_gives_the_config_make_gives(pool_name: str) -> None:
             assert spec.config == env.spec.config, kwargs
     with pytest.raises(TypeError, match="num_threads= is not taken here"):
         shm_envpool.make_spec("CartPole-v1", num_threads=2)
+    # what make refuses, make_spec refuses too; of two refused keywords, always the first in sorted order
+    for refused, error in (({"env_type": "dm"}, ValueError), ({"gym_reset_return_info": False}, ValueError)):
+        with pytest.raises(error, match=next(iter(refused))):
+            shm_envpool.make_spec("CartPole-v1", **refused)
+    with pytest.raises(ValueError, match="render_mode='rgbarray'"):
+        shm_envpool.make_spec("CartPole-v1", render_mode="rgbarray")
+    with pytest.raises(TypeError, match="EnvPool's num_threads="):
+        shm_envpool.make_spec("CartPole-v1", thread_affinity_offset=0, num_threads=2)
 
 
 def test_a_first_step_whose_partial_step_is_refused_changes_nothing(pool_name: str) -> None:
