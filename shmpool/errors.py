@@ -30,6 +30,16 @@ class StepSentInterrupt(KeyboardInterrupt):
 class ShmpoolError(Exception):
     """Base class of every error shmpool raises."""
 
+    #: The keyword arguments of ``__init__``, kept as attributes of the same names (for pickling).
+    _keywords: tuple[str, ...] = ()
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (_rebuild, (type(self), self.args, {k: getattr(self, k) for k in self._keywords}), self.__dict__)
+
+
+def _rebuild(cls: type[ShmpoolError], args: tuple[Any, ...], keywords: dict[str, Any]) -> ShmpoolError:
+    return cls(*args, **keywords)
+
 
 class RemoteTraceback(Exception):
     """The traceback text of an exception raised in a worker process; set as ``__cause__``."""
@@ -45,6 +55,8 @@ class RemoteTraceback(Exception):
 class WorkerError(ShmpoolError, RuntimeError):
     """An env or worker-side code raised; the worker's traceback text is the ``__cause__``."""
 
+    _keywords = ("worker_id", "env_id", "traceback_text")
+
     def __init__(self, message: str, *, worker_id: int, env_id: int | None, traceback_text: str = "") -> None:
         super().__init__(message)
         self.worker_id = worker_id
@@ -53,28 +65,16 @@ class WorkerError(ShmpoolError, RuntimeError):
         if traceback_text:
             self.__cause__ = RemoteTraceback(traceback_text)
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (_rebuild_worker_error, (self.args[0], self.worker_id, self.env_id, self.traceback_text))
-
-
-def _rebuild_worker_error(message: str, worker_id: int, env_id: int | None, text: str) -> WorkerError:
-    return WorkerError(message, worker_id=worker_id, env_id=env_id, traceback_text=text)
-
 
 class WorkerDiedError(ShmpoolError, RuntimeError):
     """A worker process exited or was killed while the pool needed it."""
+
+    _keywords = ("worker_id", "exitcode")
 
     def __init__(self, message: str, *, worker_id: int, exitcode: int | None) -> None:
         super().__init__(message)
         self.worker_id = worker_id
         self.exitcode = exitcode
-
-    def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (_rebuild_worker_died, (self.args[0], self.worker_id, self.exitcode))
-
-
-def _rebuild_worker_died(message: str, worker_id: int, exitcode: int | None) -> WorkerDiedError:
-    return WorkerDiedError(message, worker_id=worker_id, exitcode=exitcode)
 
 
 class PoolClosedError(ShmpoolError, ClosedEnvironmentError, RuntimeError):
@@ -118,16 +118,11 @@ class EventQueueFullError(ShmpoolError, queue.Full):
 class WriterLockTimeoutError(ShmpoolError, TimeoutError):
     """Another writer held the pool's writer lock past the deadline (often a stopped process)."""
 
+    _keywords = ("holder_pid",)
+
     def __init__(self, message: str, *, holder_pid: int | None = None) -> None:
         super().__init__(message)
         self.holder_pid = holder_pid
-
-    def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (_rebuild_lock_timeout, (self.args[0], self.holder_pid))
-
-
-def _rebuild_lock_timeout(message: str, holder_pid: int | None) -> WriterLockTimeoutError:
-    return WriterLockTimeoutError(message, holder_pid=holder_pid)
 
 
 class WriterLockReentryError(ShmpoolError, RuntimeError):
@@ -138,9 +133,6 @@ class WriterLockReentryError(ShmpoolError, RuntimeError):
 class KernelAttributeError(ShmpoolError, AttributeError):
     """An attribute of the gymnasium env that a compiled kernel does not model was set (or read) on a
     ``KernelEnv`` (``engine="numba"``): the kernel would ignore it, so the write is refused instead."""
-
-    def __reduce__(self) -> tuple[type[KernelAttributeError], tuple[Any, ...]]:
-        return (type(self), self.args)
 
 
 class ForeignProcessError(ShmpoolError, RuntimeError):
@@ -156,18 +148,12 @@ class ClusterNodeError(ShmpoolError, RuntimeError):
 
     #: From ``episodes.read()`` when a node failed during the read: what the other nodes handed over.
     records: np.ndarray | None = None
+    _keywords = ("node", "node_id")
 
     def __init__(self, message: str, *, node: int, node_id: str = "") -> None:
         super().__init__(message)
         self.node = node
         self.node_id = node_id
-
-    def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (_rebuild_node_error, (self.args[0], self.node, self.node_id), {"records": self.records})
-
-
-def _rebuild_node_error(message: str, node: int, node_id: str) -> ClusterNodeError:
-    return ClusterNodeError(message, node=node, node_id=node_id)
 
 
 # The package's lazy names of this module become plain attributes now (see ``bind_lazy_names``);

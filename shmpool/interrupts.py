@@ -37,9 +37,7 @@ class interrupts_deferred:  # noqa: N801 - used as a function: ``with interrupts
     #: ``release`` is idempotent and raises the held-back ``KeyboardInterrupt``, if any.
     hold = __enter__
 
-    def release(self) -> None:
-        """Ends the hold; raises ``KeyboardInterrupt`` if Ctrl-C came during it."""
-        self.__exit__()
+    release = __exit__  # ends the hold; raises ``KeyboardInterrupt`` if Ctrl-C came during it
 
     @property
     def pending(self) -> bool:

@@ -232,13 +232,9 @@ class Layout:
         *,
         owner_pid: int,
         owner_start_ticks: int,
-        owner_pid_namespace: int | None = None,
     ) -> None:
-        """Writes the table and the header words, the magic last.
-
-        ``owner_pid_namespace``: the owner's pid namespace (None: this process's), so that a process in
-        another namespace sharing ``/dev/shm`` never judges the owner by a pid that is not its own.
-        """
+        """Writes the table and the header words, the magic last (with this process's pid namespace:
+        a process in another one sharing ``/dev/shm`` must not judge the owner by its pid)."""
         buffer[HEADER_BYTES : HEADER_BYTES + len(self._table)] = self._table
         words = memoryview(buffer)[:HEADER_BYTES].cast("q")
         words[H_VERSION] = LAYOUT_VERSION
@@ -248,7 +244,7 @@ class Layout:
         words[H_STATE] = STATE_STARTING
         words[H_TABLE_OFFSET] = HEADER_BYTES
         words[H_TABLE_LENGTH] = len(self._table)
-        words[H_OWNER_PIDNS] = pid_namespace() if owner_pid_namespace is None else owner_pid_namespace
+        words[H_OWNER_PIDNS] = pid_namespace()
         words.release()
         buffer[0:8] = MAGIC
 

@@ -93,11 +93,8 @@ class PhaseProfile:
 
 
 def per_step(totals: np.ndarray, phases: Sequence[str], steps: int) -> dict[str, float]:
-    """Microseconds per step of each phase, from totals of shape ``(..., len(phases), 2)`` (summed
-    over the leading axes and divided by their count, e.g. averaged over workers)."""
-    flat = totals.reshape(-1, len(phases), 2)
-    nanoseconds = flat[:, :, 0].sum(axis=0) / max(1, len(flat))
-    return {phase: float(nanoseconds[i]) / 1000.0 / max(1, steps) for i, phase in enumerate(phases)}
+    """Microseconds per step of each phase, from totals of shape ``(len(phases), 2)``."""
+    return {phase: float(totals[i, 0]) / 1000.0 / max(1, steps) for i, phase in enumerate(phases)}
 
 
 def per_worker_step(totals: np.ndarray) -> dict[str, float]:

@@ -493,6 +493,5 @@ def ignore_interrupts() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
-def monotonic() -> float:
-    """Seconds on the clock that deadlines use."""
-    return time.monotonic()
+#: Seconds on the clock that deadlines use.
+monotonic = time.monotonic

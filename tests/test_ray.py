@@ -334,6 +334,15 @@ def test_a_refused_step_or_reset_moves_no_env_on_any_node(pool_name: str) -> Non
             fleet.reset(options={"goal": object()})
         observations, *_ = fleet.step(np.array([1, 1, 1, 1]))
         assert observations[:, 0].tolist() == [1, 1, 1, 1] and fleet.global_step == 1  # one step, on every env
+        assert fleet.np_random_seed == (0, 1, 2, 3)  # each env's, as a local pool's (not a trainer's draw)
+        # A refused reset drops no send in flight; nor does a mask that leaves out envs of the node in flight.
+        fleet.send(np.array([1, 1]), node=1)
+        with pytest.raises(ValueError, match=r"seed\[2\] = -1"):
+            fleet.reset(seed=[0, 1, -1, 3])
+        with pytest.raises(RuntimeError, match=r"reset_mask leaves out envs of node\(s\) \[1\], whose send"):
+            fleet.reset(options={"reset_mask": np.array([True, True, True, False])})
+        observations, *_, infos = fleet.recv()
+        assert infos["env_id"].tolist() == [2, 3] and observations[:, 0].tolist() == [2, 2]
         for wait_forever in (
             lambda: fleet.events.send("Reset", [0], wait=float("nan")),
             lambda: shmpool.ray.attach(pool_name, wait=float("nan")),

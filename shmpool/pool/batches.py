@@ -75,8 +75,7 @@ class Batches:
         """Sends the reset the pool has just prepared in the segment (flags, seeds, options) to every
         worker, once ``discard`` has ended what was in flight; ``recv`` returns its observations
         batch by batch."""
-        with interrupts_deferred():  # as send's caller holds it: see _issue
-            self._issue(seq, CMD_RESET, list(range(len(self._slots))))
+        self._issue(seq, CMD_RESET, list(range(len(self._slots))))  # Ctrl-C held back by the caller (see _issue)
 
     def send(self, actions: Any, env_ids: Any, seq: Callable[[], int]) -> int:
         """Writes ``actions`` (one row per env id) and starts the step of the envs' workers; returns
@@ -131,7 +130,9 @@ class Batches:
         now = monotonic()
         if now >= self._next_check:
             self._next_check = now + TRAINER_POLL_INTERVAL
-            self._check_in_flight(now)
+            busy = self._busy()  # dead or late workers in flight, whether or not others have results ready
+            if busy:
+                self._waiter.check_pending(busy, self._sent_at, "recv", now)
         in_sent_order = self._in_sent_order
         if len(ready) < needed or in_sent_order:
             busy = self._busy()
@@ -190,13 +191,6 @@ class Batches:
         yet must not lend its deadline to one sent just now."""
         limit = self._config.timeout
         return None if limit is None else min(self._sent_at[k] for k in busy) + limit
-
-    def _check_in_flight(self, now: float) -> None:
-        """Raises if a worker in flight died, or has been stepping for longer than the pool's
-        ``timeout``, whether or not other workers have results ready."""
-        busy = self._busy()
-        if busy:
-            self._waiter.check_pending(busy, self._sent_at, "recv", now)
 
     def _mark_ready(self, finished: list[int], busy: dict[int, int]) -> None:
         """Moves the workers that ``wait_some`` found finished from ``busy`` to the ready queue."""

@@ -68,8 +68,9 @@ class CommandChannel:
         self.env_steps = 0  # env steps taken: num_envs per step, the envs sent per send
         self._rate_since = (monotonic(), 0)
 
-    def enter(self) -> None:
-        """Raises if the pool cannot be used; finishes a command that Ctrl-C interrupted."""
+    def enter(self, *, settle: bool = False) -> None:
+        """Raises if the pool cannot be used; finishes a command that Ctrl-C interrupted; with
+        ``settle``, then waits for async batches in flight (``settle_batches``)."""
         self._check_open()
         if self.broken is not None:
             raise PoolBrokenError(
@@ -79,6 +80,8 @@ class CommandChannel:
         if self.pending is not None:  # a reset or step was interrupted: let the workers finish it
             self.finish("an interrupted call")
         self.usable = True
+        if settle:
+            self.settle_batches()
 
     def settle_batches(self, *, discard: bool = False) -> None:
         """Waits for async batches in flight (before a control call, a checkpoint or a reset, which
@@ -144,27 +147,24 @@ class CommandChannel:
             f"autoreset_mode DISABLED, reset them with reset(options={{'reset_mask': mask}}) before stepping"
         )
 
-    def count_send(self) -> None:
-        """Counts an async send that went out as one step of the pool, and publishes the count."""
+    def count_send(self, env_steps: int) -> None:
+        """Counts an async send of ``env_steps`` envs that went out as one step of the pool."""
         self.global_step += 1
         self._header[H_GLOBAL_STEP] = self.global_step
+        self.count_env_steps(env_steps)
 
     def count_env_steps(self, env_steps: int) -> None:
-        """Counts ``env_steps`` for ``stats``; every 64 steps (or sends) publishes the rate and rolls
-        back what a dead writer left (its rows stay unread until then, unless another writer does)."""
+        """Counts ``env_steps`` for ``stats``; every 64 steps (or sends) publishes the env steps per second
+        over the last second or so, and rolls back what a dead writer left (its rows stay unread until
+        then, unless another writer does)."""
         self.env_steps += env_steps
         if self.global_step % 64 == 0:
-            self.publish_rate()
+            now = monotonic()
+            elapsed = now - self._rate_since[0]
+            if elapsed >= 1.0:
+                self._header[H_STEPS_PER_SECOND] = int((self.env_steps - self._rate_since[1]) / elapsed)
+                self._rate_since = (now, self.env_steps)
             self._recover_writers()
-
-    def publish_rate(self) -> None:
-        """Env steps per second over the last second or so, for attached processes (``stats``)."""
-        now = monotonic()
-        elapsed = now - self._rate_since[0]
-        if elapsed >= 1.0:
-            rate = (self.env_steps - self._rate_since[1]) / elapsed
-            self._header[H_STEPS_PER_SECOND] = int(rate)
-            self._rate_since = (now, self.env_steps)
 
 
 class PartialSteps:
@@ -287,7 +287,7 @@ class CallRouter:
                 if worker_id == local_id:
                     continue
                 try:
-                    lifecycle.send_call(worker_id, message)
+                    lifecycle.call_pipes[worker_id].send_bytes(message)
                 except OSError:  # its end of the pipe is gone: the worker died while idle
                     pass  # the wait below names it (WorkerDiedError)
             local_answer = local.call(seq, by_worker[-1]) if local is not None else None
@@ -371,26 +371,26 @@ class ResetEncoder:
         self._launch_seed = parts.config.seed
         self._fields = parts.lifecycle.views
         self._ended = ended
-        #: Envs no reset has reached yet: the launch seed seeds each one's first reset.
-        self._never_reset = np.ones(self._num_envs, dtype=np.bool_)
+        #: Envs no reset has reached yet: the launch seed seeds each one's first reset (read it only).
+        self.never_reset = np.ones(self._num_envs, dtype=np.bool_)
         #: Whether every env has been reset (a step before that is refused: ``refuse_step``); kept,
-        #: not worked out from ``_never_reset``, because every step reads it.
+        #: not worked out from ``never_reset``, because every step reads it.
         self.all_reset = False
 
     def encode(self, seed: int | Sequence[int | None] | None, options: dict[str, Any] | None) -> EncodedReset:
         """The reset's seeds, mask and options, checked: a reset refused for its arguments raises here,
         before anything changed (async batches in flight included)."""
         n = self._num_envs
-        if seed is None and self._launch_seed is not None and self._never_reset.any():
+        if seed is None and self._launch_seed is not None and self.never_reset.any():
             # Masked resets too (SB3's ShmpoolVecEnv resets groups of envs with different options).
-            seed = [self._launch_seed + i if first else None for i, first in enumerate(self._never_reset.tolist())]
+            seed = [self._launch_seed + i if first else None for i, first in enumerate(self.never_reset.tolist())]
         seeds = checked_seeds(seed, n)
         mask = np.ones(n, dtype=np.bool_)
         encoded = None
         if options is not None:
             options = dict(options)
             if "reset_mask" in options:
-                mask = self.check_mask(options.pop("reset_mask"))
+                mask = check_reset_mask(options.pop("reset_mask"), n)
             encoded = encode_options(options)
         return EncodedReset(seeds, mask, encoded)
 
@@ -413,26 +413,15 @@ class ResetEncoder:
         # Workers restart their step count from the pool's: after async batches, where each worker
         # counted its own steps, hooks, events and records go back to the pool's numbering.
         fields["reset_global_step"][0] = global_step
-        self._never_reset[mask] = False  # before the command: a reset that Ctrl-C interrupts is still done later
-        self.all_reset = not self._never_reset.any()
-
-    @property
-    def never_reset(self) -> np.ndarray:
-        """Per env: whether no reset has reached it yet (read-only)."""
-        view = self._never_reset.view()
-        view.flags.writeable = False
-        return view
+        self.never_reset[mask] = False  # before the command: a reset that Ctrl-C interrupts is still done later
+        self.all_reset = not self.never_reset.any()
 
     def refuse_step(self, where: str) -> None:
         """Raises gymnasium's ``ResetNeeded`` naming the envs never reset, for a step asked before
         every env was (``all_reset``): in the trainer, before anything is sent, since an env raising
         it in a worker would break the pool."""
-        never = np.flatnonzero(self._never_reset).tolist()
+        never = np.flatnonzero(self.never_reset).tolist()
         raise ResetNeeded(f"{where}: envs {never!r:.80} were never reset; call reset() (or async_reset()) first")
-
-    def check_mask(self, mask: Any) -> np.ndarray:
-        """``options["reset_mask"]`` if it is one gymnasium takes, else the error gymnasium raises."""
-        return check_reset_mask(mask, self._num_envs)
 
 
 def check_reset_mask(mask: Any, num_envs: int) -> np.ndarray:

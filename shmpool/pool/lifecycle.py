@@ -160,7 +160,7 @@ def plan_layout(config: PoolConfig, observation_leaves: Sequence[Leaf], action_l
             ("params", block_dtype(param_specs), (n,)),
             ("params_seq", np.int64, (n,)),
             ("params_undo", block_dtype(param_specs), (n,)),
-            ("applied", applied_dtype(param_specs), (n,)),
+            ("applied", applied, (n,)),
             ("param_refusals", np.int64, (w, len(param_specs))),
             ("param_refusal_text", REFUSAL_TEXT_DTYPE, (w, len(param_specs))),
         ]
@@ -331,11 +331,6 @@ class Lifecycle:
             module_name, class_name = LOCAL_SLOT_ENTRY_POINT.split(":")
             self.local = getattr(importlib.import_module(module_name), class_name)(local_config, self.views)
 
-    def mark_running(self) -> None:
-        """Tells attached processes that the pool is up."""
-        assert self.header is not None
-        self.header[H_STATE] = STATE_RUNNING
-
     def next_seq(self) -> int:
         """The sequence number of the next command (taken before sending, so that an interrupted
         send can be repeated with the same number)."""
@@ -359,9 +354,10 @@ class Lifecycle:
         if self.local is not None and self.local_id in targets:
             self.local.run(seq, command)  # after the workers started theirs: the steps overlap
 
-    def send_call(self, worker_id: int, message: bytes) -> None:
-        """Sends an encoded call request (``shmpool.calls``) on worker ``worker_id``'s pipe."""
-        self.call_pipes[worker_id].send_bytes(message)
+    def mark_running(self) -> None:
+        """Tells attached processes that the pool is up."""
+        assert self.header is not None
+        self.header[H_STATE] = STATE_RUNNING
 
     def disown(self) -> None:
         """In a forked child: forgets the parent's workers, so that multiprocess's exit handler in the
@@ -389,15 +385,13 @@ class Lifecycle:
             alive = [k for k, process in enumerate(self.processes) if process.is_alive()]
             if alive:
                 self.send(self.next_seq(), CMD_CLOSE, alive)
-        deadline = monotonic() + CLOSE_GRACE
-        for process in self.processes:
-            process.join(max(0.0, deadline - monotonic()))
-        for stop, grace in (("terminate", 1.0), ("kill", 1.0)):
+        for stop, grace in ((None, CLOSE_GRACE), ("terminate", 1.0), ("kill", 1.0)):
             lingering = [process for process in self.processes if process.is_alive()]
             if not lingering:
                 break
             for process in lingering:
-                getattr(process, stop)()
+                if stop is not None:
+                    getattr(process, stop)()
             deadline = monotonic() + grace
             for process in lingering:
                 process.join(max(0.0, deadline - monotonic()))

@@ -320,8 +320,7 @@ class Pool(SharedChannels, VectorEnv):
                 try:
                     sent = self._batches.send(actions, env_ids, self._lifecycle.next_seq)
                     went_out = True
-                    self._commands.count_send()
-                    self._commands.count_env_steps(sent)
+                    self._commands.count_send(sent)
                 except BaseException as error:
                     if isinstance(error, ShmpoolError):
                         self._commands.broken = error
@@ -426,24 +425,21 @@ class Pool(SharedChannels, VectorEnv):
     def _apply(self, requests: list[Request], what: str) -> list[Any]:
         """Runs a control call's requests in the workers and returns the results in request order."""
         with self._calls.checked():
-            self._commands.enter()
-            self._commands.settle_batches()  # a worker mid-step would take the call for its next command
+            self._commands.enter(settle=True)  # a worker mid-step would take the call for its next command
             answers = self._call_router.run(requests, what)
         return self._call_router.results(answers, what)
 
     def state_dict(self) -> Any:
         """As on an attached handle (``SharedChannels.state_dict``), once no env is stepping."""
         with self._calls.checked():
-            self._commands.enter()
-            self._commands.settle_batches()
+            self._commands.enter(settle=True)
             return super().state_dict()
 
     def load_state_dict(self, state: Any, *, same_draws: bool = True) -> None:
         """As on an attached handle (``SharedChannels.load_state_dict``), once no env is stepping (an
         interrupted step finished, async batches waited for): none resets while the episode indices land."""
         with self._calls.checked():
-            self._commands.enter()
-            self._commands.settle_batches()
+            self._commands.enter(settle=True)
             super().load_state_dict(state, same_draws=same_draws)
 
     def close_extras(self, **kwargs: Any) -> None:

@@ -228,8 +228,8 @@ class Waiter:
     def raise_failures(self, phase: str) -> None:
         """Raises the ``WorkerError`` of the first worker that reported a failure, if any."""
         words = self.words
-        for worker_id in range(len(self._slots)):
-            if words[worker_id * CONTROL_WORDS + CTL_STATUS] == WORKER_FAILED:
+        for worker_id, status in enumerate(self._status):
+            if words[status] == WORKER_FAILED:
                 raise self._worker_error(worker_id, phase)
 
     def _worker_error(self, worker_id: int, phase: str) -> WorkerError:

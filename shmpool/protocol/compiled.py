@@ -32,7 +32,7 @@ def _fence_typing(typingctx: Any) -> Any:
 
 
 #: A compiler barrier: no load or store moves across it (on x86-64 it emits no instruction, the CPU
-#: keeping the order of stores, and of loads: ``shmpool.protocol.memory_model``).
+#: keeping the order of stores, and of loads: ``shmpool.protocol.check_memory_model``).
 compiler_fence: Any = intrinsic(_fence_typing)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -17,6 +17,9 @@ from shmpool.params import ParamSpec
 
 from .fleet import ClusterStats, NodeInfo, _Fleet
 from .params import ClusterParams
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 #: Bumped when the shape of a cluster pool's ``state_dict()`` changes.
 CLUSTER_STATE_VERSION = 1
@@ -121,8 +124,8 @@ class ClusterEvents:
                 index: (hook, None, payload, at_step) for index in range(len(fleet.nodes))
             }
         else:
-            by_node = fleet.split(np.unique(env_rows(env_ids, fleet.num_envs)))
-            pending = {index: (hook, local.tolist(), payload, at_step) for index, local in by_node.items()}
+            by_node = fleet.locate(np.unique(env_rows(env_ids, fleet.num_envs)))
+            pending = {index: (hook, local.tolist(), payload, at_step) for index, (_, local) in by_node.items()}
         deadline = deadline_after(wait, f"{self._label}: events.send")
         while pending:
             sent = fleet.call("send_event", pending, "events.send")
@@ -149,6 +152,14 @@ class _ClusterChannels:
 
     def _check_open(self) -> None:  # pragma: no cover - every subclass defines it
         raise NotImplementedError
+
+    close: Callable[..., None]
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
 
     @property
     def nodes(self) -> list[NodeInfo]:
@@ -198,17 +209,7 @@ class _ClusterChannels:
     def stats(self) -> ClusterStats:
         """Every node's ``PoolStats``, with totals."""
         self._check_open()
-        nodes = self._fleet.call_all("stats", "stats")
-        refusals: dict[str, int] = {}
-        for node in nodes:
-            for name, count in node.refusals.items():
-                refusals[name] = refusals.get(name, 0) + count
-        return ClusterStats(
-            nodes=nodes,
-            steps_per_second=sum(node.steps_per_second for node in nodes),
-            episodes=sum(node.episodes for node in nodes),
-            refusals=refusals,
-        )
+        return ClusterStats.of(self._fleet.call_all("stats", "stats"))
 
     def state_dict(self) -> dict[str, Any]:
         """A checkpoint of every node's pool, as plain data: ``{"version", "num_envs", "nodes"}``

@@ -90,12 +90,6 @@ class ClusterPool(_ClusterChannels, VectorEnv):
         state = "closed" if self.closed else ("failed" if self._fleet.failed else "running")
         return f"ClusterPool({self.name!r}, num_envs={self.num_envs}, nodes={len(self._fleet.nodes)}, {state})"
 
-    def __enter__(self) -> ClusterPool:
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
-
     def _check_open(self) -> None:
         self._fleet.check_open()
 
@@ -109,18 +103,16 @@ class ClusterPool(_ClusterChannels, VectorEnv):
         ``seed``: an int (global env ``i`` gets ``seed + i``), one seed (or None) per env, or None.
         Any ``send`` in flight is waited for and its results dropped.
         """
-        self._drain()
+        self._check_open()
         arguments = self._reset_arguments(seed, options)
+        self._drain()
         results = self._fleet.call("reset", arguments, "reset")
-        parts = []
-        for index in range(len(self._fleet.nodes)):
-            if index in results:
-                self._observations[index] = results[index][0]
-                parts.append((index, results[index][0], results[index][1]))
-            else:  # masked out: its envs keep their observations, as gymnasium's vector envs do
-                parts.append((index, self._observations[index], {}))
-        observations = concat([part[1] for part in parts])
-        return observations, merge_infos([part[2] for part in parts], self._counts())
+        for index, (observations, _) in results.items():
+            self._observations[index] = observations
+        # A node masked out keeps its observations, as gymnasium's vector envs do.
+        observations = concat([self._observations[k] for k in range(len(self._fleet.nodes))])
+        infos = [results[k][1] if k in results else {} for k in range(len(self._fleet.nodes))]
+        return observations, merge_infos(infos, self._counts())
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Steps every env with its row of ``actions``; each node steps its pool, all at once.
@@ -138,16 +130,10 @@ class ClusterPool(_ClusterChannels, VectorEnv):
         parts = split_actions(actions, fleet.starts, self.num_envs)
         results = fleet.call("step", {index: (part, True) for index, part in enumerate(parts)}, "step")
         self._global_step += 1
-        ordered = [results[index] for index in range(len(fleet.nodes))]
-        for index, result in enumerate(ordered):
-            self._observations[index] = result[0]
-        return (
-            concat([result[0] for result in ordered]),
-            np.concatenate([result[1] for result in ordered]),
-            np.concatenate([result[2] for result in ordered]),
-            np.concatenate([result[3] for result in ordered]),
-            merge_infos([result[4] for result in ordered], self._counts()),
-        )
+        observations, rewards, terminations, truncations, infos = zip(*(results[k] for k in range(len(fleet.nodes))))
+        self._observations.update(enumerate(observations))
+        flat = (np.concatenate(rewards), np.concatenate(terminations), np.concatenate(truncations))
+        return concat(list(observations)), *flat, merge_infos(list(infos), self._counts())
 
     # -- asynchronous: one node at a time ---------------------------------------------------------------
 
@@ -159,9 +145,9 @@ class ClusterPool(_ClusterChannels, VectorEnv):
         self._check_open()
         if options is not None and "reset_mask" in options:
             raise ValueError("async_reset resets every env: reset_mask belongs to reset()")
-        self._drain()
         fleet = self._fleet
         arguments = self._reset_arguments(seed, options)
+        self._drain()
         fleet.check_nodes(list(arguments), "async_reset")
         for index, args in arguments.items():
             self._in_flight[index] = (fleet.hosts[index].reset.remote(*args), "reset")
@@ -331,6 +317,16 @@ class ClusterPool(_ClusterChannels, VectorEnv):
         arguments = {node.index: (name, list(values[node.env_ids.start : node.env_ids.stop])) for node in fleet.nodes}
         fleet.call("set_attr", arguments, f"set_attr({name!r})")
 
+    @property
+    def np_random_seed(self) -> tuple[int, ...]:  # type: ignore[override]
+        """The seed of each env's random number generator, as a local pool reports it."""
+        return self.get_attr("np_random_seed")
+
+    @property  # type: ignore[misc]
+    def np_random(self) -> tuple[np.random.Generator, ...]:  # type: ignore[override]
+        """A copy of each env's random number generator (the envs keep their own)."""
+        return self.get_attr("np_random")
+
     def render(self) -> tuple[Any, ...] | None:  # type: ignore[override]
         """Every env's ``render()``."""
         return self.call("render")
@@ -361,6 +357,14 @@ class ClusterPool(_ClusterChannels, VectorEnv):
                     raise ValueError(
                         f"the first reset of cluster pool {self.name!r} must reset an env of every node: "
                         f"`options['reset_mask']` resets none of node(s) {skipped}'s"
+                    )
+                # As a local pool: a send's results that no recv() returned would be dropped for the
+                # envs left out, and an episode end among them never seen.
+                dropped = [k for k in sorted(self._in_flight) if not mask[fleet.nodes[k].env_ids].all()]
+                if dropped:
+                    raise RuntimeError(
+                        f"cluster pool {self.name!r}: this reset_mask leaves out envs of node(s) {dropped}, whose "
+                        f"send() no recv() returned yet: they would be dropped; recv() them first, or reset them too"
                     )
             encode_options(options)
         arguments = {}

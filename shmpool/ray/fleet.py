@@ -50,6 +50,15 @@ class ClusterStats:
     episodes: int  # episodes finished so far, all nodes together
     refusals: dict[str, int]  # raw parameter writes the workers refused, per parameter, all nodes together
 
+    @classmethod
+    def of(cls, nodes: list[PoolStats]) -> ClusterStats:
+        refusals: dict[str, int] = {}
+        for node in nodes:
+            for name, count in node.refusals.items():
+                refusals[name] = refusals.get(name, 0) + count
+        steps, episodes = sum(node.steps_per_second for node in nodes), sum(node.episodes for node in nodes)
+        return cls(nodes=nodes, steps_per_second=steps, episodes=episodes, refusals=refusals)
+
 
 def import_ray() -> Any:
     """The ``ray`` module, imported on first use (``import shmpool.ray`` does not import it)."""
@@ -209,15 +218,6 @@ class _Fleet:
             return bool(ray.get(self.registry.closing.remote(), timeout=QUICK_CALL))
         except ray.exceptions.RayError:
             return True
-
-    def split(self, ids: np.ndarray) -> dict[int, np.ndarray]:
-        """Sorted global env ids -> {node: its local env ids}, for the nodes that hold some."""
-        cuts = np.searchsorted(ids, self.starts)
-        return {
-            index: ids[cuts[index] : cuts[index + 1]] - self.starts[index]
-            for index in range(len(self.nodes))
-            if cuts[index + 1] > cuts[index]
-        }
 
     def locate(self, ids: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """Global env ids in any order (repeats kept) -> {node: (their places in ``ids``, their

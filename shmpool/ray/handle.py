@@ -72,12 +72,6 @@ class ClusterHandle(_ClusterChannels):
         except ray.exceptions.RayError:
             pass  # a host gone with its pool: nothing of this handle's is left there
 
-    def __enter__(self) -> ClusterHandle:
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         return (
             f"ClusterHandle({self.name!r}, env={self.env!r}, num_envs={self.num_envs}, nodes={len(self._fleet.nodes)})"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -196,19 +197,10 @@ def _describe(name: str, infos: dict[int, dict[str, Any]], provisional: list[Nod
                     "every node must build the same env (same gymnasium and env versions)"
                 )
     nodes = [
-        NodeInfo(node.index, info["node_id"], info["address"], info["hostname"], node.pool, node.env_ids)
-        for node, info in ((node, infos[node.index]) for node in provisional)
+        replace(node, **{key: infos[node.index][key] for key in ("node_id", "address", "hostname")})
+        for node in provisional
     ]
-    keep = ("single_observation_space", "single_action_space", "metadata", "render_mode", "autoreset_mode")
-    return {
-        **{key: first[key] for key in keep},
-        "nodes": nodes,
-        "env": first["env"],
-        "params": first["params"],
-        "params_dtype": first["params_dtype"],
-        "episode_dtype": first["episode_dtype"],
-        "hooks": first["hooks"],
-        "timeout": first["timeout"],
-        "worker_pids": [infos[index]["worker_pids"] for index in sorted(infos)],
-        "host_pids": [infos[index]["pid"] for index in sorted(infos)],
-    }
+    keep = ["single_observation_space", "single_action_space", "metadata", "render_mode", "autoreset_mode", "env"]
+    keep += ["params", "params_dtype", "episode_dtype", "hooks", "timeout"]
+    worker_pids = [infos[index]["worker_pids"] for index in sorted(infos)]
+    return {**{key: first[key] for key in keep}, "nodes": nodes, "worker_pids": worker_pids}

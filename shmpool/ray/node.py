@@ -57,7 +57,6 @@ class _Host:
         except AttributeError:  # launched without hooks: it takes no events
             hooks = []
         return {
-            "pid": os.getpid(),
             "worker_pids": pool.worker_pids,
             "hostname": socket.gethostname(),
             "address": ray.util.get_node_ip_address(),

@@ -12,7 +12,7 @@ import numpy as np
 from shmpool.param_block import env_rows, named_specs, set_own_attribute, validate
 from shmpool.params import ParamSpec, unknown_parameter
 
-from .fleet import _Fleet
+from .fleet import ClusterStats, _Fleet
 
 
 class ClusterParams:
@@ -81,8 +81,7 @@ class ClusterParams:
     def refusals(self) -> dict[str, int]:
         """How many raw writes each parameter's workers refused so far, all nodes together."""
         self._check()
-        stats = self._fleet.call_all("stats", "stats")
-        return {name: sum(node.refusals.get(name, 0) for node in stats) for name in self.specs}
+        return ClusterStats.of(self._fleet.call_all("stats", "stats")).refusals
 
     def write(self, env_ids: int | Sequence[int] | slice | np.ndarray | None, **values: Any) -> int:
         """Validates ``values`` once, then writes each node's rows into its block (atomically per env,
@@ -106,8 +105,9 @@ class ClusterParams:
         specs = named_specs(self.specs, values)
         if not len(ids):  # no env (an empty list or slice): nothing to write, no version to wait for
             return 0
-        order = np.argsort(ids, kind="stable")
-        by_node = fleet.split(np.unique(ids))
+        unique, reversed_first = np.unique(ids[::-1], return_index=True)
+        last = len(ids) - 1 - reversed_first  # each env's row of the values: its last, as ParamBlock.write
+        by_node = fleet.locate(unique)
         fleet.check_nodes(list(by_node), "params.write")
         # A dict that leaves some of a distribution's arguments out keeps the block's values for them:
         # those are needed to validate the write as a whole (each node checks again under its lock).
@@ -119,9 +119,8 @@ class ClusterParams:
         staged = {spec.name: self._stage(spec, ids, values[spec.name], current) for spec in specs}
         version = fleet.next_version()
         arguments = {}
-        for index, local in by_node.items():
-            # Each env's row of the values: its last, if it was given twice (as ParamBlock.write).
-            rows = order[np.searchsorted(ids, local + fleet.starts[index], side="right", sorter=order) - 1]
+        for index, (places, local) in by_node.items():
+            rows = last[places]
             every = env_ids is None or len(local) == len(fleet.nodes[index].env_ids)
             part = {name: _rows_of(value, rows) for name, value in staged.items()}
             arguments[index] = (version, None if every else local, part)
@@ -129,9 +128,8 @@ class ClusterParams:
         return version
 
     def _stage(self, spec: ParamSpec, ids: np.ndarray, value: Any, current: np.ndarray | None) -> Any:
-        """The validated rows of one parameter (a dict of them per given argument for a
-        distribution): the rule of ``ParamBlock.write``, so a node refuses what passes here only if
-        another writer changed its block meanwhile."""
+        """The validated rows of one parameter: the rule of ``ParamBlock.write``, so a node refuses
+        what passes here only if another writer changed its block meanwhile."""
         return validate(spec, ids, value, lambda arg: current[spec.name][arg], self._label)  # type: ignore[index]
 
 
