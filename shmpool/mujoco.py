@@ -51,11 +51,6 @@ class Simulation:
         #: its env's ``MjModel`` was copied. One array, so that a write to many sets it in one store.
         self.models_changed = models_changed
 
-    @property
-    def model_changed(self) -> bool:
-        """Whether a binding changed this simulation's model since its env's ``MjModel`` was copied."""
-        return bool(self.models_changed[self.index])
-
 
 def simulation_of(env: Any) -> Simulation | None:
     """The batch simulation that runs ``env`` under ``engine="mujoco"``; None for an env of its own."""
@@ -124,13 +119,8 @@ class ModelBinding:
             return self.resolve_in_batch(simulation)
         model, data = _model_and_data(env)
         owner, attribute = (model.opt, self.field[4:]) if self.field.startswith("opt.") else (model, self.field)
-        location = self._location(model)
         scalar = not isinstance(getattr(owner, attribute), np.ndarray)
-        if scalar:
-            nominal = np.array(getattr(owner, attribute))
-        else:
-            array = getattr(owner, attribute)
-            nominal = np.array(array[location])
+        location, nominal = self._nominal_value(model)
         scratch = mujoco.MjData(model) if self.set_const else None
 
         def read() -> Any:

@@ -14,6 +14,7 @@ from gymnasium.vector import AutoresetMode
 from shmpool.config import WorkerConfig, factory_of, make_env
 from shmpool.episodes import EpisodeWriter
 from shmpool.infos import InfoWriter
+from shmpool.kernels.env import NO_LIMIT
 from shmpool.layout import RESET_THIS_ENV, RESET_WITH_SEED, seed_of
 from shmpool.spaces import ObservationWriter, assemble, flatten, is_leaf, leaves
 from shmpool.workers.hook_runner import HookRunner
@@ -71,7 +72,15 @@ class Slot:
 
     def hook_engine(self) -> tuple[str, Any, np.ndarray | None]:
         """What ``HookRunner.on_launch`` tells the hooks: the engine, and a kernel's kernel and state."""
-        return "python", None, None
+        return self._config.engine, None, None
+
+    def _make_all(self, make: Any) -> None:
+        """Makes every env of the slot with ``make(local)``, naming the one that fails."""
+        self._episode_index[:] = -1  # no episode until the first reset
+        for local in range(self.stop - self.start):
+            self.current_env = self.start + local
+            self.envs.append(make(local))
+        self.current_env = None
 
     def _remake(self, index: int) -> Any:
         """A new env at row ``index`` (a rebuild parameter changed), the old one released."""
@@ -221,6 +230,14 @@ class ArraySlot(Slot):
         self._obs = views[obs_leaf.field_name("observations")][rows]
         self._final_obs = views[obs_leaf.field_name("final_observations")][rows] if self.same_step else None
         self._actions = views[act_leaf.field_name("actions")][rows]
+        count = self.stop - self.start
+        self._elapsed = np.zeros(count, dtype=np.int64)
+        self._limits = np.full(count, NO_LIMIT, dtype=np.int64)
+        self._needs_reset = np.zeros(count, dtype=np.bool_)
+        self._stepped = np.zeros(count, dtype=np.bool_)
+        self._returns = np.zeros(count, dtype=np.float64)
+        self._lengths = np.zeros(count, dtype=np.int64)
+        self._starts = np.full(count, time.perf_counter())
 
     def request_reset(self, rows: np.ndarray) -> None:
         """Makes the envs at ``rows`` reset instead of stepping this step (hooks ask for it)."""
@@ -261,6 +278,30 @@ class ArraySlot(Slot):
     def _read_actions(self) -> Any:
         """A private copy of the slot's actions (hooks may edit it)."""
         return self._actions.copy()
+
+    def _restart_rows(self, rows: np.ndarray) -> None:
+        """Starts the next episode of the envs at ``rows`` and resets them."""
+        raise NotImplementedError
+
+    def _reset_due(self) -> None:
+        """Resets the envs due for it (they do not step) and clears their step results."""
+        rows = np.flatnonzero(self._needs_reset)
+        self._restart_rows(rows)
+        self._rewards[rows], self._terminations[rows], self._truncations[rows] = 0.0, False, False
+        self._needs_reset[:] = False
+
+    def _end_rows(self, rows: np.ndarray, infos: dict[str, np.ndarray] | None) -> list[int]:
+        """Ends the episodes at ``rows``: restarted now under same-step autoreset (returned, for
+        ``on_reset``), else due for a reset at their next step."""
+        self._end_episodes(rows, infos)
+        if self.same_step:
+            assert self._final_obs is not None
+            self._final_obs[rows] = self._obs[rows]
+            self._restart_rows(rows)
+            return rows.tolist()  # type: ignore[no-any-return]
+        if self.autoreset:
+            self._needs_reset[rows] = True
+        return []
 
 
 class EnvSlot(Slot):
@@ -303,14 +344,10 @@ class EnvSlot(Slot):
 
     def build(self) -> None:
         """Makes the slot's envs and checks their spaces against the pool's."""
-        self._episode_index[:] = -1  # no episode until the first reset
-        for env_id in range(self.start, self.stop):
-            self.current_env = env_id
-            self.envs.append(self._make(env_id))
-        self.current_env = None
+        self._make_all(self._make)
 
-    def _make(self, env_id: int) -> gymnasium.Env:
-        local = env_id - self.start
+    def _make(self, local: int) -> gymnasium.Env:
+        env_id = self.start + local
         kwargs = self._config.env_kwargs
         if self._params is not None:
             kwargs = {**kwargs, **self._params.constructor_kwargs(local)}
@@ -372,7 +409,7 @@ class EnvSlot(Slot):
 
     def _remake(self, index: int) -> gymnasium.Env:
         self.envs[index].close()
-        return self._make(self.start + index)
+        return self._make(index)
 
     def _reset_env(self, index: int, env: Any, seed: int | None, options: dict[str, Any] | None) -> None:
         observation, env_info = env.reset(seed=seed, options=options)

@@ -38,26 +38,21 @@ def inner_step(env: gymnasium.Env) -> tuple[Callable[[Any], Any], TimeLimit | No
             return layer.step, limit
         if kind is TimeLimit and limit is None:
             if "_elapsed_steps" not in state or "_max_episode_steps" not in state:
-                return _through_wrappers(env)
+                return env.step, None  # an unknown layout: through every wrapper
             if state["_elapsed_steps"] is None:  # not reset yet
                 return None
             limit = layer
         elif kind is OrderEnforcing:
             if not isinstance(state.get("_has_reset"), bool):
-                return _through_wrappers(env)
+                return env.step, None  # an unknown layout: through every wrapper
             if not state["_has_reset"]:
                 return None
         elif kind is PassiveEnvChecker:
             # The step's checks: one flag in gymnasium 1.1 and 1.2, two since 1.3.
             if "checked_step" not in state:
-                return _through_wrappers(env)
+                return env.step, None  # an unknown layout: through every wrapper
             if not (state["checked_step"] and state.get("checked_data_reuse", True)):
                 return None
         else:
             return layer.step, limit
         layer = layer.env
-
-
-def _through_wrappers(env: gymnasium.Env) -> tuple[Callable[[Any], Any], None]:
-    """The plain ``env.step``, for wrappers whose state ``inner_step`` does not recognize."""
-    return env.step, None

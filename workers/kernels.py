@@ -20,7 +20,7 @@ import numpy as np
 
 from shmpool.config import WorkerConfig
 from shmpool.infos import InfoWriter
-from shmpool.kernels import NO_LIMIT, BatchKernel, KernelEnv, load
+from shmpool.kernels import BatchKernel, KernelEnv, load
 from shmpool.params import ParamSpec, in_float64_words, is_plain_float64
 from shmpool.workers.envs import ArraySlot
 from shmpool.workers.param_applier import ParamApplier
@@ -154,12 +154,10 @@ class KernelSlot(ArraySlot):
             "state": np.zeros((count, self.kernel.state_size), dtype=np.float64),
             "params": self.kernel.nominal(count, kwargs),
             "observations": self._obs,
-            "elapsed": np.zeros(count, dtype=np.int64),
-            # Each env's time limit (its KernelEnv's _max_episode_steps), set when it is made.
-            "limits": np.full(count, NO_LIMIT, dtype=np.int64),
+            "elapsed": self._elapsed,
+            "limits": self._limits,  # each env's time limit (its KernelEnv's _max_episode_steps)
         }
-        self._state, self._matrix, self._elapsed = self.arrays["state"], self.arrays["params"], self.arrays["elapsed"]
-        self._limits = self.arrays["limits"]
+        self._state, self._matrix = self.arrays["state"], self.arrays["params"]
         # Autoresets run compiled (_restart_drawn) when nothing must happen in Python at an episode's
         # start: the kernel can start an env from drawn values, resets come at the next step, and no
         # parameter is applied, drawn or rebuilt per episode.
@@ -175,25 +173,16 @@ class KernelSlot(ArraySlot):
             self.arrays["cursor"] = np.full(count, RESETS_DRAWN_AHEAD, dtype=np.int64)  # none drawn yet
             self._current_draws = np.zeros((count, width))
             self._restarting = np.zeros(count, dtype=np.bool_)
-        self._needs_reset = np.zeros(count, dtype=np.bool_)
-        self._stepped = np.zeros(count, dtype=np.bool_)
         self._stepping = np.zeros(count, dtype=np.bool_)
         self._ended = np.zeros(count, dtype=np.bool_)
-        self._returns = np.zeros(count, dtype=np.float64)
-        self._lengths = np.zeros(count, dtype=np.int64)
-        self._starts = np.full(count, time.perf_counter())
 
     def build(self) -> None:
         """Makes the slot's env views, applies the parameters, and compiles the kernel (or loads it
         from numba's cache) by calling it over envs that do not step, so no step pays for it."""
-        self._episode_index[:] = -1  # no episode until the first reset
         if self._params is not None:
             self._columns = KernelColumns(self._params.specs, self._matrix, self.kernel)
             self._params.land_in(self._columns)
-        for local in range(self.stop - self.start):
-            self.current_env = self.start + local
-            self.envs.append(self._make(local))
-        self.current_env = None
+        self._make_all(self._make)
         idle = self._stepping  # all False: nothing steps, nothing is counted
         self.kernel.step(
             self._state, self._matrix, self._actions.copy(), idle, self._obs, self._rewards, self._terminations
@@ -244,13 +233,7 @@ class KernelSlot(ArraySlot):
         needs_reset, stepping = self._needs_reset, self._stepping
         np.logical_not(needs_reset, out=stepping)
         if not stepping.all() and (not self._drawn_resets or self._restart_drawn()):
-            for index in np.flatnonzero(needs_reset).tolist():  # the others (all, without drawn resets)
-                self.current_env = self.start + index
-                env, seed = self._begin_episode(index)
-                env.reset(seed=seed)  # draws its next resets ahead again, with drawn resets
-                self._rewards[index], self._terminations[index], self._truncations[index] = 0.0, False, False
-            needs_reset[:] = False
-            self.current_env = None
+            self._reset_due()  # the others (all, without drawn resets)
         self.kernel.step(self._state, self._matrix, actions, stepping, self._obs, self._rewards, self._terminations)
         self._slot.time_limit(self._elapsed, stepping, self._limits, self._truncations, self._stepped)
 
@@ -320,6 +303,14 @@ class KernelSlot(ArraySlot):
         )
         episodes.publish(count)  # after the records: a reader trusts what the head covers
 
+    def _restart_rows(self, rows: np.ndarray) -> None:
+        """Resets the envs at ``rows`` one by one, in Python (drawing their next resets ahead again)."""
+        for index in rows.tolist():
+            self.current_env = self.start + index
+            env, seed = self._begin_episode(index)
+            env.reset(seed=seed)
+        self.current_env = None
+
     def _remake(self, index: int) -> KernelEnv:
         return self._make(index)
 
@@ -339,18 +330,7 @@ class KernelSlot(ArraySlot):
         if self._drawn_resets:
             self._end_episodes_compiled(count)
         else:
-            for index in np.flatnonzero(ended).tolist():
-                self.current_env = self.start + index
-                self._end_episode(index, self._terminations[index], self._truncations[index], None)
-                if self.same_step:
-                    assert self._final_obs is not None
-                    self._final_obs[index] = self._obs[index]
-                    env, seed = self._begin_episode(index)
-                    env.reset(seed=seed)
-                    same_step_resets.append(index)
-                elif self.autoreset:
-                    self._needs_reset[index] = True
-            self.current_env = None
+            same_step_resets = self._end_rows(np.flatnonzero(ended), None)
         if self.hooks is not None:
             self.hooks.on_reset(same_step_resets, lengths)  # type: ignore[arg-type]
         return int(count)

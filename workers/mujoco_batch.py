@@ -9,7 +9,6 @@ import contextlib
 import copy
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -131,13 +130,6 @@ class MujocoSlot(ArraySlot):
         super().__init__(config, views, info, params)
         self._task_type = task_of(config.env_factory)
         count = self.stop - self.start
-        self._elapsed = np.zeros(count, dtype=np.int64)
-        self._limits = np.full(count, NO_LIMIT, dtype=np.int64)
-        self._needs_reset = np.zeros(count, dtype=np.bool_)
-        self._stepped = np.zeros(count, dtype=np.bool_)
-        self._returns = np.zeros(count, dtype=np.float64)
-        self._lengths = np.zeros(count, dtype=np.int64)
-        self._starts = np.full(count, time.perf_counter())
         self._step_infos: Infos = {}
         self._zero_forces: np.ndarray | None = None
         #: Per env: whether its last command stepped it (else it reset), for what its ``MjData`` holds
@@ -156,12 +148,8 @@ class MujocoSlot(ArraySlot):
         import mujoco
         import mujoco.batch
 
-        self._episode_index[:] = -1  # no episode until the first reset
         with _one_compile_per_file(mujoco):
-            for env_id in range(self.start, self.stop):
-                self.current_env = env_id
-                self.envs.append(self._make_env(env_id))
-        self.current_env = None
+            self._make_all(self._make_env)
         first = self.envs[0].unwrapped
         self._mujoco = mujoco
         self._state_spec = mujoco.mjtState.mjSTATE_INTEGRATION
@@ -190,8 +178,9 @@ class MujocoSlot(ArraySlot):
             if self._params is not None:
                 self._params.attach_env(local, env)
 
-    def _make_env(self, env_id: int) -> gymnasium.Env:
-        env = make_env(factory_of(self._config.env_factory, env_id - self.start), self._config.env_kwargs)
+    def _make_env(self, local: int) -> gymnasium.Env:
+        env_id = self.start + local
+        env = make_env(factory_of(self._config.env_factory, local), self._config.env_kwargs)
         for what, got, expected in (
             ("observation", env.observation_space, self._config.observation_space),
             ("action", env.action_space, self._config.action_space),
@@ -208,10 +197,6 @@ class MujocoSlot(ArraySlot):
         for local, env in enumerate(self.envs):
             limit = _time_limit(env)
             self._limits[local] = NO_LIMIT if limit is None else min(int(limit._max_episode_steps), NO_LIMIT - 1)
-
-    def hook_engine(self) -> tuple[str, Any, np.ndarray | None]:
-        """The MuJoCo engine (hooks kick its envs one by one, through their simulations)."""
-        return "mujoco", None, None
 
     def close(self) -> None:
         """Closes every env, ignoring errors (the worker is exiting), and releases the batch now.
@@ -307,7 +292,7 @@ class MujocoSlot(ArraySlot):
         if env_info:
             self._info.add(index, env_info)
 
-    def _reset_rows(self, rows: np.ndarray) -> None:
+    def _restart_rows(self, rows: np.ndarray) -> None:
         """Starts the next episode of the envs at ``rows`` and resets them (autoreset, or a hook's
         request): in the batch where the reset is gymnasium's own (``BatchResets``), else through
         the env's ``reset``; then their observations and reset infos."""
@@ -359,10 +344,7 @@ class MujocoSlot(ArraySlot):
         np.logical_not(needs_reset, out=stepping)
         everyone = bool(stepping.all())
         if not everyone:
-            resetting = np.flatnonzero(needs_reset)
-            self._reset_rows(resetting)
-            self._rewards[resetting], self._terminations[resetting], self._truncations[resetting] = 0.0, False, False
-            needs_reset[:] = False
+            self._reset_due()
         ids = None if everyone else np.flatnonzero(stepping)
         if ids is not None and not len(ids):  # every env reset this step
             self._step_infos = {}
@@ -450,17 +432,11 @@ class MujocoSlot(ArraySlot):
         infos = self._step_infos
         shown = rows
         if ended_rows is not None:
-            metrics = bool(self._config.episode_metrics)
-            self._end_episodes(ended_rows, {key: values for key, (values, _) in infos.items()} if metrics else None)
             if self.same_step:
-                assert self._final_obs is not None
-                self._final_obs[ended_rows] = self._obs[ended_rows]
                 self._add_infos(infos, ended, ("final_info",))
-                self._reset_rows(ended_rows)
-                same_step_resets = ended_rows.tolist()
                 shown = stepped & ~ended
-            elif self.autoreset:
-                self._needs_reset[ended_rows] = True
+            metrics = bool(self._config.episode_metrics)
+            same_step_resets = self._end_rows(ended_rows, {k: v for k, (v, _) in infos.items()} if metrics else None)
         self._add_infos(infos, shown, ())
         if self.hooks is not None:
             self.hooks.on_reset(same_step_resets, lengths)  # type: ignore[arg-type]

@@ -358,17 +358,12 @@ class _ScalarColumns:
         offsets = [record.fields[s.name][1] // 8 for s in scalar]  # type: ignore[index]
         return cls(scalar, [s for s in specs if s not in scalar], offsets, record.itemsize // 8, good, applied)
 
-    def matrix(self, records: np.ndarray) -> np.ndarray:
-        """The scalar columns of ``records`` (a view when they are adjacent, else a copy: callers do
-        not write to it): an ``(envs, len(specs))`` float64 array."""
-        return records.view(np.float64).reshape(len(records), self.width)[:, self.columns]
-
     def snapshot_matrix(self, snapshot: np.ndarray) -> np.ndarray:
         """``matrix`` of a snapshot of the block (never changed once taken), made once: a sync's
         new snapshot is the next sync's last one."""
         cached, matrix = self._snapshot
         if cached is not snapshot:
-            matrix = self.matrix(snapshot)
+            matrix = snapshot.view(np.float64).reshape(len(snapshot), self.width)[:, self.columns]
             self._snapshot = (snapshot, matrix)
         return matrix
 

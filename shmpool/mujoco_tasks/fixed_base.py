@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from .task import FLOAT64, Infos, Task, _norm, _squares
+from .task import FLOAT64, Infos, Task, _norm, _squares, _write_parts
 
 
 class InvertedPendulum(Task):
@@ -16,9 +16,7 @@ class InvertedPendulum(Task):
     reset_noise = "uniform"
 
     def observe(self, out: np.ndarray, rows: Any, cfrc_ext: np.ndarray | None) -> None:
-        nq = self.arrays["qpos"].shape[1]
-        out[rows, :nq] = self.arrays["qpos"][rows]
-        out[rows, nq:] = self.arrays["qvel"][rows]
+        _write_parts(out, rows, (self.arrays["qpos"][rows], self.arrays["qvel"][rows]))
 
     def results(self, before: Any, actions: np.ndarray, dt: Any, cfrc_ext: Any) -> tuple[np.ndarray, np.ndarray, Infos]:
         qpos, qvel = self.arrays["qpos"], self.arrays["qvel"]
@@ -46,10 +44,7 @@ class InvertedDoublePendulum(Task):
             np.clip(qvel, -10, 10),
             np.clip(self.arrays["qfrc_constraint"][rows], -10, 10)[:, :1],
         )
-        start = 0
-        for part in parts:
-            out[rows, start : start + part.shape[1]] = part
-            start += part.shape[1]
+        _write_parts(out, rows, parts)
 
     def results(self, before: Any, actions: np.ndarray, dt: Any, cfrc_ext: Any) -> tuple[np.ndarray, np.ndarray, Infos]:
         tip = self.arrays["site_xpos"][:, 0]
@@ -94,10 +89,7 @@ class Reaching(Task):
             parts = (np.cos(theta), np.sin(theta), qpos[:, 2:], qvel[:, :2], offset)
         else:
             parts = (qpos[:, :7], qvel[:, :7], self._com(0, rows), self._com(1, rows), self._com(2, rows))
-        start = 0
-        for part in parts:
-            out[rows, start : start + part.shape[1]] = part
-            start += part.shape[1]
+        _write_parts(out, rows, parts)
 
     def results(self, before: Any, actions: np.ndarray, dt: Any, cfrc_ext: Any) -> tuple[np.ndarray, np.ndarray, Infos]:
         c = self.c

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .task import FLOAT64, Infos, Task, _control_cost, _norm
+from .task import FLOAT64, Infos, Task, _control_cost, _norm, _write_parts
 
 
 class Forward(Task):
@@ -36,10 +36,7 @@ class Forward(Task):
         qpos = self.arrays["qpos"][rows]
         if self.c["_exclude_current_positions_from_observation"]:
             qpos = qpos[:, self.skipped :]
-        width = qpos.shape[1]
-        out[rows, :width] = qpos
-        velocities = self._velocities(rows)
-        out[rows, width : width + velocities.shape[1]] = velocities
+        _write_parts(out, rows, (qpos, self._velocities(rows)))
 
     def results(self, before: Any, actions: np.ndarray, dt: Any, cfrc_ext: Any) -> tuple[np.ndarray, np.ndarray, Infos]:
         x = self.arrays["qpos"][:, 0].copy()
@@ -284,10 +281,7 @@ class Humanoid(Swimming):
             if c[flag] is True:  # gymnasium compares with ``is True``
                 values = part()
                 parts.append(values.reshape(len(values), -1))
-        start = 0
-        for part in parts:
-            out[rows, start : start + part.shape[1]] = part
-            start += part.shape[1]
+        _write_parts(out, rows, parts)
 
     def results(self, before: Any, actions: np.ndarray, dt: Any, cfrc_ext: Any) -> tuple[np.ndarray, np.ndarray, Infos]:
         x_velocity, planar = self._planar(before, dt)

@@ -114,6 +114,14 @@ def _squares(values: np.ndarray) -> np.ndarray:
     return np.array([value**2 for value in values.tolist()], dtype=np.float64)
 
 
+def _write_parts(out: np.ndarray, rows: Any, parts: Any) -> None:
+    """Writes ``parts`` (``(rows, width)`` arrays) side by side into ``out[rows]``."""
+    start = 0
+    for part in parts:
+        out[rows, start : start + part.shape[1]] = part
+        start += part.shape[1]
+
+
 def _control_cost(weight: float, actions: np.ndarray) -> np.ndarray:
     # np.add.reduce is what np.sum calls (the same sums), without its Python dispatch on every step.
     return weight * np.add.reduce(np.square(actions), axis=1)
