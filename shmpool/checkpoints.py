@@ -108,14 +108,13 @@ def _save_what_runs(
 
 
 def load_state_dict(view: Checkpointable, state: Mapping[str, Any], *, same_draws: bool = True) -> None:
-    """Writes ``state`` into the pool: parameters through the validated, atomic ``write()`` (workers
-    pick them up at their next step or reset), then episode indices.
+    """Writes ``state`` into the pool: parameters through the validated, atomic ``write()`` (workers pick them up at
+    their next step or reset), then episode indices.
 
-    Every field is checked before anything is written, so a state either loads whole or not at all.
-    Raises ``ValueError`` naming the field and its value: what differs from the pool (schema fields,
-    the draw seed unless ``same_draws`` is False), a malformed field (a seed that is not an integer,
-    a ``dist`` parameter lacking an argument, an episode index outside ``[-1, MAX_EPISODE_INDEX)``),
-    or a value the pool's bounds refuse (as ``ParamBlock.write`` does).
+    Every field is checked before anything is written, so a state loads whole or not at all. Raises ``ValueError``
+    naming the field and its value: what differs from the pool (schema fields, the draw seed unless ``same_draws`` is
+    False), a malformed field (a seed that is not an integer, a ``dist`` parameter lacking an argument, an episode
+    index outside ``[-1, MAX_EPISODE_INDEX)``), or a value the pool's bounds refuse (as ``ParamBlock.write`` does).
     """
     version = state.get("version") if isinstance(state, Mapping) else type(state).__name__
     if not isinstance(state, Mapping) or isinstance(version, bool) or not _same(version, STATE_VERSION):

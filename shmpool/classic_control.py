@@ -1,10 +1,8 @@
 """What shmpool knows about gymnasium's classic-control envs (see ``shmpool.env_families``).
 
-Their parameters are plain attributes of the unwrapped env, bound by name (``Param(...)`` for
-``"gravity"`` binds ``env.unwrapped.gravity``), and every one of them is read on each step, except
-that CartPole caches ``total_mass`` and ``polemass_length`` in ``__init__``: its adapter recomputes
-them after its parameters change. ``hooks.Perturb`` kicks these envs by adding to the velocity
-entries of ``env.unwrapped.state``.
+Their parameters are plain attributes of the unwrapped env, bound by name, and every one of them is read on each step,
+except that CartPole caches ``total_mass`` and ``polemass_length`` in ``__init__``: its adapter recomputes them after
+its parameters change. ``hooks.Perturb`` kicks these envs by adding to the velocity entries of ``env.unwrapped.state``.
 """
 
 from __future__ import annotations

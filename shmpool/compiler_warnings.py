@@ -1,10 +1,9 @@
 """MuJoCo's compiler warnings, once per pool and through Python's ``warnings``.
 
-MuJoCo prints what its compiler warns about (an attribute it is about to drop, say) from C, once per compile.
-A pool compiles each model in the trainer, where it probes the env at launch, and again in every
-worker. So the trainer's compile turns each message into one ``RuntimeWarning``, and a worker's
-compile of the same models keeps its messages to itself. Warnings while the envs run (an unstable
-simulation) are MuJoCo's as before.
+MuJoCo prints what its compiler warns about from C, once per compile, and a pool compiles each model in the trainer
+(probing the env at launch) and again in every worker. So the trainer's compile turns each message into one
+``RuntimeWarning``, and a worker's compile of the same models keeps its messages to itself. Warnings while the envs
+run (an unstable simulation) are MuJoCo's as before.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
-"""Curricula that read finished episodes and write parameters: in-process, or from another process
-through ``shmpool.attach`` (``scripts/curriculum.py`` runs them that way).
+"""Curricula that read finished episodes and write parameters: in-process, or from another process through
+``shmpool.attach`` (``scripts/curriculum.py`` runs them that way).
 
-Both take the records of ``episodes.read()`` and a parameter block (``pool.params`` or
-``handle.params``) in ``update`` and return lines worth logging. Their ``state()`` is plain JSON
-data and ``load(state)`` restores it, so a restarted curriculum resumes where it was.
-``state_dict()`` / ``load_state_dict()`` are the complete form, settings included, for checkpoints
-taken together with ``pool.state_dict()``: a curriculum restored from one continues exactly as the
-saved one would have.
+Both take the records of ``episodes.read()`` and a parameter block (``pool.params`` or ``handle.params``) in
+``update`` and return lines worth logging. ``state()`` (plain JSON data) and ``load(state)`` let a restarted
+curriculum resume; ``state_dict()`` / ``load_state_dict()`` are the complete form, settings included, for checkpoints
+taken with ``pool.state_dict()``: a curriculum restored from one continues exactly as the saved one would have.
 """
 
 from __future__ import annotations
@@ -125,13 +123,12 @@ class Threshold:
 class ADR:
     """Automatic Domain Randomization (OpenAI et al., "Solving Rubik's Cube with a Robot Hand", 2019).
 
-    Each ``dist="uniform"`` parameter has a range that starts at its nominal value (the middle of its
-    initial ``low``/``high``). With probability ``p_boundary`` an env's next episode pins one
-    parameter to one boundary of its range (the others are drawn from their ranges); the score of
-    such an episode goes into that boundary's buffer. When a buffer holds ``buffer`` scores: a mean
-    of at least ``high_threshold`` widens that boundary by ``delta`` (a fraction of the parameter's
-    hard range), at most ``low_threshold`` narrows it (never past the nominal value), and the buffer
-    empties. Ranges never pass the hard bounds.
+    Each ``dist="uniform"`` parameter has a range that starts at its nominal value (the middle of its initial
+    ``low``/``high``). With probability ``p_boundary`` an env's next episode pins one parameter to one boundary of its
+    range (the others are drawn from their ranges); the score of such an episode goes into that boundary's buffer. When
+    a buffer holds ``buffer`` scores: a mean of at least ``high_threshold`` widens that boundary by ``delta`` (a
+    fraction of the parameter's hard range), at most ``low_threshold`` narrows it (never past the nominal value), and
+    the buffer empties. Ranges never pass the hard bounds.
     """
 
     def __init__(

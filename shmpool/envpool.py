@@ -1,13 +1,10 @@
 """EnvPool's Python API over a pool: code written for EnvPool runs with one import changed.
 
-``import shmpool.envpool as envpool`` (or ``from shmpool.envpool import make_gym``) gives ``make``,
-``make_gym``, ``make_gymnasium``, ``make_spec`` and ``list_all_envs``, as EnvPool 1.2 has them. The
-object they make is a ``gymnasium.vector.VectorEnv`` (and a ``gymnasium.Env``, as EnvPool's is)
-over a ``shmpool.Pool``, and gains live parameters: ``params``, ``applied``, ``events`` and
-``episodes`` are the pool's. The envs are gymnasium's own, not EnvPool's C++ rewrites: given the
-same seeds and actions, every env follows what gymnasium's ``SyncVectorEnv`` gives.
-
-Every name of EnvPool's API, and what differs here: ``docs/guides/envpool.md``'s compatibility table.
+``import shmpool.envpool as envpool`` gives ``make``, ``make_gym``, ``make_gymnasium``, ``make_spec`` and
+``list_all_envs``, as EnvPool 1.2 has them. What they make is a ``gymnasium.vector.VectorEnv`` (and a
+``gymnasium.Env``, as EnvPool's is) over a ``shmpool.Pool``, with its live ``params``, ``applied``, ``events`` and
+``episodes``. The envs are gymnasium's own, not EnvPool's C++ rewrites: given the same seeds and actions, every env
+follows what gymnasium's ``SyncVectorEnv`` gives. What differs from EnvPool: ``docs/guides/envpool.md``.
 
 Examples:
     >>> import numpy as np
@@ -368,11 +365,10 @@ def make(
 ) -> EnvPoolAPI:
     """A pool of ``num_envs`` gymnasium ``task_id`` envs behind EnvPool's API.
 
-    ``batch_size`` (None or 0: ``num_envs``) envs per ``recv``; ``max_episode_steps`` overrides the
-    registered limit; ``render_mode`` is the envs'. Further options go to ``shmpool.launch``
-    (``num_workers``, ``params``, ``hooks``, ``name``, ``engine``, ...); ``episode_statistics`` is off
-    unless given (EnvPool's info has no ``episode`` key), ``recv_order`` is ``"sent"`` unless given,
-    and ``autoreset_mode`` is ``NEXT_STEP``.
+    ``batch_size`` (None or 0: ``num_envs``) envs per ``recv``; ``max_episode_steps`` overrides the registered limit;
+    ``render_mode`` is the envs'. Further options go to ``shmpool.launch``; ``episode_statistics`` is off unless given
+    (EnvPool's info has no ``episode`` key), ``recv_order`` is ``"sent"`` unless given, and ``autoreset_mode`` is
+    ``NEXT_STEP``.
     """
     _refuse(task_id, env_type, gym_reset_return_info, render_mode, launch_options)
     # EnvPool's API autoresets on the next step

@@ -1,12 +1,7 @@
 """Finished-episode records: one ring per worker in the segment, read by any number of readers.
 
-Each worker appends one record per finished episode (env, episode index, return, length, how it
-ended, the applied parameter values, declared metrics) and then advances its ``head``; it never
-waits for readers. Before writing, it moves its ``reserved`` word to where the head will be, so that
-a reader knows which old records are being overwritten before the head says so. A reader keeps its
-own cursor per ring. A reader that falls more than a ring behind loses the oldest records: it counts
-them in ``lost`` and never returns a record that the worker overwrote, or was overwriting, while it
-was copying (it reads ``reserved`` after copying and drops those).
+Workers never wait for readers; a reader that falls more than a ring behind counts what it lost and never returns a
+record that was overwritten while it copied. Why and how: ``docs/internals.md``, "shmpool/episodes.py".
 """
 
 from __future__ import annotations

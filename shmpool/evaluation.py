@@ -135,22 +135,20 @@ def evaluate(
     progress: bool = True,
     **launch_options: Any,
 ) -> Evaluation:
-    """Runs ``policy`` for ``episodes`` episodes in each cell of parameter values; returns their
-    returns and lengths.
+    """Runs ``policy`` for ``episodes`` episodes in each cell of parameter values; returns their returns and lengths.
 
     Args:
         env: What ``shmpool.launch`` takes: a registered id or an env factory.
         policy: Maps a batch of observations (one row per env) to a batch of actions.
         grid: Parameter name to a list of values; the cells are their product, in the order given.
-        samples: Instead of a grid, this many cells drawn uniformly within each declared
-            parameter's ``[low, high]``, from ``seed``.
+        samples: Instead of a grid, this many cells drawn uniformly within each declared parameter's ``[low, high]``,
+            from ``seed``.
         episodes: Episodes per cell; each runs to its end (a time limit truncates it as usual).
-        max_episode_steps: Cut each episode after this many steps, as a time limit would; None:
-            only the env's own limit. An env without one needs it, or an episode that never ends
-            never returns.
+        max_episode_steps: Cut each episode after this many steps, as a time limit would; None: only the env's own
+            limit. An env without one needs it, or an episode that never ends never returns.
         seed: Episode ``j`` of cell ``i`` resets with ``seed + i * episodes + j``.
-        params: Declared as for ``launch``; None: each grid key is ``Param(None, bind=key)``, the
-            env's own attribute (a key the env lacks is refused as ``launch`` refuses it).
+        params: Declared as for ``launch``; None: each grid key is ``Param(None, bind=key)``, the env's own attribute
+            (a key the env lacks is refused as ``launch`` refuses it).
         num_envs: Envs of the pool (default: one per episode, at most ``MAX_DEFAULT_ENVS``).
         launch: What starts the pool: ``shmpool.launch`` (default) or ``shmpool.ray.launch``.
         progress: Show a progress bar (with ``rich`` installed).

@@ -91,12 +91,10 @@ class PoolHandle(SharedChannels):
 def attach(name: str, *, wait: float | None = None) -> PoolHandle:
     """Finds the running pool called ``name`` and maps it, after validating its segment.
 
-    Waits up to ``wait`` seconds for the pool to appear, and for a pool being launched to finish its
-    header (None: do not wait). Raises
-    ``PoolNotFoundError`` (listing the pools that exist, or saying the owner is dead or in another pid
-    namespace), ``LayoutMismatchError`` for a segment that is not a shmpool one of this layout version
-    or is damaged in any way, and ``PermissionError`` for another user's pool. Nothing in the segment
-    is unpickled.
+    Waits up to ``wait`` seconds for the pool to appear, and for a pool being launched to finish its header (None: do
+    not wait). Raises ``PoolNotFoundError`` (listing the pools that exist, or saying the owner is dead or in another pid
+    namespace), ``LayoutMismatchError`` for a segment that is not a shmpool one of this layout version or is damaged in
+    any way, and ``PermissionError`` for another user's pool. Nothing in the segment is unpickled.
 
     Examples:
         >>> import shmpool

@@ -1,13 +1,9 @@
-"""What a pool, an attached handle and a params block offer, as ``typing.Protocol``s: one API
-whether the pool runs on this machine (``shmpool.launch``, ``shmpool.attach``) or on a Ray cluster
-(``shmpool.ray.launch``, ``shmpool.ray.attach``).
-
-Code written against these (a curriculum, a trainer loop, a dashboard) runs on either. The tests
-check every implementation against them, signatures included. A feature that one kind of pool
-cannot offer is still there, and raises ``NotImplementedError`` naming the alternative.
-
-Words: ``timeout`` is always the step deadline; a wait for something to appear or for room is
-called ``wait``.
+"""What a pool, an attached handle and a params block offer, as ``typing.Protocol``s: one API whether the pool runs
+on this machine (``shmpool.launch``, ``shmpool.attach``) or on a Ray cluster (``shmpool.ray.launch``,
+``shmpool.ray.attach``), so that a curriculum, a trainer loop or a dashboard runs on either. The tests check every
+implementation against them, signatures included; a feature one kind of pool cannot offer raises
+``NotImplementedError`` naming the alternative. ``timeout`` is always the step deadline; a wait for something to
+appear or for room is called ``wait``.
 """
 
 from __future__ import annotations

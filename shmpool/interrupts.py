@@ -79,15 +79,13 @@ class DeferredInterrupt:
 
 
 class CallLock:
-    """The lock a pool's calls take one at a time (``with lock.checked():``), which refuses a call
-    made from inside another call of the same thread (by a signal handler, or by a function the pool
-    runs in this process, such as ``env_apply``'s in the trainer's slot) instead of letting it wait
-    for itself forever.
+    """The lock a pool's calls take one at a time (``with lock.checked():``), which refuses a call made from inside
+    another call of the same thread (by a signal handler, or by a function the pool runs in this process, such as
+    ``env_apply``'s in the trainer's slot) instead of letting it wait for itself forever.
 
-    The lock is taken and given back by ``with`` in C: a Python ``__enter__`` or ``__exit__`` would
-    run the signal handlers due between the lock's change and its own return, and one that raised
-    there would leave the lock held for good. So the check comes first, in Python, and is exact: an
-    ``RLock`` knows the thread that holds it."""
+    The lock is taken and given back by ``with`` in C: a Python ``__enter__`` or ``__exit__`` would run the signal
+    handlers due between the lock's change and its own return, and one that raised there would leave the lock held for
+    good. So the check comes first, in Python, and is exact: an ``RLock`` knows the thread that holds it."""
 
     __slots__ = ("_lock", "_what")
 

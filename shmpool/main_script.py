@@ -1,12 +1,6 @@
-"""Env factories of the trainer's main script, sent to spawned workers so that they arrive whole.
-
-dill sends what ``__main__`` defines by value, and it rebuilds a class from ``__orig_bases__``,
-which a subclass of ``gymnasium.Env`` inherits from ``Env`` itself (``Generic[ObsType, ActType]``):
-the rebuilt class lacks ``Env`` as a base, so a spawned worker's env would be no ``gymnasium.Env``.
-A spawned (or forkserver) worker imports the main script as multiprocessing does, without running
-its ``if __name__ == "__main__":`` part, so a script's class goes by name, its value kept for one
-defined inside that part. Where there is no script to import (a REPL, ``python -c``, a notebook), it
-goes by value, with its own bases and the globals it uses.
+"""Env factories of the trainer's main script, sent to spawned workers so that they arrive whole: a script's class
+goes by name, one without a script to import (a REPL, ``python -c``, a notebook) by value with its own bases. Why:
+``docs/internals.md``, "shmpool/main_script.py".
 """
 
 from __future__ import annotations

@@ -1,27 +1,9 @@
 """Parameter bindings and pushes for gymnasium's MuJoCo envs (the ``mujoco`` extra: ``pip install -e ".[mujoco]"``).
 
-Each binding names one entry of the env's ``mujoco.MjModel`` and is resolved once per env, at launch
-(and again when an env is re-made): an unknown name fails then, listing the names the model has.
-
-    params = {
-        "mass": Param(dist="uniform", default={"low": 0.8, "high": 1.2}, low=0.5, high=2.0,
-                      when="reset", bind=mujoco.body_mass("torso", relative=True)),   # torso mass x U(0.8, 1.2)
-        "friction": Param(low=0.1, high=2.0, when="reset", bind=mujoco.geom_friction("floor", axis=0)),
-    }
-
-With ``relative=True`` the parameter is a scale of the env's nominal value (the way papers state
-ranges: mass x U(0.8, 1.2)); its nominal value is 1.0 and ``applied`` reports the scale. A binding
-keeps the model consistent after a change: masses recompute MuJoCo's derived constants
-(``mj_setConst``, on a scratch ``MjData`` so the simulation state is untouched).
-
-MuJoCo writes its warnings (an attribute a model file should no longer use, say) to ``MUJOCO_LOG.TXT`` in the
-working directory on every model compile; ``log_to_python`` sends them to Python's ``logging``
-instead: ``launch(..., worker_init=shmpool.mujoco.log_to_python)`` for the workers, and a call in the
-trainer (which makes one env at launch to read nominal values).
-
-This module imports ``mujoco`` only when a binding is resolved (inside a worker or at launch) or
-``log_to_python`` is called; it declares the adapter of gymnasium's MuJoCo envs
-(``shmpool.env_families``).
+Each binding names one entry of the env's ``mujoco.MjModel`` and is resolved once per env, at launch (and again
+when an env is re-made); ``log_to_python`` sends MuJoCo's warnings to ``logging``. How to use them:
+``docs/guides/mujoco.md``. This module imports ``mujoco`` only when a binding is resolved or ``log_to_python`` is
+called; it declares the adapter of gymnasium's MuJoCo envs (``shmpool.env_families``).
 """
 
 from __future__ import annotations

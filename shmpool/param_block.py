@@ -1,14 +1,6 @@
 """The ``params`` block as writers see it: numpy views per parameter, and validated atomic writes.
 
-Atomic multi-field writes use a per-env sequence counter (a seqlock, in ``shmpool.protocol``):
-``ParamBlock.write`` validates, makes the counters odd, writes the fields, makes them even, all
-under the writers' lock (which excludes threads, processes and forked children); a worker copies the
-records between two reads of the counters and keeps its last values for a row that is odd or moved.
-A writer interrupted mid-write rolls its half write back on its way out; one killed mid-write leaves
-an undo journal that the next holder of the lock (or the pool's owner, within 64 steps) rolls back,
-so its half write is never published. Plain numpy
-writes (``params["gravity"][:8] = 12.0``) skip all of this: each element is one aligned store, but
-two fields written that way may be seen half-done.
+Why and how: ``docs/internals.md``, "shmpool/param_block.py".
 """
 
 from __future__ import annotations
@@ -131,19 +123,17 @@ class ParamBlock:
         return f"ParamBlock({self.names}, num_envs={len(self)})"
 
     def write(self, env_ids: int | Sequence[int] | slice | np.ndarray | None, **values: Any) -> int:
-        """Validates ``values`` (bounds, shape, finite) and writes them for ``env_ids``, atomically per
-        env; returns the write's version.
+        """Validates ``values`` (bounds, shape, finite) and writes them for ``env_ids``, atomically per env; returns
+        the write's version.
 
-        ``env_ids``: an env id, a sequence or array of them (row ``k`` of a value goes to env
-        ``env_ids[k]``; an env given twice takes its last row), a slice, or None for every env. A
-        distribution's arguments are given as a dict, e.g. ``length={"low": 0.4, "high": 0.6}``.
-        Raises ``ValueError`` naming the parameter, the env and the value; nothing is written then.
+        ``env_ids``: an env id, a sequence or array of them (row ``k`` of a value goes to env ``env_ids[k]``; an env
+        given twice takes its last row), a slice, or None for every env. A distribution's arguments are given as a
+        dict, e.g. ``length={"low": 0.4, "high": 0.6}``. Raises ``ValueError`` naming the parameter, the env and the
+        value; nothing is written then.
 
-        The version is the block's write count once this write is published. Every writer of the
-        pool (the trainer, its threads, attached processes) counts under the writers' lock, so
-        versions are unique and increasing per pool, each one more than the write before (a write
-        that a killed writer left half done uses up a number when the next writer rolls it back).
-        A write of no env writes nothing and returns the current version.
+        The version is the block's write count once this write is published: unique and one more than the write
+        before, across every writer of the pool (a write that a killed writer left half done uses up a number when
+        it is rolled back). A write of no env writes nothing and returns the current version.
 
         Examples:
             >>> import shmpool

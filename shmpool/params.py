@@ -1,11 +1,10 @@
-"""Declared env parameters: what a declaration may say, how it is validated, the record types of
-the ``params`` and ``applied`` blocks, and the rules a value must satisfy to be applied.
+"""Declared env parameters: what a declaration may say, how it is validated, the record types of the ``params`` and
+``applied`` blocks, and the rules a value must satisfy to be applied.
 
-Writers (the trainer, attached processes) write the ``params`` block through
-``shmpool.param_block.ParamBlock``; workers read it on every step, validate what changed, and
-apply it to their envs per each parameter's ``when`` (``shmpool.workers.param_applier``, through
-the bindings of ``shmpool.bindings``, drawing ``dist`` values with ``shmpool.draws``); what each
-env really uses is published in the ``applied`` block, which only workers write.
+Writers write the ``params`` block through ``shmpool.param_block.ParamBlock``; workers read it on every step, validate
+what changed and apply it per each parameter's ``when`` (``shmpool.workers.param_applier``, through
+``shmpool.bindings``, drawing ``dist`` values with ``shmpool.draws``), and publish what each env really uses in the
+``applied`` block, which only workers write.
 """
 
 from __future__ import annotations
@@ -45,25 +44,22 @@ class Param:
     """Declares one env parameter; pass a dict of them as ``launch(..., params=...)``.
 
     Args:
-        default: the initial value for every env; None reads the nominal value from a fresh env.
-            For a ``dist`` parameter, a dict of the distribution's arguments (by default
-            ``low``/``high`` are the hard bounds, ``mean`` the nominal value and ``std`` 0).
+        default: the initial value for every env; None reads the nominal value from a fresh env. For a ``dist``
+            parameter, a dict of the distribution's arguments (by default ``low``/``high`` are the hard bounds,
+            ``mean`` the nominal value and ``std`` 0).
         low: the hard lower bound; a value below it, or not finite, is never applied.
         high: the hard upper bound.
         dtype: of one env's value.
         shape: of one env's value.
-        when: ``"step"`` (from the env's next step), ``"reset"`` (from its next reset, autoresets
-            included) or ``"rebuild"`` (a constructor keyword; the env is re-made at its next reset
-            when the value changed).
-        bind: where the value goes: a dotted path on ``env.unwrapped`` with optional indexing
-            (``"gravity"``, ``"model.opt.gravity[2]"``), a callable ``bind(env, value)``, or a
-            binding object with ``resolve(env, name) -> (read, write)`` such as
-            ``shmpool.mujoco.body_mass("torso")``. Default: the parameter's name as an attribute of
-            ``env.unwrapped``. False: nowhere on the env; hooks read it from ``ctx.applied`` (the
-            built-in hooks declare theirs this way).
-        dist: None, ``"uniform"``, ``"loguniform"`` or ``"normal"``: the block then holds the
-            distribution's arguments per env and a value is drawn at each reset of the env (each
-            step with ``when="step"``).
+        when: ``"step"`` (from the env's next step), ``"reset"`` (from its next reset, autoresets included) or
+            ``"rebuild"`` (a constructor keyword; the env is re-made at its next reset when the value changed).
+        bind: where the value goes: a dotted path on ``env.unwrapped`` with optional indexing (``"gravity"``,
+            ``"model.opt.gravity[2]"``), a callable ``bind(env, value)``, or a binding object with
+            ``resolve(env, name) -> (read, write)`` such as ``shmpool.mujoco.body_mass("torso")``. Default: the
+            parameter's name as an attribute of ``env.unwrapped``. False: nowhere on the env; hooks read it from
+            ``ctx.applied`` (the built-in hooks declare theirs this way).
+        dist: None, ``"uniform"``, ``"loguniform"`` or ``"normal"``: the block then holds the distribution's
+            arguments per env and a value is drawn at each reset of the env (each step with ``when="step"``).
 
     Examples:
         >>> import shmpool

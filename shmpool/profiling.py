@@ -1,13 +1,10 @@
 """Where a step's time goes, phase by phase, in the trainer and in each worker.
 
-With ``launch(..., profile=True)`` the calls that make up a step are wrapped, once at launch, with a
-clock that adds each call's ``time.perf_counter_ns`` span to a table (the workers' tables live in the
-segment); ``pool.phase_profile()`` reads them as microseconds per step. Without it nothing is wrapped,
-so the step pays nothing: no flag is tested per call.
-
-The trainer's phases are per ``step()`` (in async mode per ``send()``, its wait and results those of
-``recv()``); the workers' are per step of each worker, averaged over the workers. Nested phases
-(``own slot``, ``infos``, ``episode stats``, ``whole step``) overlap the others.
+With ``launch(..., profile=True)`` the calls that make up a step are wrapped, once at launch, with a clock that adds
+each call's ``time.perf_counter_ns`` span to a table (the workers' tables live in the segment); ``pool.phase_profile()``
+reads them as microseconds per step. Without it nothing is wrapped, so the step pays nothing. The trainer's phases are
+per ``step()`` (in async mode per ``send()``, its wait and results those of ``recv()``); the workers' are per step of
+each worker, averaged over the workers. Nested phases (``NESTED``) overlap the others.
 """
 
 from __future__ import annotations

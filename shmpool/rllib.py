@@ -1,28 +1,10 @@
 """RLlib support: a pool as each env runner's vector env, and parameter writes on every runner.
 
-Needs ``pip install "shmpool[rllib]"`` (``ray[rllib]``, which pins its own gymnasium). RLlib
-changes a task by rebuilding every env; with a pool, a curriculum writes parameters instead, and
-the envs use them from their next step::
-
-    from ray.tune.registry import register_env
-    from shmpool.rllib import vector_env_creator, write_params
-
-    register_env("cartpole-pool", vector_env_creator("CartPole-v1", num_workers=2, params=spec, name="cl"))
-    config = (
-        PPOConfig()
-        .environment("cartpole-pool")
-        .env_runners(gym_env_vectorize_mode="vector_entry_point", num_envs_per_env_runner=8)
-    )
-    algorithm = config.build_algo()
-    algorithm.train()
-    write_params(algorithm, None, length=0.7)   # every env of every env runner
-
-RLlib calls the creator with its env config plus ``num_envs``; the pool steps in gymnasium's
-``NEXT_STEP`` autoreset mode, which RLlib's env runners expect, and RLlib seeds it with its
-per-runner seed at the first reset (env ``i`` then gets ``seed + i``). In callbacks,
-``pool_of`` finds the pool behind RLlib's wrapper: ``on_train_result`` can call
-``write_params``; ``on_episode_end(env_runner=..., env_index=...)`` can write that one env's
-parameters for its next episode.
+Needs ``pip install "shmpool[rllib]"`` (``ray[rllib]``, which pins its own gymnasium). RLlib changes a task by
+rebuilding every env; with a pool, a curriculum writes parameters instead, and the envs use them from their next step.
+The pool steps in gymnasium's ``NEXT_STEP`` autoreset mode, which RLlib's env runners expect, and RLlib seeds it at its
+first reset (env ``i`` gets the runner's seed plus ``i``). An example, and ``write_params`` and ``pool_of`` in
+callbacks (``on_train_result``, ``on_episode_end``): ``docs/guides/rllib.md``.
 """
 
 from __future__ import annotations
@@ -46,14 +28,11 @@ def vector_env_creator(
     env: Any, *, name: str | None = None, **launch_options: Unpack[OptionsButName]
 ) -> Callable[[Mapping], Pool]:
     """The env creator that ``ray.tune.registry.register_env`` takes, for
-    ``gym_env_vectorize_mode="vector_entry_point"``: it launches a pool of ``config["num_envs"]``
-    envs of ``env`` and returns it.
+    ``gym_env_vectorize_mode="vector_entry_point"``: it launches a pool of ``config["num_envs"]`` envs of ``env``.
 
-    The rest of RLlib's env config goes to the envs (``env_kwargs``). With ``name``, each env
-    runner's pool is named ``f"{name}-{k}"``, ``k`` the first number free on the machine, so that
-    another process can attach to it (an ADR curriculum, ``scripts/curriculum.py``); without, a
-    unique name. Further options go to ``shmpool.launch`` (``num_workers``, ``params``,
-    ``hooks``, ``engine``, ...).
+    The rest of RLlib's env config goes to the envs (``env_kwargs``). With ``name``, each env runner's pool is named
+    ``f"{name}-{k}"``, ``k`` the first number free on the machine, so that another process can attach to it (an ADR
+    curriculum, ``scripts/curriculum.py``); without, a unique name. Further options go to ``shmpool.launch``.
     """
     if "num_envs" in launch_options:
         raise ValueError("vector_env_creator: RLlib sets num_envs (num_envs_per_env_runner); do not pass it")

@@ -1,18 +1,7 @@
 """Stable-Baselines3 support: ``ShmpoolVecEnv``, an SB3 ``VecEnv`` whose envs run in a shmpool pool.
 
-Needs ``pip install "shmpool[sb3]"``. The pool runs in ``SAME_STEP`` autoreset mode, which is SB3's
-convention: a finished env is reset within the step, its last observation goes to
-``info["terminal_observation"]`` and its reset info to ``venv.reset_infos``. ``venv.pool`` is the
-``shmpool.Pool`` itself, for its parameters, events and episode records.
-
-Examples:
-    >>> from stable_baselines3.common.env_util import make_vec_env
-    >>> from shmpool.sb3 import ShmpoolVecEnv
-    >>> venv = make_vec_env("CartPole-v1", n_envs=4, seed=0, vec_env_cls=ShmpoolVecEnv,
-    ...                     vec_env_kwargs={"num_workers": 2})
-    >>> observations = venv.reset()
-    >>> observations, rewards, dones, infos = venv.step([0, 1, 0, 1])
-    >>> venv.close()
+Needs ``pip install "shmpool[sb3]"``. The pool runs in ``SAME_STEP`` autoreset mode, SB3's convention; ``venv.pool``
+is the ``shmpool.Pool`` itself, for its parameters, events and episode records. How to use it: ``docs/guides/sb3.md``.
 """
 
 from __future__ import annotations

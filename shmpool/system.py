@@ -1,13 +1,7 @@
-"""Everything shmpool asks of the operating system, in one module.
-
-Named POSIX shared memory and semaphores (through ``posix_ipc``, and libc for the doorbell's sleep),
-``mmap``, process liveness (``/proc``, pidfds), the parent-death signal and the wait loop live here;
-the rest of the package sees ``Segment``, ``Doorbell`` and ``ProcessWatch`` only. (Which of
-``/dev/shm``'s files are pools is ``shmpool.registry``'s.)
-
-Names: a pool called ``NAME`` owns the segment ``/shmpool-NAME`` and the semaphores
-``/shmpool-NAME.<suffix>`` (``/dev/shm/sem.shmpool-NAME.<suffix>`` on Linux). The segment is always
-created first and unlinked last, so a semaphore whose segment is gone is a leftover.
+"""Everything shmpool asks of the operating system, in one module: named POSIX shared memory and semaphores,
+``mmap``, process liveness (``/proc``, pidfds), the parent-death signal and the wait loop. The rest of the package
+sees ``Segment``, ``Doorbell`` and ``ProcessWatch`` only. How pools' files are named: ``docs/internals.md``,
+"shmpool/system.py: Names".
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
-"""TorchRL support: ``ShmpoolEnv``, a TorchRL env whose envs run in a shmpool pool.
+"""TorchRL support: ``ShmpoolEnv``, a TorchRL env whose envs run in a shmpool pool (``pip install "shmpool[torchrl]"``).
 
-Needs ``pip install "shmpool[torchrl]"``. It is TorchRL's own ``GymWrapper`` around a pool launched
-with gymnasium's ``DISABLED`` autoreset, the mode TorchRL prefers: TorchRL resets the envs that
-finished through ``reset_mask``, and sees every final observation. What it adds are the pool's live
-parameters: ``env.params``, ``env.applied``, ``env.episodes``, ``env.events``, and ``env.pool``.
-
-Examples:
-    >>> import shmpool
-    >>> from shmpool.torchrl import ShmpoolEnv
-    >>> env = ShmpoolEnv("CartPole-v1", 4, num_workers=2, params={"length": shmpool.Param(0.5, low=0.1, high=2.0)})
-    >>> _ = env.set_seed(0)                 # env i is seeded with 0 + i, as gymnasium seeds vector envs
-    >>> rollout = env.rollout(20, break_when_any_done=False)
-    >>> env.params.write(None, length=0.8)  # every env's pole, from its next step
-    >>> rollout = env.rollout(20, break_when_any_done=False)
-    >>> env.applied["length"].tolist()
-    [0.8, 0.8, 0.8, 0.8]
-    >>> env.close()
+It is TorchRL's own ``GymWrapper`` around a pool in gymnasium's ``DISABLED`` autoreset mode, which TorchRL prefers
+(it resets finished envs through ``reset_mask``), plus the pool's live parameters. How to use it:
+``docs/guides/torchrl.md``.
 """
 
 from __future__ import annotations
@@ -55,13 +42,11 @@ class _LaunchOptionsKept(type(GymWrapper)):  # type: ignore[misc]
 class ShmpoolEnv(WrappedPoolChannels, GymWrapper, metaclass=_LaunchOptionsKept):
     """A TorchRL env (``batch_size=[num_envs]``) over ``shmpool.launch``.
 
-    ``env`` is a registered gymnasium id, a callable returning an env, or one callable per env (as
-    ``shmpool.launch`` takes them; ``num_envs`` is None then). ``device`` is where TorchRL puts
-    the tensors; ``categorical_action_encoding`` gives discrete actions as integers (True) or
-    one-hot (False, TorchRL's default). ``launch_options`` are further options of
-    ``shmpool.launch`` (``num_workers``, ``params``, ``hooks``, ``name``, ``engine``, ...);
-    ``autoreset_mode`` is always ``DISABLED`` and ``copy`` always True (TorchRL keeps the arrays it
-    is given).
+    ``env`` is a registered gymnasium id, a callable returning an env, or one callable per env (as ``shmpool.launch``
+    takes them; ``num_envs`` is None then). ``device`` is where TorchRL puts the tensors;
+    ``categorical_action_encoding`` gives discrete actions as integers (True) or one-hot (False, TorchRL's default).
+    ``launch_options`` are further options of ``shmpool.launch``; ``autoreset_mode`` is always ``DISABLED`` and
+    ``copy`` always True (TorchRL keeps the arrays it is given).
     """
 
     def __init__(

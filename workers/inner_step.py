@@ -11,23 +11,14 @@ from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker, TimeLimit
 
 
 def inner_step(env: gymnasium.Env) -> tuple[Callable[[Any], Any], TimeLimit | None] | None:
-    """What to step instead of ``env.step``: the step of what lies under the wrappers that
-    ``gymnasium.make`` puts on top of every env, and the ``TimeLimit`` among them (whose count and
-    truncation the caller then keeps), with the same results and the same wrapper state. None while
-    the ``PassiveEnvChecker`` has checks left (the env's first two steps) or before the first reset.
+    """What to step instead of ``env.step``: the step of what lies under the wrappers that ``gymnasium.make`` puts on
+    top of every env, and the ``TimeLimit`` among them (whose count and truncation the caller then keeps), with the
+    same results and the same wrapper state. None while the ``PassiveEnvChecker`` has checks left (the env's first two
+    steps) or before the first reset.
 
-    Why: those three wrappers cost a noticeable share of a cheap env's step (``docs/benchmarks.md``,
-    "Numbers behind design choices"), and a worker makes 16 to 64 such calls per step. Only these
-    exact classes, with their own ``step``, are passed over: the walk stops at any other object (a
-    subclass, another wrapper, a layer whose ``step`` was patched on the instance), whose ``step``
-    is then called. The caller looks again after anything that may change the layers
-    (``EnvSlot.after_call``), and reads ``TimeLimit``'s limit at every step, so that a changed
-    ``_max_episode_steps`` holds.
-
-    The walk reads the wrappers' own state (``TimeLimit._elapsed_steps``, the checker's ``checked_*``
-    flags), which gymnasium does not promise to keep: 1.2 has no ``checked_data_reuse``, 1.3 added it.
-    So a layer whose state is not laid out as the walk knows it is an unknown layout, and an unknown
-    layout means the plain ``env.step`` through every wrapper, never a crash.
+    Why: those wrappers cost a noticeable share of a cheap env's step. Only their exact classes, with their own
+    ``step`` and a state laid out as gymnasium 1.2 to 1.4 lay it out, are passed over; anything else is stepped
+    through (``docs/internals.md``, "How a worker steps a gymnasium env").
     """
     limit: Any = None
     layer: Any = env

@@ -1,13 +1,11 @@
 """A worker's slot run by a compiled batch kernel (``engine="numba"``, ``shmpool.kernels``).
 
-``KernelSlot`` is the kernel engine's ``shmpool.workers.envs.EnvSlot``: the same
-commands, autoreset, episode accounting, hooks and results, but the slot's envs are rows of a state
-array, stepped by one call of the kernel, with the time limit and the episode accounting done over
-the slot's arrays at once. Resets run the kernel's Python reset per env, from each env's own
-``np_random``; autoresets of a kernel with ``draw`` and ``start`` run compiled, from resets drawn
-ahead (``KernelSlot._restart_drawn``). Parameters are
-applied by the same ``shmpool.workers.param_applier.ParamApplier`` as every engine's, landing in
-the kernel's parameter matrix (``KernelColumns``) instead of env attributes.
+``KernelSlot`` is the kernel engine's ``shmpool.workers.envs.EnvSlot``: the same commands, autoreset, episode
+accounting, hooks and results, but the slot's envs are rows of a state array stepped by one call of the kernel, with
+the time limit and episode accounting done over the slot's arrays. Resets run the kernel's Python reset per env;
+autoresets of a kernel with ``draw`` and ``start`` run compiled, from resets drawn ahead (``_restart_drawn``).
+Parameters land in the kernel's parameter matrix (``KernelColumns``) through the same ``ParamApplier`` as every
+engine's.
 """
 
 from __future__ import annotations

@@ -213,11 +213,10 @@ def _keep_helper_fds_from_children() -> None:
 class OwnerWatchdog:
     """A daemon thread that notices the owner's death at once, whatever the main thread is doing.
 
-    It blocks on the owner's pidfd (polls every 0.5 s without pidfds). When the owner dies it sends
-    SIGUSR1 to the main thread, whose handler raises ``OwnerGone`` out of the env code (a
-    sleeping or waiting env returns to Python at once); if the process has not ended after
-    ``OWNER_GONE_GRACE`` seconds (an env stuck in C code), it removes the pool's files itself and
-    ends the process with ``os._exit``.
+    It blocks on the owner's pidfd (polls every 0.5 s without pidfds). When the owner dies it sends SIGUSR1 to the main
+    thread, whose handler raises ``OwnerGone`` out of the env code (a sleeping or waiting env returns to Python at
+    once); if the process has not ended after ``OWNER_GONE_GRACE`` seconds (an env stuck in C code), it removes the
+    pool's files itself and ends the process with ``os._exit``.
     """
 
     def __init__(self, owner_pid: int, owner_start_ticks: int, cleanup: Callable[[], None]) -> None:

@@ -57,13 +57,9 @@ def _gymnasiums_own(function: Any) -> bool:
 
 
 class BatchResets:
-    """Which envs of a slot reset in the batch, and the states they reset to.
-
-    The state a gymnasium env resets to is ``mj_resetData``'s, with ``qpos`` and ``qvel`` set to
-    ``init_qpos``/``init_qvel`` plus noise drawn from its ``np_random``. ``mj_resetData``'s state
-    depends on the model only through ``qpos0`` (overwritten), and through equality constraints,
-    mocap bodies, plugins, and history or plasticity state, which the slot's model has none of when
-    this is used.
+    """Which envs of a slot reset in the batch, and the states they reset to: ``mj_resetData``'s template state with
+    ``qpos`` and ``qvel`` set to ``init_qpos``/``init_qvel`` plus noise from each env's ``np_random``. Why one template
+    serves every simulation: ``docs/internals.md``, "workers/mujoco_resets.py".
     """
 
     def __init__(self, mujoco: Any, nominal: Any, task: Task) -> None:

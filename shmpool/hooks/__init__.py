@@ -16,21 +16,9 @@ and optionally ``params()`` returning ``{name: shmpool.Param}`` declarations tha
 run once per worker when it builds, before any reset or step (to check spaces and make arrays once;
 an error there fails the launch). Hooks run once per step per worker, vectorized over the slot, in
 the order given to ``launch``; they are shipped to each worker once, at launch (closures work), and
-each worker keeps its own copy and its state.
-
-A hook's name (its ``name`` attribute, else its class name) addresses events to it: see
-``pool.events.send``. Events due at a step are in ``ctx.events`` during every phase of that step.
-
-The package, a module per job (every public name is importable from ``shmpool.hooks`` itself):
-
-- ``shmpool.hooks.context``: ``HookContext`` (what a hook sees), ``PHASES``, ``hook_name``.
-- ``shmpool.hooks.param_hook``: the base of the built-in hooks that read a parameter per env.
-- ``shmpool.hooks.streams``: ``EnvStreams``, their per-env random numbers.
-- ``shmpool.hooks.compiled``: ``compiled=``: when a built-in hook runs its numba-compiled version.
-- the built-in hooks: ``shmpool.hooks.noise`` (``ObservationNoise``, ``ActionNoise``),
-  ``shmpool.hooks.delay`` (``ActionDelay``), ``shmpool.hooks.rewards``
-  (``RewardScale``), ``shmpool.hooks.perturb`` (``Perturb``, ``default_kick``) and
-  ``shmpool.hooks.resets`` (``Resample``, ``Reset``).
+each worker keeps its own copy and its state. A hook's name (its ``name`` attribute, else its class
+name) addresses events to it (``pool.events.send``); events due at a step are in ``ctx.events``
+during every phase of that step. Every public name is importable from ``shmpool.hooks`` itself.
 """
 
 from __future__ import annotations

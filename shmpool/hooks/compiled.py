@@ -1,14 +1,6 @@
-"""``compiled=``: when a built-in hook runs its numba-compiled version instead of numpy's.
-
-The built-in hooks make their arrays once, in ``on_launch``, and do a step's work over the whole slot:
-in numpy, or in one call of a numba-compiled function (``shmpool.kernels.compiled_hooks``).
-``compiled=None`` (the default) runs the compiled version with ``engine="numba"`` and numpy's with
-``engine="python"``; ``compiled=True`` runs it on either engine (``Perturb``: on the numba engine
-only) and needs ``pip install "shmpool[numba]"`` (the hook says so when made); ``compiled=False`` runs
-numpy's. A compiled version that cannot take the pool's spaces runs numpy's instead, or fails the
-launch with ``compiled=True``. Both versions read the same per-env streams and round as numpy does, so
-they give the same results bit for bit; the compiled one is compiled when the worker builds (or loaded
-from numba's cache), never at a step.
+"""``compiled=``: when a built-in hook runs its numba-compiled version (``shmpool.kernels.compiled_hooks``) instead
+of numpy's: by default with ``engine="numba"`` only. Both give the same results bit for bit; the rules, and what
+``compiled=True`` needs: ``docs/guides/engines.md``, "Compiled built-in hooks".
 """
 
 from __future__ import annotations

@@ -31,21 +31,16 @@ def default_kick(env: Any) -> Callable[[np.ndarray], None]:
 class Perturb(ParamHook):
     """Kicks envs: every ``every`` steps of each episode and/or when it receives an event.
 
-    The kick adds ``strength`` (the parameter ``param``, per env; an event's payload[0] overrides
-    it) times a random sign, per dimension (``dims``), to each velocity of the env (the default
-    kick of the env's adapter, found once per env: classic control adds to the velocity entries of
-    its state) or, with a ``kick`` function ``kick(env, amounts)``, does whatever that does: for
-    MuJoCo envs ``shmpool.mujoco.Push("torso")`` applies a force for one step (``dims=3``) or
-    changes the body's velocity. A kick with a ``clear(env)`` method is cleared after the step.
-    An env whose step is a reset (the step after its episode ended, with next-step autoreset) is
-    not kicked, by ``every`` or by an event: it takes no physics step to push, and a push carried
-    into its new episode would land where nobody sent it.
+    The kick adds ``strength`` (the parameter ``param``, per env; an event's payload[0] overrides it) times a random
+    sign, per dimension (``dims``), to each velocity of the env (its adapter's default kick: classic control adds to
+    the velocity entries of its state) or calls ``kick(env, amounts)``: for MuJoCo envs ``shmpool.mujoco.Push("torso")``
+    applies a force for one step (``dims=3``) or changes the body's velocity. A kick with a ``clear(env)`` method is
+    cleared after the step. An env whose step is a reset (next-step autoreset) is not kicked: it takes no physics step
+    to push, and a push carried into its new episode would land where nobody sent it.
 
-    ``compiled`` applies to ``engine="numba"`` only: there the default kick of a kernel that declares
-    its ``velocities`` runs compiled, over the slot's state array in one call (None or True; True
-    fails the launch where it cannot: a ``kick`` function, a kernel's own ``kick``, no velocities);
-    False kicks env by env. With ``engine="python"`` the envs are Python objects and are kicked one
-    by one whatever ``compiled`` says. Both give the same results bit for bit.
+    ``compiled`` applies to ``engine="numba"`` only: the default kick of a kernel that declares its ``velocities`` runs
+    compiled over the slot's state array (None or True; True fails the launch for a ``kick`` function, a kernel's own
+    ``kick`` or no velocities); False kicks env by env, as ``engine="python"`` always does. Both give the same bits.
     """
 
     def __init__(

@@ -1,12 +1,10 @@
-"""Compiled batch envs: ``launch(env_id, num_envs, engine="numba")`` steps each worker's whole slot in
-one numba-jitted call instead of env by env in Python.
+"""Compiled batch envs: ``launch(env_id, num_envs, engine="numba")`` steps each worker's whole slot in one
+numba-jitted call instead of env by env in Python.
 
-A ``BatchKernel`` describes one such env (its spaces, per-env float64 state, the parameters it reads,
-a jitted ``step`` over the slot and a Python ``reset``); the built-in ones reproduce gymnasium's
-classic-control envs bit for bit, and ``register`` adds your own. This module is the registry
-(``register``, ``find``, ``load``, ``check_options``); it imports neither numba nor any kernel, whose
-import strings it holds until a pool uses one. How to write a kernel, and what ``KernelEnv`` does with
-an attribute: ``docs/guides/engines.md``; where each part lives: ``docs/internals.md``.
+A ``BatchKernel`` describes one such env; the built-in ones reproduce gymnasium's classic-control envs bit for bit,
+and ``register`` adds your own. This module is the registry (``register``, ``find``, ``load``, ``check_options``); it
+imports neither numba nor any kernel, whose import strings it holds until a pool uses one. How to write a kernel:
+``docs/guides/engines.md``; where each part lives: ``docs/internals.md``.
 """
 
 from __future__ import annotations

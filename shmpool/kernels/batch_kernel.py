@@ -1,5 +1,5 @@
-"""What a compiled batch env is: ``BatchKernel``, the description a kernel author writes (see
-``shmpool.kernels`` for an example), and the checks that refuse an inconsistent one."""
+"""What a compiled batch env is: ``BatchKernel``, the description a kernel author writes (``docs/guides/engines.md``
+has an example), and the checks that refuse an inconsistent one."""
 
 from __future__ import annotations
 
@@ -41,64 +41,31 @@ MODELED = (
 class BatchKernel:
     """A batch env compiled with numba: everything a worker needs to run a whole slot in one call.
 
+    What each field must hold (shapes, dtypes, the rules a kernel keeps): ``docs/guides/engines.md``,
+    "BatchKernel's fields".
+
     Attributes:
-        observation_space: one env's observations: a 1-D float Box (the kernel writes rows of
-            ``observations`` in its dtype).
-        action_space: one env's actions: ``Discrete`` (``actions`` is an int64 array of shape
-            ``(envs,)``) or a 1-D Box (``(envs, size)`` of its dtype).
+        observation_space: one env's observations: a 1-D float Box.
+        action_space: one env's actions: ``Discrete`` or a 1-D Box.
         state_size: float64 numbers of state per env: the columns of the slot's state array.
-        params: the parameters the kernel reads, in column order of the parameter matrix, with their
-            nominal values. ``launch(params=...)`` may declare any of them by name (or ``bind`` to
-            one); the others keep their nominal values. Names follow the gymnasium env's attributes.
-        step: a numba-jitted ``step(state, params, actions, stepping, observations, rewards,
-            terminations)`` over the slot: for every row ``i`` with ``stepping[i]`` it advances
-            ``state[i]`` with the parameters ``params[i]`` and action ``actions[i]`` and writes
-            ``observations[i]``, ``rewards[i]`` and ``terminations[i]``; other rows stay untouched.
-            ``state`` and ``params`` are C-contiguous float64 ``(envs, state_size)`` and ``(envs,
-            len(params))`` arrays. Decorate it with ``numba.njit(cache=True)``: workers compile it
-            once, at launch, and later launches load it from numba's cache. The time limit
-            (``max_episode_steps``) is applied around it.
-        reset: a Python function ``reset(rng, params, options, state, observation)`` for one env:
-            draws its initial state from ``rng`` (the env's ``np_random``, seeded as gymnasium seeds
-            it), writes ``state`` (its row of the state array) and ``observation``. ``params`` is
-            the env's row of the parameter matrix, ``options`` the reset options (None without).
-        max_episode_steps: the episode length at which ``truncations`` is set (``TimeLimit``); None:
-            no limit. ``launch(env_kwargs={"max_episode_steps": n})`` overrides it.
+        params: the parameters the kernel reads, in column order of the parameter matrix, with their nominal values.
+        step: a numba-jitted ``step(state, params, actions, stepping, observations, rewards, terminations)`` over
+            the slot.
+        reset: a Python ``reset(rng, params, options, state, observation)`` for one env, from its ``np_random``.
+        max_episode_steps: the time limit (``TimeLimit``); None: no limit.
         velocities: the state columns that ``hooks.Perturb``'s default kick adds to.
-        constructor: parameters that are also constructor keywords of the env: ``env_kwargs`` and
-            ``Param(when="rebuild")`` may give them.
-        kick: instead of adding to ``velocities``, a Python ``kick(state, amounts)`` for one env's
-            state row (for state the kick must change in other ways).
+        constructor: parameters that are also constructor keywords of the env (``env_kwargs``, ``when="rebuild"``).
+        kick: instead of adding to ``velocities``, a Python ``kick(state, amounts)`` for one env's state row.
         metadata: the env's ``metadata``.
-        draw: with ``start``, what ``reset`` draws without options, for ``count`` resets at once: a
-            Python ``draw(rng, count)`` returning a float64 ``(count, width)`` array whose row ``k``
-            is exactly what the ``k``-th option-less reset from now would draw from ``rng``, for every
-            ``count`` (numpy's generators fill an array value by value, so ``rng.uniform(low, high,
-            (count, 4))`` is ``count`` calls of ``rng.uniform(low, high, (4,))``). None: every reset
-            runs ``reset`` in Python.
-        start: a numba-jitted ``start(resetting, draws, params, state, observations)`` over the slot:
-            for every row ``i`` with ``resetting[i]``, what ``reset`` does without options given the
-            values it would draw, ``draws[i]`` (a row of ``draw``'s result); other rows stay
-            untouched. Workers use it for autoresets (``NEXT_STEP``) when no parameter is drawn or
-            applied per episode; it must match ``reset`` bit for bit.
-        refresh: with ``refresh_inputs``, for parameters that the env computes from others once (in
-            ``__init__``, as CartPole its ``total_mass``): a Python ``refresh(params)`` that recomputes
-            them in place in every row of a ``(rows, len(params))`` matrix, as ``__init__`` does. The
-            workers call it where the Python engine's adapter recomputes them (after a declared
-            parameter changes one of ``refresh_inputs``, at an episode's per-episode values); a write
-            of an input through ``set_attr`` leaves them stale, as on gymnasium's env.
+        draw: with ``start``, a Python ``draw(rng, count)``: what ``count`` option-less resets would draw.
+        start: a numba-jitted ``start(resetting, draws, params, state, observations)``: those resets, compiled.
+        refresh: a Python ``refresh(params)`` recomputing the parameters the env derives once (CartPole's
+            ``total_mass``).
         refresh_inputs: the parameters that ``refresh`` reads.
-        state_columns: how many leading state columns are the gymnasium env's ``state`` (what
-            ``KernelEnv.state`` shows and takes); the others are the kernel's own bookkeeping. None:
-            all of them.
-        set_state: how a value assigned to ``KernelEnv.state`` is stored: a Python ``set_state(row,
-            value)`` given the env's whole state row and the value as a numeric array of shape
-            ``(state_columns,)``; it raises ``ValueError`` for a value whose next step it would not
-            compute as gymnasium's env does (a float32 state that gymnasium then steps in float32).
-            None: stored as float64.
-        unsupported: attributes of the gymnasium env that the kernel does not model (a constant it
-            hard-codes, an option it lacks, rendering): setting one on a ``KernelEnv`` raises
-            ``KernelAttributeError`` instead of being ignored.
+        state_columns: how many leading state columns are the gymnasium env's ``state``; None: all of them.
+        set_state: how a value assigned to ``KernelEnv.state`` is stored; None: as float64.
+        unsupported: attributes of the gymnasium env the kernel does not model: setting one raises
+            ``KernelAttributeError``.
     """
 
     observation_space: spaces.Box

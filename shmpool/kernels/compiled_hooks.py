@@ -1,11 +1,10 @@
-"""The built-in hooks' per-step work (``shmpool.hooks``), compiled: each function does one hook's
-work over a worker's whole slot in one call, with the numpy version's arithmetic in the same number
-types and order, so that both give the same bits.
+"""The built-in hooks' per-step work (``shmpool.hooks``), compiled: each function does one hook's work over a
+worker's whole slot in one call, with the numpy version's arithmetic in the same number types and order, so that
+both give the same bits.
 
-Random numbers come from the hook's ``EnvStreams`` as numpy makes them: ``noise`` is the stream's
-whole block, ``(envs, BLOCK, width)``, and ``index`` the step's position in it (no view per step).
-Arrays with more than one number per env come as ``(envs, width)`` views. Imported only by hooks
-that run compiled (it imports numba).
+Random numbers come from the hook's ``EnvStreams`` as numpy makes them: ``noise`` is the stream's whole block,
+``(envs, BLOCK, width)``, and ``index`` the step's position in it (no view per step). Arrays with more than one number
+per env come as ``(envs, width)`` views. Imported only by hooks that run compiled (it imports numba).
 """
 
 from __future__ import annotations

@@ -35,14 +35,12 @@ def time_limit(max_episode_steps: Any, where: str) -> int | None:
 class KernelEnv(gymnasium.Env[np.ndarray, Any]):
     """One env of a compiled kernel, as a gymnasium env: row ``row`` of a slot's arrays.
 
-    Workers make one per env of their slot: hooks see them as ``ctx.envs``, control calls
-    (``get_attr``, ``env_apply``, ...) run on them, and ``reset`` runs the kernel's Python reset from
-    the env's own ``np_random``. Its attributes do what gymnasium's env (``TimeLimit`` included) does
-    with them: each parameter the kernel reads is read and written in the parameter matrix, ``state``
-    is the env's state in gymnasium's shape, ``_max_episode_steps`` and ``_elapsed_steps`` are the
-    time limit's; the gymnasium env's attributes the kernel does not model (``BatchKernel.unsupported``)
-    raise ``KernelAttributeError``. Made without ``arrays`` it is a standalone env with arrays of
-    its own (the trainer's probe at launch).
+    Workers make one per env of their slot: hooks see them as ``ctx.envs``, control calls run on them, and ``reset``
+    runs the kernel's Python reset from the env's own ``np_random``. Its attributes do what gymnasium's env
+    (``TimeLimit`` included) does with them: each parameter the kernel reads lives in the parameter matrix, ``state`` is
+    the env's state in gymnasium's shape, ``_max_episode_steps`` and ``_elapsed_steps`` are the time limit's; those the
+    kernel does not model (``BatchKernel.unsupported``) raise ``KernelAttributeError``. Made without ``arrays`` it is a
+    standalone env with arrays of its own (the trainer's probe at launch).
     """
 
     def __init__(

@@ -47,15 +47,14 @@ def add_step(stepped, rewards, terminations, truncations, returns, lengths, ende
 def accept_scalars(  # type: ignore[no-untyped-def]
     new, seen, good, words, low, high, step, targets, applied_words, matrix, applied, refreshes, touched
 ):
-    """The Python engine's rule for plain float64 parameters, over records seen as ``(envs, words)``
-    float64 matrices (every field 8 bytes): a value that changed (bitwise) since ``seen`` and is
-    finite and within ``[low, high]`` becomes the env's ``good`` value and, for a ``step`` parameter,
-    is applied: to its column ``targets[p]`` of the kernel's ``matrix`` (-1: none, a value only hooks
-    read) and to its word ``applied_words[p]`` of ``applied``; ``touched[i]`` says whether env ``i``
-    had one applied for which ``refreshes[p]`` (the kernel's ``refresh`` must follow). ``words[w]`` is
-    the parameter ``p`` at record word ``w``, -1 for words of other parameters. Returns False, having
-    changed nothing, if a value is refused or another parameter changed (the caller's general path
-    handles those)."""
+    """The Python engine's rule for plain float64 parameters, over records seen as ``(envs, words)`` float64 matrices
+    (every field 8 bytes): a value that changed (bitwise) since ``seen`` and is finite and within ``[low, high]``
+    becomes the env's ``good`` value and, for a ``step`` parameter, is applied: to its column ``targets[p]`` of the
+    kernel's ``matrix`` (-1: none, a value only hooks read) and to its word ``applied_words[p]`` of ``applied``;
+    ``touched[i]`` says whether env ``i`` had one applied for which ``refreshes[p]`` (the kernel's ``refresh`` must
+    follow). ``words[w]`` is the parameter ``p`` at record word ``w``, -1 for words of other parameters. Returns False,
+    having changed nothing, if a value is refused or another parameter changed (the caller's general path handles
+    those)."""
     new_bits, seen_bits = new.view(np.int64), seen.view(np.int64)
     rows, width = new.shape
     touched[:] = False

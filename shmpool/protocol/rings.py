@@ -15,16 +15,11 @@ from .words import W_EVENTS_JOURNAL, W_EVENTS_PUBLISHED
 class EventRings:
     """One ring of fixed-size records per worker; many senders, one consumer per ring.
 
-    A send writes one record into each target ring beyond its head, advances those heads, and then
-    publishes them all with one store of the global ticket. A consumer takes only records whose ticket
-    is at most the published one, so an event reaches all of its rings or none. A sender that dies
-    between the two leaves its journal set; the next holder of the lock moves the heads back.
-
-    Heads and tails are also memoryviews (``head_words``, ``tail_words``) and each ring raw bytes: an
-    item read from a memoryview is one 8-byte load at half the cost of a numpy scalar, which matters to
-    a worker that checks its ring at every step, and a record is written or copied out as one slice.
-    The commit's stores (journal, heads, published ticket) go through the numpy arrays, where tests can
-    watch each one.
+    A send writes one record into each target ring beyond its head, advances those heads, and then publishes them all
+    with one store of the global ticket. A consumer takes only records whose ticket is at most the published one, so an
+    event reaches all of its rings or none. A sender that dies between the two leaves its journal set; the next holder
+    of the lock moves the heads back. Why heads, tails and rings are also memoryviews: ``docs/internals.md``,
+    "shmpool/protocol/rings.py".
     """
 
     def __init__(

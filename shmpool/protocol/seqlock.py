@@ -16,21 +16,12 @@ SEQLOCK_RETRIES = 8
 
 
 class Seqlock:
-    """Per-row sequence counters over a block of records, a generation counter over all of them, and
-    the writer's undo journal.
+    """Per-row sequence counters over a block of records, a generation counter over all of them, and the writer's
+    undo journal.
 
-    Writer side (under the ``WriterLock``): ``write`` saves the rows to the journal, makes the
-    generation and the rows' counters odd, writes, makes them even. Reader side: ``seqlock_read``,
-    which needs the per-row counters only while a write is in flight (the generation is odd or
-    moved): otherwise one copy between two reads of one word. After a writer dies (or its own
-    rollback is cut short), ``recover`` (run by the next acquisition) restores the odd rows from the
-    journal; an interrupted writer runs it itself on its way out, so the half write is never
-    published, not even by a later write of other fields.
-
-    The generation also counts the writes: half of it, rounded down, is how many were published
-    (``version``). Every writer of the block advances it under the lock, so each write's count
-    is unique and one more than the write before it; a write rolled back by ``recover`` uses
-    up its number too.
+    ``write`` (under the ``WriterLock``) journals the rows, makes the generation and the rows' counters odd, writes,
+    makes them even; ``recover`` rolls a half write back from the journal. Half the generation, rounded down, is how
+    many writes were published (``version``). Why and how: ``docs/internals.md``, "shmpool/protocol/seqlock.py".
     """
 
     def __init__(self, block: np.ndarray, seq: np.ndarray, undo: np.ndarray, words: np.ndarray) -> None:

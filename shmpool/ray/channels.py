@@ -50,11 +50,10 @@ class ClusterEpisodes:
         """The new records of every node, ordered by the step they ended at, then global env id.
 
         Raises:
-            ClusterNodeError: naming the node, once a node has failed, as ``applied`` and
-                ``params.write`` do: records from only part of the fleet would read as a fleet whose
-                other envs finished no episode. A node known to have failed raises before any node
-                is read; one that fails during the read leaves the records that the other nodes
-                handed over (their cursors moved on) on the error's ``records``, never dropped.
+            ClusterNodeError: naming the node, once a node has failed, as ``applied`` and ``params.write`` do: records
+                from only part of the fleet would read as a fleet whose other envs finished no episode. A node known
+                to have failed raises before any node is read; one that fails during the read leaves the records that
+                the other nodes handed over (their cursors moved on) on the error's ``records``, never dropped.
         """
         self._check()
         fleet = self._fleet
@@ -103,14 +102,13 @@ class ClusterEvents:
         at_step: int | None = None,
         wait: float | None = 0.0,
     ) -> None:
-        """Queues a one-shot event for ``hook`` (its name) concerning the global ``env_ids`` (ids, a
-        slice, or None: every env) on each node that holds some of them.
+        """Queues a one-shot event for ``hook`` (its name) concerning the global ``env_ids`` (ids, a slice, or None:
+        every env) on each node that holds some of them.
 
-        Each node delivers it once, in send order, at its next step, or when its pool's global step
-        reaches ``at_step`` (with ``step()`` every node's is the cluster pool's ``global_step``; with
-        ``send()`` each node counts its own steps). When a node's ring is full, waits up to ``wait``
-        seconds (0: not at all; None: as long as it takes) while that node steps, then raises
-        ``EventQueueFullError``; nodes that had room keep their event.
+        Each node delivers it once, in send order, at its next step, or when its pool's global step reaches ``at_step``
+        (with ``step()`` every node's is the cluster pool's ``global_step``; with ``send()`` each node counts its own
+        steps). When a node's ring is full, waits up to ``wait`` seconds (0: not at all; None: as long as it takes)
+        while that node steps, then raises ``EventQueueFullError``; nodes that had room keep their event.
 
         Examples:
             >>> cluster.events.send("Perturb", [0, 5], [0.5])  # envs 0 and 5, wherever they run
@@ -212,9 +210,8 @@ class _ClusterChannels:
         return ClusterStats.of(self._fleet.call_all("stats", "stats"))
 
     def state_dict(self) -> dict[str, Any]:
-        """A checkpoint of every node's pool, as plain data: ``{"version", "num_envs", "nodes"}``
-        with one local pool state per node (see ``shmpool.checkpoints``: parameters, episode
-        indices, the node's draw seed), in node order.
+        """A checkpoint of every node's pool, as plain data: ``{"version", "num_envs", "nodes"}`` with one local pool
+        state per node (see ``shmpool.checkpoints``: parameters, episode indices, the node's draw seed), in node order.
 
         Examples:
             >>> state = cluster.state_dict()
@@ -225,14 +222,13 @@ class _ClusterChannels:
         return {"version": CLUSTER_STATE_VERSION, "num_envs": self._fleet.num_envs, "nodes": states}
 
     def load_state_dict(self, state: Mapping[str, Any], *, same_draws: bool = True) -> None:
-        """Loads a ``state_dict`` of a cluster pool launched with the same env, ``num_envs``,
-        number of nodes, params and seed: each node loads its own part (see
-        ``shmpool.Pool.load_state_dict``). It loads whole or not at all: if a node refuses its part,
-        the nodes that had loaded theirs get their previous state back before the error is raised.
+        """Loads a ``state_dict`` of a cluster pool launched with the same env, ``num_envs``, number of nodes, params
+        and seed: each node loads its own part (see ``shmpool.Pool.load_state_dict``), whole or not at all (if a node
+        refuses its part, the nodes that had loaded theirs get their previous state back before the error is raised).
 
         Raises:
-            ValueError: for a state that is not a cluster pool's, or one of another number of nodes
-                or envs, or one a node refuses (naming the field, with the node in a note).
+            ValueError: for a state that is not a cluster pool's, or one of another number of nodes or envs, or one a
+                node refuses (naming the field, with the node in a note).
         """
         self._check_open()
         fleet = self._fleet

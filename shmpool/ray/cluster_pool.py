@@ -153,21 +153,15 @@ class ClusterPool(_ClusterChannels, VectorEnv):
             self._in_flight[index] = (fleet.hosts[index].reset.remote(*args), "reset")
 
     def send(self, actions: Any, env_ids: Any = None, *, node: int | None = None) -> None:
-        """Starts stepping the envs ``env_ids`` (default: those the last ``recv()`` returned) with
-        ``actions``, one row per env id in that order; returns at once. A send steps one whole node:
-        ``env_ids`` are the global env ids of one node (``infos["env_id"]`` of a ``recv()``, in any
-        order), or ``node=k`` names the node instead (its envs in env id order).
-
-        Examples:
-            >>> cluster.async_reset(seed=0)
-            >>> for _ in range(100):
-            ...     observations, rewards, terminations, truncations, infos = cluster.recv()
-            ...     cluster.send(policy(observations), infos["env_id"])
+        """Starts stepping the envs ``env_ids`` (default: those the last ``recv()`` returned) with ``actions``, one row
+        per env id in that order; returns at once: ``cluster.send(policy(observations), infos["env_id"])`` after each
+        ``recv()``. A send steps one whole node: ``env_ids`` are the global env ids of one node (``infos["env_id"]`` of
+        a ``recv()``, in any order), or ``node=k`` names the node instead (its envs in env id order).
 
         Raises:
             ValueError: for ``env_ids`` that are not exactly one node's, or that disagree with ``node``.
-            RuntimeError: if that node is still stepping (``recv()`` it first), or nothing says which
-                node to step (no ``env_ids``, no ``node`` and no ``recv()`` yet).
+            RuntimeError: if that node is still stepping (``recv()`` it first), or nothing says which node to step (no
+                ``env_ids``, no ``node`` and no ``recv()`` yet).
         """
         self._check_open()
         fleet = self._fleet

@@ -81,23 +81,17 @@ class ClusterHandle(_ClusterChannels):
 def attach(name: str, *, address: str | None = None, wait: float | None = None) -> ClusterHandle:
     """Finds the cluster pool called ``name`` on the Ray cluster and returns a handle on every node.
 
-    Works from any process connected to the cluster; one that is not connected yet connects to
-    ``address`` (None: ``"auto"``, the cluster this machine belongs to or ``RAY_ADDRESS``).
+    Works from any process connected to the cluster (a curriculum on any of its machines); one that is not connected
+    yet connects to ``address``.
 
     Args:
         name: The name given to ``shmpool.ray.launch``.
-        address: The Ray cluster's address, used only if this process has not called ``ray.init``.
+        address: The Ray cluster's address, used only if this process has not called ``ray.init`` (None: ``"auto"``,
+            the cluster this machine belongs to or ``RAY_ADDRESS``).
         wait: Seconds to wait for the cluster pool to appear (None: do not wait).
 
     Raises:
         PoolNotFoundError: if no cluster pool of that name runs (within ``wait``).
-
-    Example (a curriculum on any machine of the cluster):
-
-        >>> import shmpool.ray
-        >>> with shmpool.ray.attach("cl", address="auto", wait=30) as handle:
-        ...     handle.params.write(None, length=0.7)
-        ...     records = handle.episodes.read()
     """
     ray = import_ray()
     if not ray.is_initialized():

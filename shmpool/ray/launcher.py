@@ -35,37 +35,26 @@ def launch(
     host_options: Mapping[str, Any] | None = None,
     **options: Unpack[OptionsButName],
 ) -> ClusterPool:
-    """Launches a pool of ``num_envs`` envs over the chosen nodes of the Ray cluster this process is
-    connected to (``ray.init()`` first; called without it, Ray's default ``ray.init()`` runs): one
-    local pool of ``num_envs / len(nodes)`` envs per node, each owned by a host actor placed there;
-    returns the cluster pool.
+    """Launches one local pool of ``num_envs / len(nodes)`` envs per chosen node of the Ray cluster this process is
+    connected to (else Ray's default ``ray.init()`` runs), each owned by a host actor there; returns the cluster pool.
 
     Args:
-        env: What ``shmpool.launch`` takes: a registered id or a callable (shipped to the nodes by
-            Ray), or a sequence of callables, one per env of the whole cluster (node order).
-        num_envs: Envs over all the nodes, which must split evenly over them (None: the length of
-            ``env``'s sequence).
-        nodes: None for every alive node (in Ray's order), an int for the first that many of them,
-            or a list of Ray node ids (hex), in the order their envs take.
-        name: The cluster pool's name: its host actors are ``shmpool/{name}/{index}`` (Ray namespace
-            ``"shmpool"``) and node ``index``'s pool is ``{name}-{index}``; None: a unique one.
-        host_options: Ray options of the host actors (``num_cpus`` to reserve cores for the pool's
-            workers, say); they take no resource by default. Placement is always the node's, hard.
-        **options: The options of ``shmpool.launch`` (``num_workers``, ``seed``, ``params``,
-            ``hooks``, ``timeout``, ...), the same for every node. A ``seed`` makes global env ``i``
+        env: What ``shmpool.launch`` takes: a registered id or a callable (shipped to the nodes by Ray), or a
+            sequence of callables, one per env of the whole cluster (node order).
+        num_envs: Envs over all the nodes, which must split evenly over them (None: the length of ``env``'s sequence).
+        nodes: None for every alive node (in Ray's order), an int for the first that many of them, or a list of Ray
+            node ids (hex), in the order their envs take.
+        name: The cluster pool's name: its host actors are ``shmpool/{name}/{index}`` (Ray namespace ``"shmpool"``)
+            and node ``index``'s pool is ``{name}-{index}``; None: a unique one.
+        host_options: Ray options of the host actors (``num_cpus`` to reserve cores for the pool's workers, say);
+            they take no resource by default. Placement is always the node's, hard.
+        **options: The options of ``shmpool.launch``, the same for every node. A ``seed`` makes global env ``i``
             start from ``seed + i`` at the first reset, as in one local pool.
 
     Raises:
         PoolExistsError: if a cluster pool of that name runs on the cluster.
-        ValueError: for ``nodes`` that are not alive nodes of the cluster, or a ``num_envs`` that does
-            not split evenly over them.
-
-    Example (on a running cluster, or after ``ray.init()``):
-
-        >>> import shmpool.ray
-        >>> with shmpool.ray.launch("CartPole-v1", 16, num_workers=2, seed=0, name="cl") as cluster:
-        ...     observations, infos = cluster.reset()
-        ...     print(cluster.num_envs, [node.env_ids for node in cluster.nodes])
+        ValueError: for ``nodes`` that are not alive nodes of the cluster, or a ``num_envs`` that does not split
+            evenly over them.
     """
     if num_envs is None:
         if isinstance(env, str) or callable(env):

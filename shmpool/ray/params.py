@@ -16,12 +16,10 @@ from .fleet import ClusterStats, _Fleet
 
 
 class ClusterParams:
-    """The parameter block of a whole cluster pool, with the local ``shmpool.ParamBlock``'s API
-    over global env ids: ``write()`` (validated once, here, then routed to the nodes that hold the
-    envs), ``applied``, ``specs``, ``names``, ``snapshot()`` and reads by name.
-
-    Reads (``params["gravity"]``, ``applied``) are read-only copies fetched from every node; there
-    is no writable view, since the blocks live on other machines: write with ``write()``.
+    """The parameter block of a whole cluster pool, with the local ``shmpool.ParamBlock``'s API over global env ids:
+    ``write()`` (validated once, here, then routed to the nodes that hold the envs), ``applied``, ``specs``, ``names``,
+    ``snapshot()`` and reads by name. Reads are read-only copies fetched from every node: the blocks live on other
+    machines, so there is no writable view.
     """
 
     def __init__(
@@ -84,20 +82,19 @@ class ClusterParams:
         return ClusterStats.of(self._fleet.call_all("stats", "stats")).refusals
 
     def write(self, env_ids: int | Sequence[int] | slice | np.ndarray | None, **values: Any) -> int:
-        """Validates ``values`` once, then writes each node's rows into its block (atomically per env,
-        as ``ParamBlock.write``); returns the write's version (see ``ClusterPool.applied_version``;
-        0 for a write of no env, which every node has applied).
+        """Validates ``values`` once, then writes each node's rows into its block (atomically per env, as
+        ``ParamBlock.write``); returns the write's version (see ``ClusterPool.applied_version``; 0 for a write of no
+        env, which every node has applied).
 
-        ``env_ids`` are global: an env id, a sequence or array of them, a slice, or None for every env.
-        A distribution's arguments are given as a dict, e.g. ``length={"low": 0.4, "high": 0.6}``.
-        The envs run with the values from their next step (``when="step"``) or reset.
+        ``env_ids`` are global: an env id, a sequence or array of them, a slice, or None for every env. A
+        distribution's arguments are given as a dict, e.g. ``length={"low": 0.4, "high": 0.6}``. The envs run with the
+        values from their next step (``when="step"``) or reset.
 
         Raises:
             ValueError: naming the parameter, the global env id and the value; nothing is written then.
             KeyError: for a parameter the pool does not declare.
-            ClusterNodeError: naming the node, if a node that holds some of ``env_ids`` failed (before
-                anything is written when it was known to have failed; the other nodes' rows are
-                written when it fails during the write).
+            ClusterNodeError: naming the node, if a node that holds some of ``env_ids`` failed (before anything is
+                written when it was known to have failed; the other nodes' rows are written when it fails during it).
         """
         self._check()
         fleet = self._fleet
