@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import descendants, shm_entries
-from helpers import CountingEnv, PairEnv, wait_gone
+from helpers import CountingEnv, PairEnv, StructuredEnv, wait_gone
 from ray_support import cmdline, no_leftovers_but_rays, ray_environment, wait_for
 
 import shmpool
@@ -149,6 +149,23 @@ def test_step_equals_a_local_pool_of_the_same_size(pool_name: str) -> None:
                 else:  # by its env ids, as a local pool's send takes them: any order, one row each
                     env_ids = np.array(node.env_ids)[::-1]
                     fleet.send(actions[env_ids], env_ids)
+
+
+def test_structured_actions_reach_each_node_as_a_local_pool_takes_them(pool_name: str) -> None:
+    """Dict and Tuple actions are split leaf by leaf, a Tuple given as a list too (a local pool takes it)."""
+    with (
+        shmpool.ray.launch(StructuredEnv, 4, name=pool_name, num_workers=1, seed=1) as fleet,
+        shmpool.launch(StructuredEnv, 4, name=f"{pool_name}-local", num_workers=1, seed=1) as local,
+    ):
+        assert_same(fleet.reset(), local.reset())
+        batch = fleet.action_space.sample()
+        as_lists = {"a": list(batch["a"]), "b": batch["b"]}
+        assert_same(fleet.step(as_lists), local.step(batch))
+        reversed_rows = {"a": [leaf[[3, 2]] for leaf in batch["a"]], "b": {k: v[[3, 2]] for k, v in batch["b"].items()}}
+        fleet.send(reversed_rows, [3, 2])  # node 1's envs, last first
+        observations, *_, infos = fleet.recv()
+        assert infos["env_id"].tolist() == [2, 3]
+        np.testing.assert_array_equal(observations["echo"]["a"][1], batch["a"][1][2:])
 
 
 def test_a_write_reaches_exactly_those_envs_on_their_nodes(pool_name: str) -> None:

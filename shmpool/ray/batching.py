@@ -1,10 +1,9 @@
-"""The trainer's array plumbing for a cluster pool: splitting a batch of actions into each node's
-rows, and joining each node's observations and infos back into one batch (Dict and Tuple spaces
-leaf by leaf), as a local pool of the same total size would return them."""
+"""The trainer's array plumbing for a cluster pool: joining each node's observations and infos back
+into one batch (Dict and Tuple spaces leaf by leaf), as a local pool of the same total size would
+return them."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -18,29 +17,6 @@ def concat(parts: list[Any]) -> Any:
     if isinstance(first, tuple):
         return tuple(concat([part[i] for part in parts]) for i in range(len(first)))
     return np.concatenate([np.asarray(part) for part in parts])
-
-
-def split_actions(actions: Any, starts: np.ndarray, num_envs: int) -> list[Any]:
-    """Each node's rows of a batch of actions (Dict and Tuple actions split leaf by leaf)."""
-    if isinstance(actions, Mapping):
-        per_key = {key: split_actions(value, starts, num_envs) for key, value in actions.items()}
-        return [{key: parts[k] for key, parts in per_key.items()} for k in range(len(starts) - 1)]
-    if isinstance(actions, tuple):
-        per_item = [split_actions(value, starts, num_envs) for value in actions]
-        return [tuple(parts[k] for parts in per_item) for k in range(len(starts) - 1)]
-    array = np.asarray(actions)
-    if array.ndim == 0 or len(array) != num_envs:
-        raise ValueError(f"actions must have one row per env ({num_envs}), got shape {array.shape}")
-    return [array[starts[k] : starts[k + 1]] for k in range(len(starts) - 1)]
-
-
-def take_rows(actions: Any, rows: np.ndarray) -> Any:
-    """``actions`` with its rows in the order ``rows`` (Dict and Tuple actions leaf by leaf)."""
-    if isinstance(actions, Mapping):
-        return {key: take_rows(value, rows) for key, value in actions.items()}
-    if isinstance(actions, tuple):
-        return tuple(take_rows(value, rows) for value in actions)
-    return np.asarray(actions)[rows]
 
 
 def merge_infos(parts: list[dict[str, Any]], counts: list[int]) -> dict[str, Any]:

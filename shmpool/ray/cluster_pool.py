@@ -13,9 +13,9 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from shmpool.options import check_env_ids
-from shmpool.spaces import ActionChecker
+from shmpool.spaces import ActionChecker, assemble
 
-from .batching import concat, merge_infos, split_actions, take_rows
+from .batching import concat, merge_infos
 from .channels import _ClusterChannels
 from .fleet import QUICK_CALL, _Fleet, import_ray
 from .teardown import stop, sweep, wait_dead
@@ -126,8 +126,8 @@ class ClusterPool(_ClusterChannels, VectorEnv):
                 f"step() while nodes {sorted(self._in_flight)} are stepping after send(): recv() them first, or reset()"
             )
         fleet = self._fleet
-        self._check_actions(actions, np.arange(self.num_envs))
-        parts = split_actions(actions, fleet.starts, self.num_envs)
+        checked = self._check_actions(actions, np.arange(self.num_envs))
+        parts = [self._rows_of(checked, slice(fleet.starts[k], fleet.starts[k + 1])) for k in range(len(fleet.nodes))]
         results = fleet.call("step", {index: (part, True) for index, part in enumerate(parts)}, "step")
         self._global_step += 1
         observations, rewards, terminations, truncations, infos = zip(*(results[k] for k in range(len(fleet.nodes))))
@@ -192,21 +192,25 @@ class ClusterPool(_ClusterChannels, VectorEnv):
             raise RuntimeError(f"send() to node {node}, which is still stepping: recv() its results first")
         fleet.check_nodes([node], "send")
         envs = fleet.nodes[node].env_ids
-        self._check_actions(actions, np.arange(envs.start, envs.stop) if env_ids is None else np.asarray(env_ids))
-        count = len(envs)
-        part = split_actions(actions, np.array([0, count]), count)[0]
-        if rows is not None:
-            part = take_rows(part, rows)
+        ids = np.arange(envs.start, envs.stop) if env_ids is None else np.asarray(env_ids)
+        checked = self._check_actions(actions, ids)
+        part = self._rows_of(checked, slice(None) if rows is None else rows)
         self._in_flight[node] = (fleet.hosts[node].step.remote(part, False), "step")
         self._global_step += 1
 
-    def _check_actions(self, actions: Any, env_ids: np.ndarray) -> None:
-        """Raises as a local pool does for actions (one row per env of ``env_ids``) it would refuse."""
+    def _check_actions(self, actions: Any, env_ids: np.ndarray) -> list[np.ndarray]:
+        """The leaf arrays of ``actions`` (one row per env of ``env_ids``); raises as a local pool does
+        for actions it would refuse."""
         checker = self._action_checkers.get(len(env_ids))
         if checker is None:
             checker = ActionChecker(self.single_action_space, len(env_ids), self._label)
             self._action_checkers[len(env_ids)] = checker
-        checker(actions, env_ids)
+        return checker(actions, env_ids)
+
+    def _rows_of(self, leaves: list[np.ndarray], rows: slice | np.ndarray) -> Any:
+        """The actions of ``rows`` of checked leaf arrays, in the action space's structure (a Tuple as
+        a tuple, whatever sequence the user gave)."""
+        return assemble(self.single_action_space, iter([leaf[rows] for leaf in leaves]))
 
     def _node_of(self, env_ids: Any) -> tuple[int, np.ndarray | None]:
         """The node whose envs ``env_ids`` are (every one of them, once), and the order in which to
