@@ -366,6 +366,8 @@ def test_a_refused_step_or_reset_moves_no_env_on_any_node(pool_name: str) -> Non
         ):
             with pytest.raises(ValueError, match="wait must be a number of seconds or None, got nan"):
                 wait_forever()
+        with pytest.raises(ValueError, match=r"env_ids must be one or more env ids .* got \[\]"):
+            fleet.events.send("Reset", [])  # as a local pool refuses it
 
 
 @pytest.fixture

@@ -122,7 +122,10 @@ class ClusterEvents:
                 index: (hook, None, payload, at_step) for index in range(len(fleet.nodes))
             }
         else:
-            by_node = fleet.locate(np.unique(env_rows(env_ids, fleet.num_envs)))
+            ids = np.unique(env_rows(env_ids, fleet.num_envs))
+            if not ids.size:  # as a local pool: an event for no env is a mistake, not nothing to do
+                raise ValueError(f"env_ids must be one or more env ids (or None for all), got {env_ids!r:.100}")
+            by_node = fleet.locate(ids)
             pending = {index: (hook, local.tolist(), payload, at_step) for index, (_, local) in by_node.items()}
         deadline = deadline_after(wait, f"{self._label}: events.send")
         while pending:
