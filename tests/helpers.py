@@ -555,6 +555,19 @@ class ResetWhereNotResetting:
             ctx.request_reset(rows)
 
 
+class ResetRowsAt:
+    """Asks, at global step ``at``, to reset the rows ``rows`` exactly as given (a mask, ids, anything)."""
+
+    name = "ResetRowsAt"
+
+    def __init__(self, rows: Any, at: int) -> None:
+        self.rows_given, self.at = rows, at
+
+    def before_step(self, ctx) -> None:
+        if ctx.global_step == self.at:
+            ctx.request_reset(self.rows_given)
+
+
 class SeesResetting:
     """Reports, as rewards, the ``ctx.resetting`` flags that its before_step saw."""
 

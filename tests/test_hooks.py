@@ -291,6 +291,26 @@ def test_hooks_later_in_the_chain_see_resets_that_earlier_hooks_asked_for(pool_n
     assert seen == [[0, 0, 0], [0, 0, 0], [0, 0, 0], [0, 1, 0], [0, 0, 0]]
 
 
+@pytest.mark.parametrize("engine", ["python", "numba"])
+def test_a_reset_request_takes_rows_or_a_mask_alike_on_every_engine(pool_name: str, engine: str) -> None:
+    """A boolean mask resets the envs it marks (the Python engine took it for rows 0 and 1); a row
+    outside the slot (a negative one would reset an env at its other end) fails, naming the rule."""
+    mask = np.array([False, False, True])
+    hooks = [helpers.ResetRowsAt(mask, at=2)]
+    with shmpool.launch("CartPole-v1", 3, num_workers=1, engine=engine, name=pool_name, hooks=hooks) as pool:
+        pool.reset(seed=0)
+        for _ in range(3):  # the third step, at global step 2, resets env 2 instead of stepping it
+            observations = pool.step(np.zeros(3, np.int64))[0]
+        reset_state = np.all(np.abs(observations) <= 0.05, axis=1)  # three pushes left move every other env more
+        assert reset_state.tolist() == [False, False, True]
+    with shmpool.launch(
+        "CartPole-v1", 3, num_workers=1, engine=engine, name=pool_name, hooks=[helpers.ResetRowsAt([-1], at=0)]
+    ) as pool:
+        pool.reset(seed=0)
+        with pytest.raises(shmpool.WorkerError, match=r"request_reset: rows must be row indices of the slot's 3"):
+            pool.step(np.zeros(3, np.int64))
+
+
 def test_resample_redraws_dist_params(pool_name: str) -> None:
     params = {"masscart": Param(dist="uniform", low=0.5, high=2.0, when="reset")}
     with shmpool.launch(

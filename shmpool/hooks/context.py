@@ -157,8 +157,18 @@ class HookContext:
         return np.asarray(env_ids) - self.env_ids[0]
 
     def request_reset(self, rows: np.ndarray) -> None:
-        """In ``before_step``: reset the envs at ``rows`` instead of stepping them this step."""
-        self._request_reset(np.asarray(rows))
+        """In ``before_step``: reset the envs at ``rows`` (row indices, or a boolean mask over the slot)
+        instead of stepping them this step."""
+        rows, count = np.asarray(rows), len(self.env_ids)
+        if rows.dtype == np.bool_ and rows.shape == (count,):
+            rows = np.flatnonzero(rows)
+        elif rows.dtype.kind not in "iu" or rows.ndim > 1 or (rows.size and not 0 <= rows.min() <= rows.max() < count):
+            # A negative row would reset an env at the slot's other end; every engine refuses it alike.
+            raise ValueError(
+                f"request_reset: rows must be row indices of the slot's {count} envs (0 to {count - 1}) or a "
+                f"boolean mask of shape ({count},), got {rows!r:.80}"
+            )
+        self._request_reset(rows)
         self._arrays.pop(1, None)  # the flags changed: the next read of ``resetting`` shows the new resets
 
     def resample(self, names: list[str], rows: np.ndarray) -> None:
