@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ..errors import PoolClosedError, ShmpoolError, WriterLockReentryError, WriterLockTimeoutError
-from ..system import process_state
+from ..system import process_state, this_pid
 from .words import MUTEX_BYTES, W_HOLDER, W_MUTEX
 
 _LIBC = ctypes.CDLL(None, use_errno=True)  # the process's own C library: its pthreads
@@ -146,7 +146,7 @@ class WriterLock:
         if code == EOWNERDEAD:  # first: the mutex stays usable even if a recovery raises
             MUTEX_CONSISTENT(address)
         self._recover()
-        self._words[W_HOLDER] = os.getpid()
+        self._words[W_HOLDER] = this_pid()
 
     def _recover(self) -> None:
         for recover in self._recoveries:
