@@ -158,8 +158,10 @@ class EnvPoolAPI(WrappedPoolChannels, VectorEnv, gym.Env):  # type: ignore[misc]
         """One env's action space (EnvPool's convention)."""
         return self.pool.single_action_space
 
-    single_observation_space = observation_space  # the same object, as in EnvPool
+    single_observation_space = observation_space
+    """One env's observation space: the same object as ``observation_space``, as in EnvPool."""
     single_action_space = action_space
+    """One env's action space: the same object as ``action_space``, as in EnvPool."""
 
     # -- EnvPool's calls -----------------------------------------------------------------------------
 
@@ -414,8 +416,9 @@ def make_spec(
     **make_options: Any,
 ) -> Spec:
     """The ``Spec`` that ``make`` with these arguments gives its env, without starting a pool: one
-    env is made and closed to read its spaces. What ``make`` refuses is refused; its other options are
-    not used."""
+    env is made and closed to read its spaces. Refused as by ``make``: another ``env_type``,
+    ``gym_reset_return_info=False``, an unknown ``render_mode``, EnvPool's thread options; launch's
+    other options are not used (nor checked)."""
     env_type, reset_info = make_options.pop("env_type", "gymnasium"), make_options.pop("gym_reset_return_info", True)
     _refuse(task_id, env_type, reset_info, render_mode, make_options)
     batch = None if batch_size in (None, 0, num_envs) else batch_size

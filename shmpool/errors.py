@@ -1,8 +1,8 @@
 """Exceptions raised by shmpool.
 
 Every error derives from ``ShmpoolError``; the specific ones also derive from the builtin they
-resemble, so ``except TimeoutError`` or ``except ValueError`` code keeps working. Each defines
-``__reduce__`` so it survives pickling across processes with its attributes intact.
+resemble, so ``except TimeoutError`` or ``except ValueError`` code keeps working. Each survives
+pickling across processes with its attributes and notes intact (``ShmpoolError.__reduce__``).
 """
 
 from __future__ import annotations

@@ -558,10 +558,8 @@ class ResetWhereNotResetting:
 class ResetRowsAt:
     """Asks, at global step ``at``, to reset the rows ``rows`` exactly as given (a mask, ids, anything)."""
 
-    name = "ResetRowsAt"
-
     def __init__(self, rows: Any, at: int) -> None:
-        self.rows_given, self.at = rows, at
+        self.rows_given, self.at, self.name = rows, at, f"ResetRowsAt{at}"
 
     def before_step(self, ctx) -> None:
         if ctx.global_step == self.at:

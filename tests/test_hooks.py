@@ -296,7 +296,7 @@ def test_a_reset_request_takes_rows_or_a_mask_alike_on_every_engine(pool_name: s
     """A boolean mask resets the envs it marks (the Python engine took it for rows 0 and 1); a row
     outside the slot (a negative one would reset an env at its other end) fails, naming the rule."""
     mask = np.array([False, False, True])
-    hooks = [helpers.ResetRowsAt(mask, at=2)]
+    hooks = [helpers.ResetRowsAt([], at=1), helpers.ResetRowsAt(mask, at=2)]  # [], nothing due: no reset
     with shmpool.launch("CartPole-v1", 3, num_workers=1, engine=engine, name=pool_name, hooks=hooks) as pool:
         pool.reset(seed=0)
         for _ in range(3):  # the third step, at global step 2, resets env 2 instead of stepping it

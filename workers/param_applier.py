@@ -359,8 +359,8 @@ class _ScalarColumns:
         return cls(scalar, [s for s in specs if s not in scalar], offsets, record.itemsize // 8, good, applied)
 
     def snapshot_matrix(self, snapshot: np.ndarray) -> np.ndarray:
-        """``matrix`` of a snapshot of the block (never changed once taken), made once: a sync's
-        new snapshot is the next sync's last one."""
+        """The scalar columns of a snapshot of the block (never changed once taken) as an ``(envs,
+        len(specs))`` float64 array, made once: a sync's new snapshot is the next sync's last one."""
         cached, matrix = self._snapshot
         if cached is not snapshot:
             matrix = snapshot.view(np.float64).reshape(len(snapshot), self.width)[:, self.columns]

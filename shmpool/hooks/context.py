@@ -160,7 +160,9 @@ class HookContext:
         """In ``before_step``: reset the envs at ``rows`` (row indices, or a boolean mask over the slot)
         instead of stepping them this step."""
         rows, count = np.asarray(rows), len(self.env_ids)
-        if rows.dtype == np.bool_ and rows.shape == (count,):
+        if not rows.size:  # nothing due: an empty list is float64 to numpy
+            rows = np.zeros(0, np.intp)
+        elif rows.dtype == np.bool_ and rows.shape == (count,):
             rows = np.flatnonzero(rows)
         elif rows.dtype.kind not in "iu" or rows.ndim > 1 or (rows.size and not 0 <= rows.min() <= rows.max() < count):
             # A negative row would reset an env at the slot's other end; every engine refuses it alike.

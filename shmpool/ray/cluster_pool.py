@@ -101,7 +101,8 @@ class ClusterPool(_ClusterChannels, VectorEnv):
         """Resets every env (or those in ``options["reset_mask"]``); as a local pool's ``reset``.
 
         ``seed``: an int (global env ``i`` gets ``seed + i``), one seed (or None) per env, or None.
-        Any ``send`` in flight is waited for and its results dropped.
+        Any ``send`` in flight is waited for and its results dropped; a ``reset_mask`` that leaves out
+        envs of a node in flight raises ``RuntimeError`` instead (``recv()`` them first).
         """
         self._check_open()
         arguments = self._reset_arguments(seed, options)
