@@ -22,6 +22,23 @@ EnvIds = int | Sequence[int] | slice | np.ndarray | None
 StepResult = tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
 
 
+class EnvsRandomness:
+    """``np_random_seed`` and ``np_random`` of a vector env whose envs run elsewhere: each env's own,
+    through ``get_attr`` (gymnasium's ``VectorEnv`` would make a generator of its own)."""
+
+    get_attr: Callable[[str], tuple[Any, ...]]
+
+    @property
+    def np_random_seed(self) -> tuple[int, ...]:
+        """The seed of each env's random number generator, as gymnasium's Sync and Async report it."""
+        return self.get_attr("np_random_seed")
+
+    @property
+    def np_random(self) -> tuple[np.random.Generator, ...]:
+        """A copy of each env's random number generator (the envs keep their own)."""
+        return self.get_attr("np_random")
+
+
 @runtime_checkable
 class ParamsAPI(Protocol):
     """A pool's parameter block: a column per parameter, and validated atomic writes."""

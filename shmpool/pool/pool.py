@@ -17,7 +17,7 @@ from gymnasium.vector.utils import batch_differing_spaces, batch_space
 from ..calls import Request
 from ..config import EnvSpec, PoolConfig
 from ..errors import ForeignProcessError, PoolClosedError, ShmpoolError, StepSentInterrupt
-from ..interfaces import StepResult
+from ..interfaces import EnvsRandomness, StepResult
 from ..interrupts import CallLock, interrupts_deferred
 from ..layout import CMD_RESET, CMD_STEP
 from ..option_docs import with_options
@@ -86,7 +86,7 @@ def launch(
 launch.__doc__ = with_options(launch.__doc__ or "")
 
 
-class Pool(SharedChannels, VectorEnv):
+class Pool(SharedChannels, EnvsRandomness, VectorEnv):  # type: ignore[misc]  # np_random: each env's
     """A gymnasium ``VectorEnv`` whose envs run in worker processes over one shared-memory segment.
 
     Made by ``launch``; use it as a context manager or call ``close``. ``params``,
@@ -411,16 +411,6 @@ class Pool(SharedChannels, VectorEnv):
     def render(self) -> tuple[Any, ...] | None:  # type: ignore[override]
         """Every env's ``render()`` (launch with ``env_kwargs={"render_mode": "rgb_array"}`` for frames)."""
         return self.call("render")
-
-    @property
-    def np_random_seed(self) -> tuple[int, ...]:  # type: ignore[override]
-        """The seed of each env's random number generator, as gymnasium's Sync and Async report it."""
-        return self.get_attr("np_random_seed")
-
-    @property  # type: ignore[misc]
-    def np_random(self) -> tuple[np.random.Generator, ...]:  # type: ignore[override]
-        """A copy of each env's random number generator (the envs keep their own)."""
-        return self.get_attr("np_random")
 
     def _apply(self, requests: list[Request], what: str) -> list[Any]:
         """Runs a control call's requests in the workers and returns the results in request order."""

@@ -12,6 +12,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
+from shmpool.interfaces import EnvsRandomness
 from shmpool.options import check_env_ids
 from shmpool.spaces import ActionChecker, assemble
 
@@ -21,7 +22,7 @@ from .fleet import QUICK_CALL, _Fleet, import_ray
 from .teardown import stop, sweep, wait_dead
 
 
-class ClusterPool(_ClusterChannels, VectorEnv):
+class ClusterPool(_ClusterChannels, EnvsRandomness, VectorEnv):  # type: ignore[misc]  # np_random: each env's
     """A gymnasium ``VectorEnv`` over the envs of every node's pool (global env ids in node order).
 
     Made by ``shmpool.ray.launch``; use it as a context manager or call ``close``. ``reset``
@@ -315,16 +316,6 @@ class ClusterPool(_ClusterChannels, VectorEnv):
         fleet = self._fleet
         arguments = {node.index: (name, list(values[node.env_ids.start : node.env_ids.stop])) for node in fleet.nodes}
         fleet.call("set_attr", arguments, f"set_attr({name!r})")
-
-    @property
-    def np_random_seed(self) -> tuple[int, ...]:  # type: ignore[override]
-        """The seed of each env's random number generator, as a local pool reports it."""
-        return self.get_attr("np_random_seed")
-
-    @property  # type: ignore[misc]
-    def np_random(self) -> tuple[np.random.Generator, ...]:  # type: ignore[override]
-        """A copy of each env's random number generator (the envs keep their own)."""
-        return self.get_attr("np_random")
 
     def render(self) -> tuple[Any, ...] | None:  # type: ignore[override]
         """Every env's ``render()``."""
