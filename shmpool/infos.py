@@ -35,8 +35,9 @@ def info_format(value: Any, max_bytes: int) -> tuple[np.dtype[Any], tuple[int, .
         return np.dtype(np.int64), (), BATCH_TYPED
     if isinstance(value, float):
         return np.dtype(np.float64), (), BATCH_TYPED
-    if isinstance(value, np.number):
-        return value.dtype, (), BATCH_TYPED
+    if isinstance(value, np.number):  # as an array's: a complex or a wider one than info_bytes cannot travel
+        fits = value.dtype.kind in "iuf" and value.dtype.itemsize <= max_bytes
+        return (value.dtype, (), BATCH_TYPED) if fits else None
     if isinstance(value, np.bool_):
         return value.dtype, (), BATCH_OBJECTS
     if (

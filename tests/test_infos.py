@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from typing import Any
 
 import gymnasium as gym
 import helpers
@@ -83,6 +84,18 @@ def test_info_arrays_larger_than_info_bytes_are_left_out_with_one_warning(pool_n
             infos = pool.step([0, 1])[4]
         np.testing.assert_array_equal(infos["big"], np.ones((2, 9)))
         assert infos["_big"].tolist() == [True, True]
+
+
+@pytest.mark.parametrize("value", [np.complex128(1 + 2j), np.longdouble(1.5)], ids=["complex", "longdouble"])
+def test_a_numpy_scalar_that_cannot_travel_is_left_out_as_an_array_would_be(value: Any, pool_name: str) -> None:
+    """A complex scalar, or one wider than ``info_bytes``, broke the worker (and lost the step's other
+    keys); it is left out with the warning an array gets."""
+    factory = functools.partial(helpers.OneInfoEnv, value)
+    with shmpool.launch(factory, 2, num_workers=1, name=pool_name, info_bytes=8) as pool:
+        pool.reset(seed=0)
+        with pytest.warns(RuntimeWarning, match="info key 'v' .* leaves it out"):
+            infos = pool.step([0, 1])[4]
+        assert "v" not in infos and infos["count"].tolist() == [1, 1]
 
 
 def test_a_left_out_info_key_warns_once_whatever_the_number_of_workers(pool_name: str) -> None:
