@@ -8,6 +8,7 @@ import contextlib
 import gc
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -126,6 +127,31 @@ def test_other_autoreset_modes_equal_sync_vector_env(env_id: str, mode: Autorese
 )
 def test_constructor_arguments_hold(env_id: str, kwargs: dict[str, Any], pool_name: str) -> None:
     run_against_sync(env_id, AutoresetMode.NEXT_STEP, pool_name, LIMIT + 5, **kwargs)
+
+
+def _contact_forces(env: Any) -> np.ndarray:
+    return env.unwrapped.data.cfrc_ext.copy()
+
+
+def test_an_acceleration_sensor_puts_contact_forces_in_a_resets_observation(pool_name: str, tmp_path: Path) -> None:
+    """With such a sensor, the env's ``mj_forward`` at reset runs ``mj_rnePostConstraint``: a lying
+    humanoid's first observation (and the data a control call sees) holds its contact forces, which
+    the engine had left at zero."""
+    import gymnasium.envs.mujoco
+
+    stock = Path(gymnasium.envs.mujoco.__file__).parent / "assets" / "humanoidstandup.xml"
+    xml = tmp_path / "humanoidstandup_sensor.xml"
+    sensor = '<sensor><framelinacc objtype="body" objname="torso"/></sensor>\n</mujoco>'
+    xml.write_text(stock.read_text().replace("</mujoco>", sensor))
+    run_against_sync("HumanoidStandup-v5", AutoresetMode.NEXT_STEP, pool_name, LIMIT + 3, xml_file=str(xml))
+    reference = gym.make("HumanoidStandup-v5", xml_file=str(xml))
+    reference.reset(seed=4)
+    assert np.abs(reference.unwrapped.data.cfrc_ext).sum() > 0
+    options = {"engine": "mujoco", "env_kwargs": {"xml_file": str(xml)}, "name": pool_name}
+    with shmpool.launch("HumanoidStandup-v5", 2, **options) as pool:
+        pool.reset(seed=[4, 4])
+        for forces in pool.env_apply(_contact_forces):
+            np.testing.assert_array_equal(forces, reference.unwrapped.data.cfrc_ext)
 
 
 def count_compiles() -> None:

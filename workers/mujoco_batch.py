@@ -166,6 +166,12 @@ class MujocoSlot(ArraySlot):
             #: Each env's ``MjData``, and its ``cfrc_ext`` (a view: it stays valid with the data).
             self._datas = [env.unwrapped.data for env in self.envs]
             self._data_forces = [data.cfrc_ext for data in self._datas]
+        # Whether mj_forward computes the contact forces (an acceleration-stage sensor makes it run
+        # mj_rnePostConstraint): then a reset leaves them in the env's data, and in its observation.
+        probe = mujoco.MjData(self.nominal)
+        probe.cfrc_ext[:] = np.nan
+        mujoco.mj_forward(self.nominal, probe)
+        self._forces_at_reset = not np.isnan(probe.cfrc_ext).any()
         self._read_envs()
         self._resets = BatchResets(mujoco, self.nominal, task)
         self._resets.plan(self.envs)
@@ -224,7 +230,8 @@ class MujocoSlot(ArraySlot):
     def before_call(self) -> None:
         """Copies each simulation's model, data and step count into its env, for user code to see:
         its ``MjData`` as gymnasium's env holds it (after a step, ``mj_rnePostConstraint``'s ``cacc``,
-        ``cfrc_int`` and ``cfrc_ext``; after a reset, zeros there)."""
+        ``cfrc_int`` and ``cfrc_ext``; after a reset, zeros there unless an acceleration sensor had
+        ``mj_forward`` compute them)."""
         batch, rne = self.batch, self._mujoco.mj_rnePostConstraint
         self._states_before_call = batch.state.copy()
         for local, env in enumerate(self.envs):
@@ -233,7 +240,7 @@ class MujocoSlot(ArraySlot):
             if self._held_by_env[local]:  # its data as the last call left it: the batch's is no newer
                 continue
             data = batch.get_data(local, unwrapped.data)
-            if self._after_step[local]:
+            if self._after_step[local] or self._forces_at_reset:
                 rne(model, data)
             else:
                 data.cacc[:], data.cfrc_int[:], data.cfrc_ext[:] = 0.0, 0.0, 0.0
@@ -330,9 +337,11 @@ class MujocoSlot(ArraySlot):
 
     def _observe_reset(self, rows: np.ndarray) -> None:
         """Computes the reset simulations' derived fields with their own models (``mj_forward``, as
-        the env's ``set_state`` does) and writes their observations; no contact forces yet."""
+        the env's ``set_state`` does) and writes their observations; no contact forces yet, unless an
+        acceleration sensor has ``mj_forward`` compute them."""
         self.batch.forward(rows)
-        self.task.observe(self._obs, rows, self._zero_forces)
+        forces = self._contact_forces(rows) if self._forces_at_reset and self._zero_forces is not None else None
+        self.task.observe(self._obs, rows, self._zero_forces if forces is None else forces)
         self._after_step[rows] = False
         self._held_by_env[rows] = False
 
