@@ -25,6 +25,8 @@ from .params import Param
 #: Envs of an evaluation's pool when ``num_envs`` is not given: one per episode, at most this many.
 MAX_DEFAULT_ENVS = 64
 
+#: The statistics columns of ``Evaluation.table``, beside each cell's values.
+_TABLE_COLUMNS = ("mean", "std", "min", "max")
 #: Launch options that ``evaluate`` sets itself.
 _SET_HERE = ("autoreset_mode", "params", "seed")
 #: Launch options that draw random numbers of their own, per env and worker: an evaluation with
@@ -44,8 +46,10 @@ class Evaluation:
 
     @property
     def names(self) -> list[str]:
-        """The parameters that vary across the cells, in the order given."""
-        return list(self.cells[0]) if self.cells else []
+        """The parameters that vary across the cells, in the order given (every one when none does)."""
+        given = list(self.cells[0]) if self.cells else []
+        varying = [name for name in given if len({repr(cell[name]) for cell in self.cells}) > 1]
+        return varying or given
 
     def table(self) -> list[dict[str, Any]]:
         """One row per cell: its values, then the mean, std, min and max return over its episodes."""
@@ -189,6 +193,12 @@ def _cells(
     """The cells to evaluate, whether they are a grid, and the parameters to declare."""
     if (grid is None) == (samples is None):
         raise ValueError("evaluate: give either grid= (values per parameter) or samples= (how many cells), not both")
+    hidden = [name for name in (grid if grid is not None else params or ()) if name in _TABLE_COLUMNS]
+    if hidden:
+        raise ValueError(
+            f"evaluate: a parameter named {hidden[0]!r} would be hidden by the column of that name in table(); "
+            f"declare it under another name, with Param(..., bind={hidden[0]!r})"
+        )
     if grid is not None:
         if not isinstance(grid, Mapping) or not grid or not all(map(_is_value_list, grid.values())):
             raise ValueError(
@@ -218,6 +228,8 @@ def _cells(
         low, high = (np.asarray(bound, dtype=np.float64) for bound in (spec.low, spec.high))
         if spec.shape != () or spec.dist or low.shape != () or high.shape != () or not np.isfinite([low, high]).all():
             raise ValueError(f"evaluate: samples= needs scalar parameters with finite low and high; {name!r} is {spec}")
+        if np.dtype(spec.dtype).kind != "f":  # the draws are real numbers: an integer one would be refused mid-run
+            raise ValueError(f"evaluate: samples= draws real numbers; {name!r} is {spec.dtype}: give grid= its values")
         bounds[name] = (float(low), float(high))
     draws = {name: rng.uniform(low, high, samples) for name, (low, high) in bounds.items()}
     return [{name: float(draws[name][i]) for name in params} for i in range(samples)], False, dict(params)

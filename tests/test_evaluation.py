@@ -176,6 +176,16 @@ def test_max_episode_steps_cuts_only_the_episodes_that_run_longer() -> None:
             r"params\['masscart'\] \(dist='uniform'\)",
         ),
         ({"samples": 2, "params": {"length": shmpool.Param()}}, ValueError, "finite low and high; 'length'"),
+        (  # an integer parameter would refuse the real draws once the pool runs
+            {"samples": 2, "params": {"k": shmpool.Param(1, low=0, high=5, dtype="int64", bind=False)}},
+            ValueError,
+            "samples= draws real numbers; 'k' is int64",
+        ),
+        (  # table() would write its statistic over the cell's value
+            {"grid": {"max": [0.5]}, "params": {"max": shmpool.Param(bind="length")}},
+            ValueError,
+            "named 'max' would be hidden by the column of that name in table",
+        ),
     ],
 )
 def test_mistakes_are_refused_before_anything_runs(options: dict[str, Any], error: type, message: str) -> None:
@@ -221,6 +231,9 @@ def test_table_csv_and_plots(tmp_path: Path) -> None:
     )
     one.plot(tmp_path / "line.png")
     assert (tmp_path / "line.png").stat().st_size > 10_000
+    fixed = shmpool.Evaluation([{"a": 1, "b": 2}, {"a": 1, "b": 3}], np.ones((2, 1)), np.ones((2, 1), dtype=np.int64))
+    assert fixed.names == ["b"]  # a grid axis of one value does not vary: plot draws the other one
+    fixed.plot(tmp_path / "fixed.png")
     three = shmpool.Evaluation([{"a": 1, "b": 2, "c": 3}], np.zeros((1, 1)), np.zeros((1, 1), dtype=np.int64))
     with pytest.raises(ValueError, match="plot draws one or two parameters; these cells vary 3"):
         three.plot()
