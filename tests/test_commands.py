@@ -136,6 +136,24 @@ def test_a_partial_step_moves_only_the_envs_asked_and_their_parameters(pool_name
         assert set(lengths) == {1}  # the others took 2 steps, far from any episode's end
 
 
+def test_a_partial_step_of_envs_whose_parameters_did_not_change_leaves_the_others_change_waiting(
+    pool_name: str,
+) -> None:
+    """A parameter that is not a plain float64 (a distribution here) written for env 1 only: a partial
+    step of env 0 found no changed row of its own, and broke the pool reshaping none."""
+    spec = {
+        "masspole": shmpool.Param(dist="uniform", low=0.05, high=0.5),
+        "length": shmpool.Param(0.5, dtype="float32"),
+    }
+    with shmpool.launch("CartPole-v1", 2, num_workers=1, seed=0, params=spec, name=pool_name) as pool:
+        pool.reset(seed=0)
+        pool.params.write(1, masspole={"high": 0.3}, length=0.7)
+        pool.step(np.array([0]), env_ids=[0])
+        assert pool.applied["length"].tolist() == [0.5, 0.5]  # env 1's change waits for its own step
+        pool.step(np.zeros(2, np.int64))
+        assert pool.applied["length"].tolist() == pytest.approx([0.5, 0.7])
+
+
 def set_length(env: gym.Env, length: float) -> None:
     """CartPole's pole ``length``, with what its ``__init__`` derives from it (as the pool sets it)."""
     env.unwrapped.length = length

@@ -196,6 +196,8 @@ class ParamApplier:
             general = self._sync_scalars(snapshot, touched)
         if general:  # the rows that changed, for the parameters the scalar columns do not cover
             rows = np.flatnonzero(snapshot.view(self._record) != self.seen.view(self._record))
+            if not len(rows):  # none (a partial step's envs, when only the others' records changed)
+                general = []
         for spec in general:
             new, old = snapshot[spec.name][rows], self.seen[spec.name][rows]
             differs = (new.reshape(len(rows), -1).view(np.uint8) != old.reshape(len(rows), -1).view(np.uint8)).any(
