@@ -63,7 +63,9 @@ CONTROL_WORDS = 16
     CTL_INFO_OVERFLOW,  # info keys this worker could not register (table full or path too long)
     CTL_PARAM_REFUSALS,  # raw parameter writes this worker refused (details in param_refusal_*)
     CTL_FINISHED_AT,  # CLOCK_MONOTONIC ns when the worker finished its last command: async recv's order
-) = range(11)
+    CTL_PID,  # the worker's pid (the trainer's for its own slot), 0 until it is built: for stats
+    CTL_START_TICKS,  # that process's start time in clock ticks (a pid reused later is not it)
+) = range(13)
 
 #: CALL: run the request that follows on the worker's private pipe (see ``shmpool.calls``).
 #: STEP_SOME: step only the envs flagged in ``step_mask`` (``Pool.step(actions, env_ids=...)``).

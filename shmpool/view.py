@@ -20,6 +20,9 @@ from .episodes import EpisodeReader
 from .errors import LayoutMismatchError, WriterLockTimeoutError
 from .events import EventSender
 from .layout import (
+    CTL_FINISHED_AT,
+    CTL_PID,
+    CTL_START_TICKS,
     CTL_STATUS,
     H_GLOBAL_STEP,
     H_OWNER_PID,
@@ -32,9 +35,23 @@ from .layout import (
 from .param_block import ParamBlock
 from .params import ParamSpec
 from .protocol import W_EVENTS_JOURNAL, W_PARAMS_JOURNAL, event_rings, params_seqlock, writer_lock
-from .system import segment_file
+from .system import process_alive, segment_file
 
 _WORKER_STATES = {WORKER_STARTING: "starting", WORKER_READY: "ready", WORKER_FAILED: "failed", WORKER_CLOSED: "closed"}
+
+
+#: Seconds without a finished command after which ``stats`` reports a pool's rate as 0.
+IDLE_AFTER = 2.0
+
+
+def _worker_state(control: np.ndarray) -> str:
+    """A worker's state from its control words: ``dead`` where a ready worker's process is gone (the
+    trainer finds out at its next wait; attached monitors see it now)."""
+    state = _WORKER_STATES.get(int(control[CTL_STATUS]), "?")
+    pid, ticks = int(control[CTL_PID]), int(control[CTL_START_TICKS])
+    if state == "ready" and pid and ticks and not process_alive(pid, ticks):
+        return "dead"
+    return state
 
 
 @dataclass(frozen=True)
@@ -43,7 +60,7 @@ class PoolStats:
 
     global_step: int  # steps the trainer has issued
     steps_per_second: int  # env steps per second over the last second or so
-    workers: list[str]  # each worker's state: starting, ready, failed or closed
+    workers: list[str]  # each worker's state: starting, ready, failed, closed, or dead (its process gone)
     refusals: dict[str, int]  # raw parameter writes the workers refused, per parameter
     episodes: int  # episodes finished so far
     owner_pid: int
@@ -96,10 +113,12 @@ class PoolView:
         header, views = self._header, self._views
         refusals = views["param_refusals"].sum(axis=0) if "param_refusals" in views else []
         control = views["control"]
+        # The rate is published while the pool steps: a pool that has not stepped for a while is idle.
+        idle = time.monotonic_ns() - int(control[:, CTL_FINISHED_AT].max()) > IDLE_AFTER * 1e9
         return PoolStats(
             global_step=int(header[H_GLOBAL_STEP]),
-            steps_per_second=int(header[H_STEPS_PER_SECOND]),
-            workers=[_WORKER_STATES.get(int(control[k, CTL_STATUS]), "?") for k in range(len(control))],
+            steps_per_second=0 if idle else int(header[H_STEPS_PER_SECOND]),
+            workers=[_worker_state(row) for row in control],
             refusals={spec.name: int(refusals[spec.index]) for spec in self.specs},
             episodes=self.episodes.total,
             owner_pid=self._owner_pid,

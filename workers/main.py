@@ -35,6 +35,8 @@ from shmpool.layout import (
     CTL_FINISHED_AT,
     CTL_NUM_DONE,
     CTL_NUM_INFO,
+    CTL_PID,
+    CTL_START_TICKS,
     CTL_STATUS,
     WORKER_CLOSED,
     WORKER_FAILED,
@@ -51,8 +53,10 @@ from shmpool.system import (
     doorbell_file,
     file_identity,
     ignore_interrupts,
+    process_start_ticks,
     segment_file,
     set_parent_death_signal,
+    this_pid,
     unlink_if_same,
 )
 from shmpool.workers.envs import EnvSlot, Slot
@@ -362,6 +366,8 @@ class Worker:
         except Exception:  # noqa: BLE001 - any failure is reported to the trainer, not lost
             self._fail(None if self.envs is None else self.envs.current_env)
         else:
+            pid = this_pid()
+            self._words[CTL_PID], self._words[CTL_START_TICKS] = pid, process_start_ticks(pid) or 0
             self._words[CTL_STATUS] = WORKER_READY
 
     def run_command(self, seq: int, command: int) -> None:
