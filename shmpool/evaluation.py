@@ -48,19 +48,14 @@ class Evaluation:
     def names(self) -> list[str]:
         """The parameters that vary across the cells, in the order given (every one when none does)."""
         given = list(self.cells[0]) if self.cells else []
-        varying = [name for name in given if len({repr(cell[name]) for cell in self.cells}) > 1]
+        first = self.cells[0] if self.cells else {}
+        varying = [name for name in given if any(not _same_value(cell[name], first[name]) for cell in self.cells)]
         return varying or given
 
     def table(self) -> list[dict[str, Any]]:
         """One row per cell: its values, then the mean, std, min and max return over its episodes."""
         return [
-            {
-                **cell,
-                "mean": float(row.mean()),
-                "std": float(row.std()),
-                "min": float(row.min()),
-                "max": float(row.max()),
-            }
+            {**cell, **{column: float(getattr(row, column)()) for column in _TABLE_COLUMNS}}
             for cell, row in zip(self.cells, self.returns)
         ]
 
@@ -193,17 +188,12 @@ def _cells(
     """The cells to evaluate, whether they are a grid, and the parameters to declare."""
     if (grid is None) == (samples is None):
         raise ValueError("evaluate: give either grid= (values per parameter) or samples= (how many cells), not both")
-    hidden = [name for name in (grid if grid is not None else params or ()) if name in _TABLE_COLUMNS]
-    if hidden:
-        raise ValueError(
-            f"evaluate: a parameter named {hidden[0]!r} would be hidden by the column of that name in table(); "
-            f"declare it under another name, with Param(..., bind={hidden[0]!r})"
-        )
     if grid is not None:
         if not isinstance(grid, Mapping) or not grid or not all(map(_is_value_list, grid.values())):
             raise ValueError(
                 f"evaluate: grid must map each parameter name to a non-empty list of values, got {grid!r:.200}"
             )
+        _check_names(grid)
         declared = dict(params) if params is not None else {name: Param(None, bind=name) for name in grid}
         unknown = [name for name in grid if name not in declared]
         if unknown:
@@ -222,6 +212,7 @@ def _cells(
     samples = count("evaluate: samples", samples, 1)
     if not params:
         raise ValueError("evaluate: samples= draws within each declared parameter's [low, high]: pass params=")
+    _check_names(params)
     rng = np.random.default_rng(seed)
     bounds = {}
     for name, spec in params.items():
@@ -233,6 +224,16 @@ def _cells(
         bounds[name] = (float(low), float(high))
     draws = {name: rng.uniform(low, high, samples) for name, (low, high) in bounds.items()}
     return [{name: float(draws[name][i]) for name in params} for i in range(samples)], False, dict(params)
+
+
+def _check_names(names: Mapping[str, Any]) -> None:
+    """Refuses a parameter named as a statistics column of ``Evaluation.table``, which would hide it."""
+    hidden = [name for name in names if name in _TABLE_COLUMNS]
+    if hidden:
+        raise ValueError(
+            f"evaluate: a parameter named {hidden[0]!r} would be hidden by the column of that name in table(); "
+            f"declare it under another name, with Param(..., bind={hidden[0]!r})"
+        )
 
 
 def _is_value_list(values: Any) -> bool:

@@ -9,6 +9,7 @@ import json
 import math
 import re
 import struct
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,8 @@ MAGIC = b"SHMPOOL\x00"
 #: journals, event tickets. 4: 256-bit reset seeds (gymnasium takes any non-negative int). 5: the params
 #: generation word (readers copy the block without the per-row counters unless a write is in flight).
 #: 6: the episode rings' reserved words, and the reset's global step. 7: the info key records' ``batch``.
-#: 8: the writers' lock is a robust mutex in the ``writers`` words (16 of them), not a ``flock``.
+#: 8: the writers' lock is a robust mutex in the ``writers`` words (16 of them), not a ``flock``; later,
+#: without a new version (older segments read 0 there, which means unknown): the worker-pid words.
 LAYOUT_VERSION = 8
 HEADER_WORDS = 16
 HEADER_BYTES = HEADER_WORDS * 8
@@ -66,6 +68,18 @@ CONTROL_WORDS = 16
     CTL_PID,  # the worker's pid (the trainer's for its own slot), 0 until it is built: for stats
     CTL_START_TICKS,  # that process's start time in clock ticks (a pid reused later is not it)
 ) = range(13)
+
+#: Seconds without a finished command, none in flight, after which a pool's rate reads as 0.
+IDLE_AFTER = 2.0
+
+
+def current_rate(published: int, control: np.ndarray) -> int:
+    """The steps/s a pool published, or 0 once it is idle (the trainer publishes while it steps, so an
+    idle pool's word keeps its last rate): no command in flight, none finished for ``IDLE_AFTER`` s."""
+    in_flight = (control[:, CTL_COMMAND] >> 8 != control[:, CTL_DONE]).any()
+    idle = time.monotonic_ns() - int(control[:, CTL_FINISHED_AT].max()) > IDLE_AFTER * 1e9
+    return 0 if idle and not in_flight else published
+
 
 #: CALL: run the request that follows on the worker's private pipe (see ``shmpool.calls``).
 #: STEP_SOME: step only the envs flagged in ``step_mask`` (``Pool.step(actions, env_ids=...)``).

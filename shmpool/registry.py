@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import LayoutMismatchError
-from .layout import H_GLOBAL_STEP, H_STEPS_PER_SECOND, Layout, header_words
+from .layout import H_GLOBAL_STEP, H_STEPS_PER_SECOND, Layout, current_rate, header_words
 from .system import (
     SEGMENT_PREFIX,
     SEMAPHORE_FILE_PREFIX,
@@ -106,7 +106,9 @@ def read_record(name: str) -> PoolRecord:
     try:
         layout, header = Layout.read(segment.buffer)
         words = header_words(segment.buffer)
-        global_step, rate = int(words[H_GLOBAL_STEP]), int(words[H_STEPS_PER_SECOND])
+        control = layout.views(segment.buffer)["control"]
+        global_step, rate = int(words[H_GLOBAL_STEP]), current_rate(int(words[H_STEPS_PER_SECOND]), control)
+        del control
         words.release()
     finally:
         segment.close()

@@ -20,7 +20,6 @@ from .episodes import EpisodeReader
 from .errors import LayoutMismatchError, WriterLockTimeoutError
 from .events import EventSender
 from .layout import (
-    CTL_FINISHED_AT,
     CTL_PID,
     CTL_START_TICKS,
     CTL_STATUS,
@@ -31,6 +30,7 @@ from .layout import (
     WORKER_FAILED,
     WORKER_READY,
     WORKER_STARTING,
+    current_rate,
 )
 from .param_block import ParamBlock
 from .params import ParamSpec
@@ -40,16 +40,12 @@ from .system import process_alive, segment_file
 _WORKER_STATES = {WORKER_STARTING: "starting", WORKER_READY: "ready", WORKER_FAILED: "failed", WORKER_CLOSED: "closed"}
 
 
-#: Seconds without a finished command after which ``stats`` reports a pool's rate as 0.
-IDLE_AFTER = 2.0
-
-
 def _worker_state(control: np.ndarray) -> str:
-    """A worker's state from its control words: ``dead`` where a ready worker's process is gone (the
-    trainer finds out at its next wait; attached monitors see it now)."""
+    """A worker's state from its control words: ``dead`` where a starting or ready worker's process is
+    gone (the trainer finds out at its next wait; attached monitors see it now)."""
     state = _WORKER_STATES.get(int(control[CTL_STATUS]), "?")
     pid, ticks = int(control[CTL_PID]), int(control[CTL_START_TICKS])
-    if state == "ready" and pid and ticks and not process_alive(pid, ticks):
+    if state in ("starting", "ready") and pid and ticks and not process_alive(pid, ticks):
         return "dead"
     return state
 
@@ -113,11 +109,9 @@ class PoolView:
         header, views = self._header, self._views
         refusals = views["param_refusals"].sum(axis=0) if "param_refusals" in views else []
         control = views["control"]
-        # The rate is published while the pool steps: a pool that has not stepped for a while is idle.
-        idle = time.monotonic_ns() - int(control[:, CTL_FINISHED_AT].max()) > IDLE_AFTER * 1e9
         return PoolStats(
             global_step=int(header[H_GLOBAL_STEP]),
-            steps_per_second=0 if idle else int(header[H_STEPS_PER_SECOND]),
+            steps_per_second=current_rate(int(header[H_STEPS_PER_SECOND]), control),
             workers=[_worker_state(row) for row in control],
             refusals={spec.name: int(refusals[spec.index]) for spec in self.specs},
             episodes=self.episodes.total,

@@ -267,10 +267,11 @@ def test_attach_with_a_timeout_waits_for_the_pool_to_appear(pool_name: str) -> N
 
 def test_an_idle_pool_reports_no_steps_per_second(pool_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The rate is published while the pool steps; a pool idle for a while (a long update) showed its
-    last rate for ever."""
-    import shmpool.view
+    last rate for ever, in stats and in ``shmpool ls``."""
+    import shmpool.layout
+    import shmpool.registry
 
-    monkeypatch.setattr(shmpool.view, "IDLE_AFTER", 0.3)
+    monkeypatch.setattr(shmpool.layout, "IDLE_AFTER", 0.3)
     with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name) as pool, shmpool.attach(pool_name) as handle:
         pool.reset(seed=0)
         started = time.monotonic()
@@ -279,3 +280,4 @@ def test_an_idle_pool_reports_no_steps_per_second(pool_name: str, monkeypatch: p
         assert handle.stats.steps_per_second > 0
         time.sleep(0.5)
         assert handle.stats.steps_per_second == 0 and pool.stats.steps_per_second == 0
+        assert shmpool.registry.read_record(pool_name).steps_per_second == 0  # what `shmpool ls` shows

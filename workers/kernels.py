@@ -20,7 +20,7 @@ from shmpool.config import WorkerConfig
 from shmpool.infos import InfoWriter
 from shmpool.kernels import BatchKernel, KernelEnv, load
 from shmpool.params import ParamSpec, in_float64_words, is_plain_float64
-from shmpool.workers.envs import ArraySlot
+from shmpool.workers.array_slot import ArraySlot
 from shmpool.workers.param_applier import ParamApplier
 from shmpool.workers.targets import Targets
 

@@ -323,6 +323,8 @@ class Worker:
         """Makes the slot's envs, parameters and hooks, then marks the worker ready (or failed, with
         the traceback). ``in_own_process``: run ``worker_init`` first (not in the trainer's slot)."""
         config = self._config
+        pid = this_pid()  # first: a worker killed while it builds shows as dead to monitors, not starting
+        self._words[CTL_PID], self._words[CTL_START_TICKS] = pid, process_start_ticks(pid) or 0
         try:
             if in_own_process and config.worker_init is not None:
                 config.worker_init()
@@ -366,8 +368,6 @@ class Worker:
         except Exception:  # noqa: BLE001 - any failure is reported to the trainer, not lost
             self._fail(None if self.envs is None else self.envs.current_env)
         else:
-            pid = this_pid()
-            self._words[CTL_PID], self._words[CTL_START_TICKS] = pid, process_start_ticks(pid) or 0
             self._words[CTL_STATUS] = WORKER_READY
 
     def run_command(self, seq: int, command: int) -> None:
