@@ -1,6 +1,6 @@
 """A worker's slot run by a compiled batch kernel (``engine="numba"``, ``shmpool.kernels``).
 
-``KernelSlot`` is the kernel engine's ``shmpool.workers.envs.EnvSlot``: the same commands, autoreset, episode
+``KernelSlot`` is the kernel engine's ``shmpool.workers.env_slot.EnvSlot``: the same commands, autoreset, episode
 accounting, hooks and results, but the slot's envs are rows of a state array stepped by one call of the kernel, with
 the time limit and episode accounting done over the slot's arrays. Resets run the kernel's Python reset per env;
 autoresets of a kernel with ``draw`` and ``start`` run compiled, from resets drawn ahead (``_restart_drawn``).
@@ -20,7 +20,7 @@ from shmpool.config import WorkerConfig
 from shmpool.infos import InfoWriter
 from shmpool.kernels import BatchKernel, KernelEnv, load
 from shmpool.params import ParamSpec, in_float64_words, is_plain_float64
-from shmpool.workers.array_slot import ArraySlot
+from shmpool.workers.envs import ArraySlot
 from shmpool.workers.param_applier import ParamApplier
 from shmpool.workers.targets import Targets
 

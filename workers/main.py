@@ -59,7 +59,8 @@ from shmpool.system import (
     this_pid,
     unlink_if_same,
 )
-from shmpool.workers.envs import EnvSlot, Slot
+from shmpool.workers.env_slot import EnvSlot
+from shmpool.workers.envs import Slot
 from shmpool.workers.hook_runner import HookError, HookRunner
 from shmpool.workers.kernels import KernelSlot
 from shmpool.workers.mujoco_batch import BatchTargets, MujocoSlot

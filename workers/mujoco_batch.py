@@ -22,7 +22,7 @@ from shmpool.kernels import NO_LIMIT
 from shmpool.mujoco import ModelBinding, Simulation, simulation_of
 from shmpool.mujoco_tasks import Infos, task_of
 from shmpool.params import ParamSpec
-from shmpool.workers.array_slot import ArraySlot
+from shmpool.workers.envs import ArraySlot
 from shmpool.workers.mujoco_resets import BatchResets
 from shmpool.workers.param_applier import ParamApplier
 from shmpool.workers.targets import EnvTargets
