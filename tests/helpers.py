@@ -621,20 +621,12 @@ class OneInfoEnv(gym.Env):
         return np.array([float(self.t)]), 1.0, False, False, {"v": self.value, "count": self.t}
 
 
-class BigInfoEnv(gym.Env):
+class BigInfoEnv(OneInfoEnv):
     """Reports ``big`` (9 float64: 72 bytes), ``fits`` (8 float64: 64 bytes) and ``count``, all equal
     to the step count, on every step."""
 
-    observation_space = spaces.Box(-1e6, 1e6, (1,), np.float64)
-    action_space = spaces.Discrete(2)
-
     def __init__(self) -> None:
-        self.t = 0
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return np.zeros(1), {}
+        super().__init__(None)
 
     def step(self, action):
         self.t += 1
