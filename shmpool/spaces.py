@@ -237,6 +237,22 @@ class ActionChecker:
         return checked
 
 
+class ActionCheckers:
+    """The ``ActionChecker`` of each batch size that comes (async sends and partial steps step some
+    envs), for one action space."""
+
+    def __init__(self, space: spaces.Space[Any], env_label: str) -> None:
+        self._space, self._label = space, env_label
+        self._by_size: dict[int, ActionChecker] = {}
+
+    def check(self, actions: Any, env_ids: np.ndarray) -> list[np.ndarray]:
+        """The checked arrays of ``actions``, a row per env of ``env_ids`` (named in messages)."""
+        checker = self._by_size.get(len(env_ids))
+        if checker is None:
+            checker = self._by_size[len(env_ids)] = ActionChecker(self._space, len(env_ids), self._label)
+        return checker(actions, env_ids)
+
+
 class _LeafSlot:
     """One leaf's rows of a field, and what a value must look like to be written there."""
 

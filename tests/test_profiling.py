@@ -92,6 +92,10 @@ def test_phase_profile_covers_the_steps_since_the_last_reset(pool_name: str) -> 
         for _ in range(20):
             pool.step(np.zeros(4, dtype=np.int64))
         assert pool.phase_profile()["workers"]["env loop"] > 0
+        pool.reset(seed=2)
+        for _ in range(20):  # partial steps: their own checker's time is the action check too
+            pool.step(np.zeros(2, dtype=np.int64), env_ids=[1, 2])
+        assert pool.phase_profile()["trainer"]["action check"] > 0
 
 
 class _Sleeps(gym.Wrapper):
@@ -103,7 +107,8 @@ class _Sleeps(gym.Wrapper):
 
     def step(self, action):
         time.sleep(self.seconds)
-        return self.env.step(action)
+        observation, reward, terminated, truncated, _ = self.env.step(action)
+        return observation, reward, terminated, truncated, {"slept": self.seconds}
 
 
 def test_async_profile_counts_each_workers_own_steps(pool_name: str) -> None:
@@ -123,3 +128,4 @@ def test_async_profile_counts_each_workers_own_steps(pool_name: str) -> None:
     assert 0.75 * seconds * 1e6 <= workers["env loop"] < 2.5 * seconds * 1e6
     assert workers["whole step"] >= workers["env loop"]
     assert trainer["wait"] > 0 and trainer["results"] > 0  # recv's wait and results are timed too
+    assert trainer["action check"] > 0 and trainer["infos"] > 0  # send's check and recv's infos as well

@@ -15,7 +15,7 @@ import numpy as np
 from ..interrupts import interrupts_deferred
 from ..layout import CMD_RESET, CMD_STEP
 from ..options import check_env_ids
-from ..spaces import ActionChecker
+from ..spaces import ActionCheckers
 from ..system import monotonic, usable_cores
 from .lifecycle import Parts
 from .results import SlotSet
@@ -42,7 +42,6 @@ class Batches:
         self._waiter = parts.waiter
         self._results = parts.results
         self._action_views = action_views
-        self._action_space = action_space
         self._slots = config.slots
         self.batch_size: int = config.batch_size  # type: ignore[assignment]
         num_workers = len(self._slots)
@@ -58,7 +57,7 @@ class Batches:
         self._was_reset = [False] * num_workers  # whether that command is a reset
         self._ready: collections.deque[int] = collections.deque()
         self._in_sent_order = config.recv_order == "sent"
-        self._checkers: dict[int, ActionChecker] = {}
+        self.checkers = ActionCheckers(action_space, parts.config.env_label)
         self._cores = usable_cores()
         self._worker_of = config.worker_of
         #: The slots the last recv returned, while some await their actions: ``send``'s default.
@@ -101,10 +100,7 @@ class Batches:
                     f"{[f'{self._slots[k][0]}..{self._slots[k][1] - 1}' for k in workers]}, got {len(ids)} ids"
                 )
             index = ids
-        checker = self._checkers.get(len(ids))
-        if checker is None:
-            checker = self._checkers[len(ids)] = ActionChecker(self._action_space, len(ids), self._config.env_label)
-        for view, part in zip(self._action_views, checker(actions, ids)):
+        for view, part in zip(self._action_views, self.checkers.check(actions, ids)):
             view[index] = part
         self._issue(seq(), CMD_STEP, workers)
         if returned is not None and all(self._state[k] != RETURNED for k in returned.workers):

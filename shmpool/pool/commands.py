@@ -31,7 +31,7 @@ from ..layout import (
     seed_words,
 )
 from ..options import check_env_ids
-from ..spaces import ActionChecker
+from ..spaces import ActionCheckers
 from ..system import monotonic
 from .lifecycle import Parts
 from .results import select_rows
@@ -185,9 +185,9 @@ class PartialSteps:
         self._num_envs = config.num_envs
         self._label = config.env_label
         self._commands, self._resets, self._results = commands, resets, parts.results
-        self._action_fields, self._action_space = action_fields, action_space
+        self._action_fields = action_fields
         self._mask = parts.lifecycle.views["step_mask"]
-        self._checkers: dict[int, ActionChecker] = {}
+        self.checkers = ActionCheckers(action_space, self._label)
 
     def step(self, actions: Any, env_ids: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         """Steps the envs ``env_ids`` with ``actions`` (a row each); returns their results in that
@@ -199,10 +199,7 @@ class PartialSteps:
             raise ValueError(f"{self._where}: no env ids")
         if self._resets.never_reset[ids].any():
             self._resets.refuse_step(self._where)
-        checker = self._checkers.get(len(ids))
-        if checker is None:
-            checker = self._checkers[len(ids)] = ActionChecker(self._action_space, len(ids), self._label)
-        parts = checker(actions, ids)
+        parts = self.checkers.check(actions, ids)
         ended = self._commands.ended
         if ended is not None and ended[ids].any():
             asked = np.zeros_like(ended)

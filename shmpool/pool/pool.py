@@ -140,10 +140,12 @@ class Pool(SharedChannels, EnvsRandomness, VectorEnv):  # type: ignore[misc]  # 
             lifecycle.start_workers(self.single_observation_space, self.single_action_space)
             if config.profile:  # the trainer's side of a step, each call as (owner, method name, phase); recv's too
                 self._profile = PhaseProfile(fields["profile"], [
-                    (self, "_check_actions", "action check"), (lifecycle, "send", "command"),
+                    (self, "_check_actions", "action check"), (self._batches.checkers, "check", "action check"),
+                    (self._partial_steps.checkers, "check", "action check"), (lifecycle, "send", "command"),
                     (lifecycle.local, "run", "own slot"), (waiter, "wait_done", "wait"), (waiter, "wait_some", "wait"),
                     (self._results, "step", "results"), (self._results, "batch", "results"),
-                    (self._results, "_read_infos", "infos"), (self._results, "_add_episode_infos", "episode stats"),
+                    (self._results, "_read_infos", "infos"), (self._results._infos, "read_into", "infos"),
+                    (self._results, "_add_episode_infos", "episode stats"),
                 ])  # fmt: skip
             waiter.wait_ready()
         except BaseException:
