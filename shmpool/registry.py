@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .errors import LayoutMismatchError
-from .layout import CTL_PID, H_GLOBAL_STEP, H_STEPS_PER_SECOND, Layout, current_rate, header_words
+from .layout import CONTROL_WORDS, H_GLOBAL_STEP, H_STEPS_PER_SECOND, Layout, current_rate, header_words
 from .system import (
     SEGMENT_PREFIX,
     SEMAPHORE_FILE_PREFIX,
@@ -110,7 +110,7 @@ def read_record(name: str) -> PoolRecord:
         words = header_words(segment.buffer)
         control = layout.views(segment.buffer).get("control")
         global_step, rate = int(words[H_GLOBAL_STEP]), int(words[H_STEPS_PER_SECOND])
-        if control is not None and control.dtype == np.int64 and control.ndim == 2 and control.shape[1] > CTL_PID:
+        if control is not None and control.dtype == np.int64 and control.shape[1:] == (CONTROL_WORDS,):
             rate = current_rate(rate, control)  # not in a segment malformed there: ls lists what it can
         del control
         words.release()

@@ -340,8 +340,10 @@ class MujocoSlot(ArraySlot):
         the env's ``set_state`` does) and writes their observations; no contact forces yet, unless an
         acceleration sensor has ``mj_forward`` compute them."""
         self.batch.forward(rows)
-        forces = self._contact_forces(rows) if self._forces_at_reset and self._zero_forces is not None else None
-        self.task.observe(self._obs, rows, self._zero_forces if forces is None else forces)
+        forces = self._zero_forces
+        if forces is not None and self._forces_at_reset:
+            forces = self._contact_forces(rows)
+        self.task.observe(self._obs, rows, forces)
         self._after_step[rows] = False
         self._held_by_env[rows] = False
 

@@ -164,7 +164,7 @@ class HookContext:
             rows = np.zeros(0, np.intp)
         elif rows.dtype == np.bool_ and rows.shape == (count,):
             rows = np.flatnonzero(rows)
-        elif rows.dtype.kind not in "iu" or rows.ndim > 1 or (rows.size and not 0 <= rows.min() <= rows.max() < count):
+        elif rows.dtype.kind not in "iu" or rows.ndim > 1 or not 0 <= rows.min() <= rows.max() < count:
             # A negative row would reset an env at the slot's other end; every engine refuses it alike.
             raise ValueError(
                 f"request_reset: rows must be row indices of the slot's {count} envs (0 to {count - 1}) or a "

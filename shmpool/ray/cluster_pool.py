@@ -14,7 +14,7 @@ from gymnasium.vector.utils import batch_space
 
 from shmpool.interfaces import EnvsRandomness
 from shmpool.options import check_env_ids
-from shmpool.spaces import ActionChecker, assemble
+from shmpool.spaces import ActionCheckers, assemble
 
 from .batching import concat, merge_infos
 from .channels import _ClusterChannels
@@ -53,7 +53,7 @@ class ClusterPool(_ClusterChannels, EnvsRandomness, VectorEnv):  # type: ignore[
         self._channels(description, f"owner-{uuid.uuid4().hex[:12]}")
         #: Actions are checked here, whole, before any node gets its rows: a node refusing its share
         #: would leave the others stepped, and name its own env ids rather than the global ones.
-        self._action_checkers: dict[int, ActionChecker] = {}
+        self._action_checkers = ActionCheckers(self.single_action_space, self._label)
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -128,7 +128,7 @@ class ClusterPool(_ClusterChannels, EnvsRandomness, VectorEnv):  # type: ignore[
                 f"step() while nodes {sorted(self._in_flight)} are stepping after send(): recv() them first, or reset()"
             )
         fleet = self._fleet
-        checked = self._check_actions(actions, np.arange(self.num_envs))
+        checked = self._action_checkers.check(actions, np.arange(self.num_envs))
         parts = [self._rows_of(checked, slice(fleet.starts[k], fleet.starts[k + 1])) for k in range(len(fleet.nodes))]
         results = fleet.call("step", {index: (part, True) for index, part in enumerate(parts)}, "step")
         self._global_step += 1
@@ -195,19 +195,10 @@ class ClusterPool(_ClusterChannels, EnvsRandomness, VectorEnv):  # type: ignore[
         fleet.check_nodes([node], "send")
         envs = fleet.nodes[node].env_ids
         ids = np.arange(envs.start, envs.stop) if env_ids is None else np.asarray(env_ids)
-        checked = self._check_actions(actions, ids)
+        checked = self._action_checkers.check(actions, ids)
         part = self._rows_of(checked, slice(None) if rows is None else rows)
         self._in_flight[node] = (fleet.hosts[node].step.remote(part, False), "step")
         self._global_step += 1
-
-    def _check_actions(self, actions: Any, env_ids: np.ndarray) -> list[np.ndarray]:
-        """The leaf arrays of ``actions`` (one row per env of ``env_ids``); raises as a local pool does
-        for actions it would refuse."""
-        checker = self._action_checkers.get(len(env_ids))
-        if checker is None:
-            checker = ActionChecker(self.single_action_space, len(env_ids), self._label)
-            self._action_checkers[len(env_ids)] = checker
-        return checker(actions, env_ids)
 
     def _rows_of(self, leaves: list[np.ndarray], rows: slice | np.ndarray) -> Any:
         """The actions of ``rows`` of checked leaf arrays, in the action space's structure (a Tuple as
