@@ -113,13 +113,23 @@ def _range_check(space: spaces.Space[Any]) -> Callable[[np.ndarray], np.ndarray 
     return None
 
 
+#: Up to this many discrete actions are checked by Python's ``min`` and ``max``: in a training loop the
+#: step follows the policy's forward, which leaves numpy's reduction code out of the caches, and there
+#: a reduction costs several times a small list's (docs/benchmarks.md, the PPO loop).
+_FEW_ACTIONS = 64
+
+
 @_range_check.register
 def _(space: spaces.Discrete) -> Callable[[np.ndarray], np.ndarray | None]:
     low, high = int(space.start), int(space.start) + int(space.n)
 
     def check(array: np.ndarray) -> np.ndarray | None:
         dtype = array.dtype
-        if low == 0 and dtype.kind in "iub" and dtype.isnative and high <= 1 << (8 * dtype.itemsize - 1):
+        if array.size <= _FEW_ACTIONS:
+            values = array.ravel().tolist()
+            if not values or (min(values) >= low and max(values) < high):
+                return None
+        elif low == 0 and dtype.kind in "iub" and dtype.isnative and high <= 1 << (8 * dtype.itemsize - 1):
             # One max instead of a min and a max (a step's actions are checked on every step): seen as
             # unsigned, a negative value is at least 2 ** (bits - 1), so larger than any action.
             if array.view(f"u{dtype.itemsize}").max() < high:

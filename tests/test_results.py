@@ -37,3 +37,37 @@ def test_an_envs_own_episode_info_is_kept_with_a_warning(pool_name: str) -> None
             with warnings.catch_warnings():
                 warnings.simplefilter("error")  # once only
                 pool.step(np.ones(2, dtype=np.int64))
+
+
+@pytest.mark.parametrize("mode", [gym.vector.AutoresetMode.SAME_STEP, gym.vector.AutoresetMode.NEXT_STEP])
+def test_episode_infos_match_gymnasiums_whether_few_or_many_envs_end_at_once(
+    mode: gym.vector.AutoresetMode, pool_name: str
+) -> None:
+    """Envs of lengths 2 and 3 end together, 4 or 12 at a time of 16: both ways the pool builds the
+    rows of ``infos["episode"]`` and ``final_obs`` give gymnasium's."""
+    lengths = [2] * 4 + [3] * 12
+    factories = [counting(length) for length in lengths]
+    reference = RecordEpisodeStatistics(gym.vector.SyncVectorEnv(factories, autoreset_mode=mode))
+    with shmpool.launch(factories, len(lengths), num_workers=2, autoreset_mode=mode, name=pool_name) as pool:
+        pool.reset(seed=0)
+        reference.reset(seed=0)
+        rng = np.random.default_rng(0)
+        ends = set()
+        for t in range(12):
+            actions = rng.integers(0, 3, len(lengths))
+            *_, ours = pool.step(actions)
+            *_, theirs = reference.step(actions)
+            assert ("episode" in ours) == ("episode" in theirs), t
+            if "episode" in theirs:
+                ends.add(int(theirs["_episode"].sum()))
+                np.testing.assert_array_equal(ours["_episode"], theirs["_episode"])
+                for key in ("r", "l"):
+                    np.testing.assert_array_equal(ours["episode"][key], theirs["episode"][key])
+                    assert ours["episode"][key].dtype == theirs["episode"][key].dtype
+                assert (ours["episode"]["t"][~ours["_episode"]] == 0).all()
+            if "final_obs" in theirs:
+                np.testing.assert_array_equal(ours["_final_obs"], theirs["_final_obs"])
+                for got, want in zip(ours["final_obs"], theirs["final_obs"]):
+                    assert (got is None and want is None) or np.array_equal(got, want)
+        assert {4, 12} <= ends, ends
+    reference.close()

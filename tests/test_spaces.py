@@ -60,21 +60,24 @@ def test_structured_actions_are_validated(pool_name: str) -> None:
         pool.step(pool.action_space.sample())  # still usable
 
 
-def test_discrete_actions_out_of_range_are_refused_whatever_their_integer_type(pool_name: str) -> None:
-    with shmpool.launch("CartPole-v1", 3, num_workers=1, name=pool_name) as pool:
+@pytest.mark.parametrize("num_envs", [3, 67])  # up to 64 checked by Python's min and max, more by numpy
+def test_discrete_actions_out_of_range_are_refused_whatever_their_integer_type(num_envs: int, pool_name: str) -> None:
+    with shmpool.launch("CartPole-v1", num_envs, num_workers=1, name=pool_name) as pool:
         pool.reset(seed=0)
-        for bad, shown in [
-            (np.array([0, -1, 1]), "-1"),
-            (np.array([0, 1, 2], dtype=np.uint8), "2"),
-            (np.array([0, 1, -(2**63)]), str(-(2**63))),
-            (np.array([1, 0, 7], dtype=">i8"), "7"),  # big-endian: not read as an unsigned native view
-            (np.array([1, 0, -1], dtype=">i2"), "-1"),
+        lead = num_envs - 3  # envs whose action is 0: the last three get the values below
+        for values, dtype, shown in [
+            ([0, -1, 1], np.int64, "-1"),
+            ([0, 1, 2], np.uint8, "2"),
+            ([0, 1, -(2**63)], np.int64, str(-(2**63))),
+            ([1, 0, 7], ">i8", "7"),  # big-endian: not read as an unsigned native view
+            ([1, 0, -1], ">i2", "-1"),
         ]:
-            env = int(np.flatnonzero((bad < 0) | (bad > 1))[0])
+            bad = np.array([0] * lead + values, dtype=dtype)
+            env = lead + next(row for row, value in enumerate(values) if value not in (0, 1))
             with pytest.raises(ValueError, match=rf"env {env}: action {shown} in actions is outside Discrete\(2\)"):
                 pool.step(bad)
-        for good in [np.array([True, False, True]), np.array([1, 0, 1], dtype=">i8"), np.array([0, 1, 1], np.uint64)]:
-            pool.step(good)
+        for values, dtype in [([True, False, True], np.bool_), ([1, 0, 1], ">i8"), ([0, 1, 1], np.uint64)]:
+            pool.step(np.array([0] * lead + values, dtype=dtype))
     with shmpool.launch(_Bytes, 2, num_workers=1, name=pool_name + "b") as pool:  # -1 as uint8 is 255
         pool.reset(seed=0)
         for dtype in (np.int8, np.int16, np.int64):

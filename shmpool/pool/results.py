@@ -149,11 +149,19 @@ class Results:
         """Adds ``final_obs`` (same-step autoreset) and ``episode`` for the envs that are ``dones``;
         ``rows``: the env id of each row (an async batch), None for every env in order."""
         views = self._views
+        # Row by row: few envs end on a step, and numpy's whole-array machinery (np.where, masked
+        # copies) costs more than that, above all in a training loop, whose policy leaves it out of
+        # the caches between steps.
+        ended = np.flatnonzero(dones).tolist()
         if self._config.same_step:
-            final = np.full(len(dones), None, dtype=object)
-            for row in np.flatnonzero(dones).tolist():
+            final = np.empty(len(dones), dtype=object)  # None in every row
+            for row in ended:
                 env_id = row if rows is None else int(rows[row])
-                final[row] = assemble(self._space, iter([view[env_id].copy() for view in self._final_observations]))
+                if self._is_leaf:
+                    final[row] = self._final_observations[0][env_id].copy()
+                else:
+                    parts = [view[env_id].copy() for view in self._final_observations]
+                    final[row] = assemble(self._space, iter(parts))
             infos["final_obs"], infos["_final_obs"] = final, dones.copy()
             infos.setdefault("final_info", {})
             infos["_final_info"] = dones.copy()
@@ -172,7 +180,7 @@ class Results:
         returns, lengths, times = views["episode_return"], views["episode_length"], views["episode_time"]
         if rows is not None:
             returns, lengths, times = returns[rows], lengths[rows], times[rows]
-        infos["episode"] = {"r": _where(dones, returns), "l": _where(dones, lengths), "t": _where(dones, times)}
+        infos["episode"] = {"r": _only(ended, returns), "l": _only(ended, lengths), "t": _only(ended, times)}
         infos["_episode"] = dones
 
     def warn_refusals(self) -> None:
@@ -195,11 +203,14 @@ class Results:
                 )
 
 
-def _where(mask: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """``np.where(mask, values, 0)`` in its dtype (gymnasium's ``RecordEpisodeStatistics``), at half
-    the cost: a step that ends an episode builds three of them."""
+def _only(rows: list[int], values: np.ndarray) -> np.ndarray:
+    """``values`` at ``rows``, zeros elsewhere, in their dtype (gymnasium's ``RecordEpisodeStatistics``)."""
     result = np.zeros(len(values), dtype=values.dtype)
-    np.copyto(result, values, where=mask)
+    if len(rows) > 8:  # many: one fancy index beats a scalar copy per row
+        result[rows] = values[rows]
+    else:
+        for row in rows:
+            result[row] = values[row]
     return result
 
 

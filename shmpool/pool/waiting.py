@@ -63,6 +63,9 @@ class Waiter:
         self.words = memoryview(lifecycle.views["control"].data).cast("B").cast("q")
         self._done = [k * CONTROL_WORDS + CTL_DONE for k in range(len(self._slots))]
         self._status = [k * CONTROL_WORDS + CTL_STATUS for k in range(len(self._slots))]
+        #: The word that says the command done when every slot is the trainer's own: the slot ran the
+        #: command in this thread before the wait, and nobody rings (None: worker processes run slots).
+        self._trainer_done = self._done[0] if lifecycle.local_id == 0 else None
         #: The raw answers to control call ``_answers_seq`` read so far, by worker id.
         self._answers: dict[int, bytes] = {}
         self._answers_seq = 0
@@ -84,6 +87,8 @@ class Waiter:
         """Returns once every worker has finished command ``seq``; raises if one died or the pool's
         ``timeout`` passed (failures the workers report are raised by ``raise_failures``)."""
         words, done, limit = self.words, self._done, self._config.timeout
+        if self._trainer_done is not None and words[self._trainer_done] == seq:
+            return
         deadline = None if limit is None else monotonic() + limit
         if len(done) == 2:  # the common case, without a generator per poll
             first, second = done
