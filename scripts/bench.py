@@ -895,7 +895,7 @@ def ppo_loops(settings: Settings) -> None:
 
     # torch's default (as many threads as cores), which OMP_NUM_THREADS=1 above hid
     ppo.torch.set_num_threads(settings.torch_threads or usable_cores())
-    header = f"{'env':<12} {'num_envs':>8}  {'runner':<22} {'steps/s':>8} {'x Sync':>7} {'in step':>8}"
+    header = f"{'env':<12} {'num_envs':>8}  {'runner':<22} {'steps/s':>8} {'x Sync':>7} {'in step':>8} {'us/step':>8}"
     lines = [f"CleanRL's PPO iteration, torch with {ppo.torch.get_num_threads()} threads", header, "-" * len(header)]
     for env_id in settings.envs:
         for num_envs in settings.num_envs:
@@ -911,13 +911,18 @@ def ppo_loops(settings: Settings) -> None:
                         env_steps, stepping = iteration()
                         seconds = time.perf_counter() - start
                         if window:  # the first warms caches, JITs and torch
-                            timings[label].append((env_steps / seconds, stepping / seconds))
-            rates = {label: statistics.median(rate for rate, _ in runs) for label, runs in timings.items()}
-            shares = {label: statistics.median(share for _, share in runs) for label, runs in timings.items()}
+                            steps = env_steps / num_envs
+                            timings[label].append((env_steps / seconds, stepping / seconds, stepping / steps))
+            rates = {label: statistics.median(run[0] for run in runs) for label, runs in timings.items()}
+            shares = {label: statistics.median(run[1] for run in runs) for label, runs in timings.items()}
+            # A step's time in the loop, where the policy's forward runs between steps: more than the
+            # same step in a loop of its own, whose code and data stay in the caches.
+            step_times = {label: statistics.median(run[2] for run in runs) for label, runs in timings.items()}
             sync = rates["gymnasium Sync"]
             for label, rate in rates.items():
                 lines.append(
-                    f"{env_id:<12} {num_envs:>8}  {label:<22} {rate:>8,.0f} {rate / sync:>7.2f} {shares[label]:>8.0%}"
+                    f"{env_id:<12} {num_envs:>8}  {label:<22} {rate:>8,.0f} {rate / sync:>7.2f} {shares[label]:>8.0%} "
+                    f"{step_times[label] * 1e6:>8,.0f}"
                 )
             lines.append(
                 f"{'':<12} {'':>8}  env steps take {shares['gymnasium Sync']:.0%} of Sync's iteration: a vector env "

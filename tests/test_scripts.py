@@ -169,18 +169,19 @@ def test_bench_writes_prints_write_costs_against_raw_numpy() -> None:
 def test_bench_ppo_times_cleanrls_loop_on_sync_and_the_pool() -> None:
     lines = bench_lines("--ppo", *ONE_TORCH_THREAD)
     assert lines[0] == "CleanRL's PPO iteration, torch with 1 threads"
-    row = re.compile(r"CartPole-v1 +8 +(.+?) +([\d,]+) +(\d+\.\d\d) +(\d+)%")
-    rows = {m[1]: (float(m[3]), int(m[4])) for m in map(row.fullmatch, lines[3:]) if m}
+    row = re.compile(r"CartPole-v1 +8 +(.+?) +([\d,]+) +(\d+\.\d\d) +(\d+)% +([\d,]+)")
+    rows = {m[1]: (float(m[3]), int(m[4]), int(m[5].replace(",", ""))) for m in map(row.fullmatch, lines[3:]) if m}
     numba = ["shmpool numba"] if importlib.util.find_spec("numba") else []
     assert list(rows) == ["gymnasium Sync", "shmpool (defaults)", *numba]
-    assert rows["gymnasium Sync"][0] == 1.0 and all(0 < share < 100 for _, share in rows.values())
+    assert rows["gymnasium Sync"][0] == 1.0 and all(0 < share < 100 for _, share, _ in rows.values())
+    assert all(step_us > 0 for *_, step_us in rows.values())
     assert re.search(r"env steps take \d+% of Sync's iteration: .* would reach \d+\.\d\dx Sync", lines[-1])
 
 
 @helpers.needs("torch", "mujoco")
 def test_bench_ppo_on_a_robot_adds_the_mujoco_engine_and_envpool() -> None:
     lines = bench_lines("--ppo", *ONE_TORCH_THREAD, env="Hopper-v5", num_envs=2)
-    row = re.compile(r"Hopper-v5 +2 +(.+?) +([\d,]+) +(\d+\.\d\d) +(\d+)%")
+    row = re.compile(r"Hopper-v5 +2 +(.+?) +([\d,]+) +(\d+\.\d\d) +(\d+)% +([\d,]+)")
     rows = [m[1] for m in map(row.fullmatch, lines) if m]
     envpool = importlib.util.find_spec("envpool") is not None
     assert rows[:3] == ["gymnasium Sync", "shmpool (defaults)", "shmpool mujoco"]
