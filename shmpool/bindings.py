@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from .env_families import adapter_for
 from .params import Binder, Param, ParamSpec, applied_dtype, as_stored, block_dtype, did_you_mean, problem, show
 
 _TOKEN = re.compile(r"\.?([A-Za-z_][A-Za-z0-9_]*)|\[(-?\d+)\]")
@@ -129,8 +130,28 @@ def _nominal(spec: ParamSpec, binding: Binding | None, env_label: str) -> np.nda
     return value
 
 
-#: The rows of one env: a launch value is checked as a write to every env would be.
-_ONE_ENV = np.zeros(1, dtype=np.int64)
+def refuse_derived(specs: Sequence[ParamSpec], probe: Any, env_label: str) -> None:
+    """Refuses a parameter bound to a value the env derives from others (CartPole's ``total_mass``)
+    declared beside one bound to such another: the env recomputes the first whenever the second
+    changes, replacing its written value while ``applied`` still shows it."""
+    outputs, inputs = adapter_for(probe).derived(probe)
+    if not outputs:
+        return
+    attributes = {}  # parameter -> the attribute of the unwrapped env it is bound to, by name
+    for spec in specs:
+        if spec.bind is None or isinstance(spec.bind, str):
+            tokens = parse_path(spec.bind or spec.name)
+            if len(tokens) == 1:
+                attributes[spec.name] = tokens[0]
+    derived = [name for name, attribute in attributes.items() if attribute in outputs]
+    sources = [name for name, attribute in attributes.items() if attribute in inputs]
+    if derived and sources:
+        raise ValueError(
+            f"params[{derived[0]!r}] and params[{sources[0]!r}] cannot be declared together: {env_label} "
+            f"({type(probe.unwrapped).__name__}) recomputes {' and '.join(sorted(outputs))} from "
+            f"{', '.join(sorted(inputs))} whenever one of those changes, which would replace a value written to "
+            f"params[{derived[0]!r}]; declare {derived[0]!r} without any of {sorted(inputs)}, or those without it"
+        )
 
 
 def initial_records(
@@ -138,6 +159,7 @@ def initial_records(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The first ``params`` and ``applied`` records of every env, from the defaults or, where the
     default is None, from a freshly made env. Checks every bind path against that env."""
+    refuse_derived(specs, probe, env_label)
     block = np.zeros(num_envs, dtype=block_dtype(specs))
     applied = np.zeros(num_envs, dtype=applied_dtype(specs))
     for spec in specs:
@@ -158,20 +180,22 @@ def initial_records(
                 value = given.get(argument)
                 if value is None:
                     value = nominal() if argument == "mean" else fallback[argument]
-                record[argument] = as_stored(spec, _ONE_ENV, value, f"[{argument!r}] (at launch)", env_label)[0]
+                record[argument] = as_stored(spec, None, value, f"[{argument!r}] (at launch)", env_label)[0]
                 block[spec.name][argument] = record[argument]
             applied[spec.name] = np.nan  # nothing drawn before the env's first reset
-            reason = problem(spec, record)
+            reason, where = problem(spec, record), ""
         else:
             given, where = (
                 (nominal(), " (the env's own value)") if param.default is None else (param.default, " (default)")
             )
-            value = as_stored(spec, _ONE_ENV, given, where, env_label)[0]  # stored exactly as given, or refused
+            # Checked as a write to every env would be, named by no env: stored exactly as given, or refused.
+            value = as_stored(spec, None, given, where, env_label)[0]
             block[spec.name] = value
             applied[spec.name] = value
             reason = problem(spec, value)
         if reason:
             raise ValueError(
-                f"params[{spec.name!r}]: the initial value {show(block[spec.name][0])} is rejected: {reason}"
+                f"{env_label}: params[{spec.name!r}]: the initial value {show(block[spec.name][0])}{where} is "
+                f"rejected: {reason}"
             )
     return block, applied

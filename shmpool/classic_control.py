@@ -42,6 +42,7 @@ class CartPole(ClassicControl):
     ``masspole`` and ``length`` once, in ``__init__``."""
 
     refresh_inputs = frozenset({"masscart", "masspole", "length"})
+    refresh_outputs = frozenset({"total_mass", "polemass_length"})
 
     def refresher(self, env: Any) -> Callable[[], None]:
         """Recomputes ``total_mass`` and ``polemass_length`` as ``__init__`` does (run after one of

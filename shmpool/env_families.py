@@ -26,6 +26,9 @@ class EnvAdapter:
     #: The attributes of the unwrapped env that ``refresher`` derives values from: a parameter
     #: bound to another plain attribute changes nothing it must recompute. None: any parameter.
     refresh_inputs: frozenset[str] | None = None
+    #: The attributes ``refresher`` recomputes: a parameter bound to one is refused at launch beside
+    #: one bound to a ``refresh_inputs`` attribute, whose change would replace its value.
+    refresh_outputs: frozenset[str] = frozenset()
 
     def refresher(self, env: Any) -> Callable[[], None] | None:
         """A function that recomputes what ``env`` caches from its parameters (values its
@@ -37,6 +40,11 @@ class EnvAdapter:
         """One function doing what ``refresher`` does for each of ``envs`` (all of this family),
         for a slot whose every env changed; None: the envs' own refreshers are called one by one."""
         return None
+
+    def derived(self, env: Any) -> tuple[frozenset[str], frozenset[str]]:
+        """The attributes of ``env`` that its refresher recomputes, and those it recomputes them from
+        (``refresh_outputs`` and ``refresh_inputs``)."""
+        return self.refresh_outputs, self.refresh_inputs or frozenset()
 
     def kicker(self, env: Any) -> Callable[[Any], None] | None:
         """``hooks.Perturb``'s default kick for ``env``: a function adding ``amounts`` (a float

@@ -21,8 +21,9 @@ INFO_KEY_DTYPE = np.dtype(
 )
 
 #: How gymnasium's vector envs batch a key's values (a key record's ``batch``): into an array of their
-#: dtype; into an object array (numpy scalars that are no ``np.number``: ``np.bool_``), the values
-#: traveling as their dtype; or, for an empty nested dict, into a dict (nothing travels but the mask).
+#: dtype; into an object array (numpy scalars that are no ``np.number``: ``np.bool_``; instances of an
+#: int or float subclass: an ``IntEnum`` member), the values traveling as their dtype; or, for an empty
+#: nested dict, into a dict (nothing travels but the mask).
 BATCH_TYPED, BATCH_OBJECTS, BATCH_DICT = 0, 1, 2
 
 
@@ -31,15 +32,17 @@ def info_format(value: Any, max_bytes: int) -> tuple[np.dtype[Any], tuple[int, .
     cannot travel."""
     if isinstance(value, bool):
         return np.dtype(np.bool_), (), BATCH_TYPED
-    if isinstance(value, int):
+    if type(value) is int:
         return np.dtype(np.int64), (), BATCH_TYPED
-    if isinstance(value, float):
+    if type(value) is float:
         return np.dtype(np.float64), (), BATCH_TYPED
     if isinstance(value, np.number):  # as an array's: a complex or a wider one than info_bytes cannot travel
         fits = value.dtype.kind in "iuf" and value.dtype.itemsize <= max_bytes
         return (value.dtype, (), BATCH_TYPED) if fits else None
     if isinstance(value, np.bool_):
         return value.dtype, (), BATCH_OBJECTS
+    if isinstance(value, (int, float)):  # a subclass: its number travels, not its class (InfoReader warns)
+        return np.dtype(np.int64 if isinstance(value, int) else np.float64), (), BATCH_OBJECTS
     if (
         isinstance(value, np.ndarray)
         and value.dtype.kind in "biuf"
@@ -123,7 +126,7 @@ class InfoWriter:
         fmt = info_format(value, self._values.shape[2])
         if fmt is not None:
             same = self._records.get((path, fmt[0].str, *fmt[1:]))
-            if same is not None:  # another type stored alike (an int subclass): one record for both
+            if same is not None:  # another type stored alike (float and np.float64): one record for both
                 self._slots[kind] = same
                 return same
         if kind in self._slots:
@@ -308,7 +311,9 @@ class InfoReader:
                 return
         elif array is None and key.batch == BATCH_OBJECTS:
             array = container[name] = np.full(rows, None, dtype=object)
-            array[target] = list(key.view[source])  # type: ignore[index]  # a list keeps the numpy scalars
+            values = key.view[source]  # type: ignore[index]
+            # numpy bools stay numpy bools; a subclass's numbers become the Python int or float they are
+            array[target] = list(values) if values.dtype.kind == "b" else values.tolist()
         elif array is None:
             array = container[name] = np.zeros((rows, *key.shape), key.dtype)
             array[target] = key.view[source]  # type: ignore[index]
@@ -419,6 +424,17 @@ class InfoReader:
                     raise ValueError(f"bad shape {shape}")
                 if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize <= self._values.shape[2]:
                     view = typed_view(self._values, slot, dtype, shape)
+                    if batch == BATCH_OBJECTS and dtype.kind != "b" and ("subclass", path) not in self._warned:
+                        self._warned.add(("subclass", path))  # once per key, whichever workers report it
+                        warnings.warn(
+                            f"info key {'/'.join(map(str, path))!r} holds instances of an int or float subclass "
+                            f"(enum.IntEnum members, say): gymnasium's vector envs batch those objects into an "
+                            f"object array, shmpool into an object array of the plain numbers they equal, as their "
+                            f"class does not travel (nothing in shared memory is unpickled); report plain numbers "
+                            f"to silence this",
+                            RuntimeWarning,
+                            stacklevel=5,
+                        )
                     return _Key(path, view, dtype, shape, batch)
             except (LayoutMismatchError, ValueError, TypeError):
                 pass

@@ -358,22 +358,24 @@ def constructor_defaults(specs: Sequence[ParamSpec], declared: Mapping[str, Para
     }
 
 
-def as_stored(spec: ParamSpec, ids: np.ndarray, value: Any, where: str, label: str) -> np.ndarray:
-    """``value`` as rows of one env each, in the parameter's dtype; raises unless every number is
+def as_stored(spec: ParamSpec, ids: np.ndarray | None, value: Any, where: str, label: str) -> np.ndarray:
+    """``value`` as rows of one env each (the envs ``ids``; None: one row, a launch value, which is
+    every env's and is named by none), in the parameter's dtype; raises unless every number is
     stored exactly as given (integers in range and whole, bools 0 or 1, floats that do not
     overflow), so that what is validated is what the workers will read."""
     try:
         array = np.asarray(value)
         if array.dtype.kind not in "biuf":
             raise TypeError(f"dtype {array.dtype}")
-        shape = (len(ids), *spec.shape)
+        shape = spec.shape if ids is None else (len(ids), *spec.shape)
         if array.shape != shape:
             array = np.broadcast_to(array, shape)
     except (TypeError, ValueError) as exc:
-        raise ValueError(
-            f"{label}: params[{spec.name!r}]{where} = {value!r:.100} does not fit "
-            f"{len(ids)} env(s) of shape {spec.shape}: {exc}"
-        ) from exc
+        # A launch value is every env's: it fits the parameter or none.
+        fit = f"the parameter (shape {spec.shape})" if ids is None else f"{len(ids)} env(s) of shape {spec.shape}"
+        raise ValueError(f"{label}: params[{spec.name!r}]{where} = {value!r:.100} does not fit {fit}: {exc}") from exc
+    if ids is None:
+        array = array[None]
     if spec.dtype.kind == "f":
         if array.dtype == spec.dtype:  # the common case: float64 values for a float64 parameter
             return array
@@ -386,10 +388,11 @@ def as_stored(spec: ParamSpec, ids: np.ndarray, value: Any, where: str, label: s
         else:
             unfit = (array < low) | (array > high)
     if unfit.any():
-        row = int(np.flatnonzero(unfit.reshape(len(ids), -1).any(axis=1))[0])
+        row = int(np.flatnonzero(unfit.reshape(len(array), -1).any(axis=1))[0])
         kind = "0 or 1" if spec.dtype.kind == "b" else f"a whole number in [{low}, {high}]"
+        env = "" if ids is None else f"[{ids[row]}]"
         raise ValueError(
-            f"{label}: params[{spec.name!r}][{ids[row]}]{where} = {show(array[row])} rejected: "
+            f"{label}: params[{spec.name!r}]{env}{where} = {show(array[row])} rejected: "
             f"{spec.name!r} has dtype {spec.dtype}, which holds {kind}"
         )
     return array.astype(spec.dtype, copy=False)

@@ -92,3 +92,27 @@ def test_cartpole_derived_values_follow_in_a_subclass_made_by_a_callable(pool_na
         np.testing.assert_array_equal(observation, reference.reset(seed=2)[0])
         for t in range(8):
             np.testing.assert_array_equal(pool.step([t % 2])[0][0], reference.step(t % 2)[0], err_msg=f"step {t}")
+
+
+@pytest.mark.parametrize("engine", helpers.ENGINES)
+@pytest.mark.parametrize(
+    ("derived", "source"), [("total_mass", "masscart"), ("polemass_length", "length"), ("total_mass", "length")]
+)
+def test_a_derived_cartpole_value_declared_beside_what_it_is_derived_from_is_refused(
+    derived: str, source: str, engine: str, pool_name: str
+) -> None:
+    """CartPole recomputes ``total_mass`` and ``polemass_length`` whenever ``masscart``, ``masspole``
+    or ``length`` changes: declared beside one of them, a written ``total_mass`` was replaced by the
+    env while ``pool.applied`` showed it. Declared alone, it is what the env uses."""
+    params = {source: Param(low=0.01, high=10), derived: Param(low=0.01, high=20)}
+    with pytest.raises(ValueError, match=rf"params\['{derived}'\].*params\['{source}'\]"):
+        shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, params=params, engine=engine)
+    with shmpool.launch(
+        "CartPole-v1", 2, num_workers=1, name=pool_name, params={derived: params[derived]}, engine=engine
+    ) as pool:
+        pool.params[derived][1] = 3.0
+        pool.reset(seed=0)
+        pool.step([0, 0])
+        assert pool.applied[derived][1] == 3.0
+        if engine == "python":
+            assert pool.get_attr(derived)[1] == 3.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import functools
 import warnings
 from typing import Any
@@ -96,6 +97,39 @@ def test_a_numpy_scalar_that_cannot_travel_is_left_out_as_an_array_would_be(valu
         with pytest.warns(RuntimeWarning, match="info key 'v' .* leaves it out"):
             infos = pool.step([0, 1])[4]
         assert "v" not in infos and infos["count"].tolist() == [1, 1]
+
+
+class Phase(enum.IntEnum):
+    """An ``IntEnum`` an env reports in its info."""
+
+    RUN = 2
+
+
+class Meters(float):
+    """A float subclass an env reports in its info."""
+
+
+@pytest.mark.parametrize("value", [Phase.RUN, Meters(1.5)], ids=["int_enum", "float_subclass"])
+def test_an_int_or_float_subclass_arrives_as_gymnasiums_object_array_of_its_number(value: Any, pool_name: str) -> None:
+    """SyncVectorEnv batches an ``IntEnum`` member (any int or float subclass) into an object array of
+    the objects; nothing in shared memory is unpickled, so the pool gives an object array of the
+    numbers they are (equal to them), with one warning per key, where it gave a plain int64 array."""
+    factory = functools.partial(helpers.OneInfoEnv, value)
+    reference = SyncVectorEnv([factory, factory])
+    reference.reset(seed=0)
+    with shmpool.launch(factory, 2, num_workers=1, name=pool_name) as pool:
+        pool.reset(seed=0)
+        with pytest.warns(RuntimeWarning, match="info key 'v' holds instances of an int or float subclass"):
+            ours = pool.step([0, 1])[4]
+        theirs = reference.step(np.array([0, 1]))[4]
+        assert ours["v"].dtype == theirs["v"].dtype == object
+        assert ours["v"].tolist() == theirs["v"].tolist() == [value, value]
+        assert [type(one) for one in ours["v"]] == [int if isinstance(value, int) else float] * 2
+        assert ours["_v"].tolist() == [True, True] and ours["count"].tolist() == [1, 1]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert pool.step([0, 1])[4]["v"].tolist() == [value, value]  # warned once per key
+    reference.close()
 
 
 def test_a_left_out_info_key_warns_once_whatever_the_number_of_workers(pool_name: str) -> None:

@@ -555,6 +555,13 @@ def test_an_int_healthy_reward_keeps_gymnasiums_info_dtype(env_id: str, reward: 
     run_against_sync(env_id, AutoresetMode.NEXT_STEP, pool_name, 5, healthy_reward=reward)
 
 
+@pytest.mark.parametrize(("env_id", "reward"), [("Walker2d-v5", True), ("Walker2d-v5", False), ("Hopper-v5", True)])
+def test_a_bool_healthy_reward_keeps_gymnasiums_info_dtype(env_id: str, reward: bool, pool_name: str) -> None:
+    """Walker2d's healthy flag is a numpy bool (an object array of them in SyncVectorEnv), Hopper's a
+    Python bool (an int once multiplied by a bool): the same rule for both gave Walker2d int64."""
+    run_against_sync(env_id, AutoresetMode.NEXT_STEP, pool_name, 5, healthy_reward=reward)
+
+
 def test_closing_releases_the_batch_before_another_pool_forks(pool_name: str) -> None:
     spec = {"mass": Param(default=1.1, low=0.5, high=2.0, bind=smj.body_mass("torso", relative=True))}
     push = Perturb(10.0, every=3, dims=3, kick=smj.Push("torso"))

@@ -62,6 +62,8 @@ class BatchKernel:
         refresh: a Python ``refresh(params)`` recomputing the parameters the env derives once (CartPole's
             ``total_mass``).
         refresh_inputs: the parameters that ``refresh`` reads.
+        refresh_outputs: the parameters that ``refresh`` writes (declaring one beside one of
+            ``refresh_inputs`` is refused at launch).
         state_columns: how many leading state columns are the gymnasium env's ``state``; None: all of them.
         set_state: how a value assigned to ``KernelEnv.state`` is stored; None: as float64.
         unsupported: attributes of the gymnasium env the kernel does not model: setting one raises
@@ -83,6 +85,7 @@ class BatchKernel:
     start: Step | None = None
     refresh: Refresh | None = None
     refresh_inputs: Sequence[str] = ()
+    refresh_outputs: Sequence[str] = ()
     state_columns: int | None = None
     set_state: SetState | None = None
     unsupported: Sequence[str] = ()
@@ -101,9 +104,12 @@ class BatchKernel:
             raise ValueError("BatchKernel.draw and BatchKernel.start go together: give both or neither")
         if (self.refresh is None) != (not self.refresh_inputs):
             raise ValueError("BatchKernel.refresh and BatchKernel.refresh_inputs go together: give both or neither")
-        unknown = set(self.refresh_inputs) - set(self.params)
-        if unknown:
-            raise ValueError(f"BatchKernel.refresh_inputs names {sorted(unknown)}, which are not among its params")
+        if self.refresh is None and self.refresh_outputs:
+            raise ValueError("BatchKernel.refresh_outputs needs BatchKernel.refresh, which writes them")
+        for field_name in ("refresh_inputs", "refresh_outputs"):
+            unknown = set(getattr(self, field_name)) - set(self.params)
+            if unknown:
+                raise ValueError(f"BatchKernel.{field_name} names {sorted(unknown)}, which are not among its params")
         if self.state_columns is not None and not 0 < self.state_columns <= self.state_size:
             raise ValueError(
                 f"BatchKernel.state_columns must be within [1, state_size={self.state_size}], got {self.state_columns}"

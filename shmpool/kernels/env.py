@@ -300,10 +300,16 @@ def _held_by_owner_only(owner: Any) -> bool:
 
 
 class KernelAdapter(EnvAdapter):
-    """What shmpool's generic code needs to know about ``KernelEnv`` (``hooks.Perturb``'s kick)."""
+    """What shmpool's generic code needs to know about ``KernelEnv``: ``hooks.Perturb``'s kick, and the
+    parameters its kernel's ``refresh`` derives."""
 
     name = "compiled kernel"
     classes = ("shmpool.kernels.env:KernelEnv",)
+
+    def derived(self, env: Any) -> tuple[frozenset[str], frozenset[str]]:
+        """The parameters the env's kernel's ``refresh`` writes, and those it reads."""
+        kernel = env.unwrapped._kernel
+        return frozenset(kernel.refresh_outputs), frozenset(kernel.refresh_inputs)
 
     def kicker(self, env: Any) -> Callable[[np.ndarray], None] | None:
         """Adds ``amounts`` to the velocities the env's kernel declares."""

@@ -95,7 +95,10 @@ class Hopping(Forward):
         x_velocity = (x - before) / dt
         forward = self.c["_forward_reward_weight"] * x_velocity
         healthy = self._healthy()
-        survive = healthy * self.c["_healthy_reward"]  # gymnasium: a Python bool times the reward
+        survive = healthy * self.c["_healthy_reward"]
+        # gymnasium's healthy flag times the reward: Hopper's all(...) is a Python bool, Walker2d's
+        # `and` of comparisons a numpy bool (True * True is an int, np.True_ * True a numpy bool).
+        flag = True if "_healthy_state_range" in self.c else np.True_
         ctrl = _control_cost(self.c["_ctrl_cost_weight"], actions)
         terminated = ~healthy & bool(self.c["_terminate_when_unhealthy"])
         infos: Infos = {
@@ -104,7 +107,7 @@ class Hopping(Forward):
             "x_velocity": (x_velocity, FLOAT64),
             "reward_forward": (forward, FLOAT64),
             "reward_ctrl": (-ctrl, ctrl.dtype.type(0)),
-            "reward_survive": (survive, True * self.c["_healthy_reward"]),  # a Python bool times it
+            "reward_survive": (survive, flag * self.c["_healthy_reward"]),
         }
         return (forward + survive) - ctrl, terminated, infos
 

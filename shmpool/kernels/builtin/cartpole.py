@@ -113,6 +113,7 @@ CARTPOLE = make_kernel(
     start=cartpole_start,
     refresh=cartpole_refresh,
     refresh_inputs=("masscart", "masspole", "length"),
+    refresh_outputs=("total_mass", "polemass_length"),
     state_columns=4,
     set_state=set_float64_state,
 )
