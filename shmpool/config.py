@@ -17,7 +17,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from .options import MAX_COUNT, autoreset_mode, batch_size_problem, count, mapping, seconds
-from .params import Param, ParamSpec, compile_specs, merged_declarations
+from .params import Param, ParamSpec, check_rebuild_binds, compile_specs, merged_declarations
 from .system import POOL_NAME_PATTERN, is_pool_name, usable_cores
 
 EnvFactory = str | Callable[..., gymnasium.Env]
@@ -289,7 +289,7 @@ class PoolConfig:
         names = self.hook_names
         if len(set(names)) != len(names):
             raise ValueError(f"hook names must be unique (events address hooks by name), got {names}")
-        self.param_specs  # noqa: B018 - compiles (and so checks) the declarations now
+        check_rebuild_binds(self.param_specs, self.engine, self.env_label)  # compiles (so checks) them now
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {list(ENGINES)}, got {self.engine!r}")
         if self.engine == "numba":

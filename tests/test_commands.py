@@ -1,15 +1,18 @@
 """The command channel (:mod:`shmpool.pool.commands`): a command that Ctrl-C cuts short stays pending and is
 finished by the next call, each worker runs it once, so under a storm of Ctrl-Cs the workers stay in
 lockstep and the global step counts exactly the steps they took. A partial step
-(``Pool.step(actions, env_ids)``, ``PartialSteps``) steps, syncs and counts only the envs asked.
+(``Pool.step(actions, env_ids)``, ``PartialSteps``) steps, syncs and counts only the envs asked. The
+env steps per second the channel publishes count every step once, from the first step on, idle spells left out.
 
-The storm runs in a subprocess: its SIGINTs go to that interpreter, not to the test run.
+The storm runs in a subprocess: its SIGINTs go to that interpreter, not to the test run (the test of the
+rate raises ``KeyboardInterrupt`` from a SIGUSR1 handler instead, only inside the pool's wait).
 """
 
 from __future__ import annotations
 
 import signal
 import threading
+import time
 from typing import Any
 
 import gymnasium as gym
@@ -19,6 +22,7 @@ import pytest
 from gymnasium.vector import SyncVectorEnv
 
 import shmpool
+from shmpool.layout import IDLE_AFTER
 from shmpool.pool.commands import ResetEncoder
 
 CTRL_C_STORM = """
@@ -186,3 +190,78 @@ def test_a_partial_step_is_refused_where_it_cannot_run(pool_name: str) -> None:
         with pytest.raises(RuntimeError, match=r"the episodes of envs \[0\] ended"):
             pool.step([1], env_ids=[0])
         pool.step([1], env_ids=[1])  # env 1 did not end
+
+
+def test_a_step_that_ctrl_c_cut_short_counts_once_in_the_steps_per_second(pool_name: str) -> None:
+    """A step that Ctrl-C interrupts while the trainer waits for the workers is finished by the next
+    call; it counted in the env steps (so in the published steps per second) only when nothing
+    interrupted it, and a trainer hit by Ctrl-C in nearly every step published a rate far too low."""
+    signum, stop, interrupts = signal.SIGUSR1, threading.Event(), 0
+
+    def ctrl_c_in_the_wait(number: int, frame: Any) -> None:
+        while frame is not None and frame.f_code.co_name != "wait_until":  # the doorbell's wait
+            frame = frame.f_back
+        if frame is not None:  # elsewhere (between calls, say) it would not be the pool's to finish
+            raise KeyboardInterrupt
+
+    def every_3_ms(thread: int) -> None:
+        while not stop.wait(0.003):
+            signal.pthread_kill(thread, signum)
+
+    envs = [lambda: helpers.CountingEnv(length=10**9, sleep=0.005)] * 4  # 10 ms a step: 2 envs a worker
+    with shmpool.launch(envs, num_workers=2, trainer_slot=False, name=pool_name) as pool:
+        pool.reset(seed=0)
+        previous = signal.signal(signum, ctrl_c_in_the_wait)
+        sender = threading.Thread(target=every_3_ms, args=(threading.get_ident(),))
+        started = time.monotonic()
+        sender.start()
+        try:
+            while pool.global_step < 140:  # the rate is published once a second has passed, every 64 steps
+                try:
+                    pool.step(np.ones(4, np.int64))
+                except KeyboardInterrupt:
+                    interrupts += 1
+        finally:
+            stop.set()
+            sender.join()
+            signal.signal(signum, previous)  # after the signals it sent: those are handled before the change
+        measured = 4 * pool.global_step / (time.monotonic() - started)
+        published = pool.stats.steps_per_second
+    assert interrupts > 70  # about every step was interrupted
+    assert measured / 2 < published < measured * 2, (published, measured)
+
+
+def step_until_published(pool: shmpool.Pool, shown: int) -> tuple[int, float]:
+    """Steps ``pool`` until its published steps per second change from ``shown``; returns the new rate
+    and the env steps per second these steps took, measured here."""
+    actions, steps, started = np.zeros(pool.num_envs, np.int64), 0, time.monotonic()
+    while time.monotonic() - started < 10.0:
+        for _ in range(16):
+            pool.step(actions)
+        steps += 16
+        published = pool.stats.steps_per_second
+        if published != shown:
+            return published, steps * pool.num_envs / (time.monotonic() - started)
+    raise AssertionError(f"pool {pool.name!r} published no new rate in 10 s of steps")
+
+
+def test_the_steps_per_second_count_from_the_first_step_not_from_launch(pool_name: str) -> None:
+    """The rate's window started at launch: a trainer that set up for a while before its first
+    step saw a first rate far below the one it stepped at."""
+    with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name) as pool:
+        pool.reset(seed=0)
+        time.sleep(1.5)  # building a model, say
+        published, measured = step_until_published(pool, 0)
+    assert measured / 3 < published < measured * 3, (published, measured)
+
+
+def test_the_steps_per_second_after_an_idle_spell_count_from_its_end(pool_name: str) -> None:
+    """A pool idle for a while (a long update) reads as a rate of 0 (``layout.current_rate``); the
+    first rate published once it steps again averaged over the idle spell, far below the real one."""
+    with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name) as pool:
+        pool.reset(seed=0)
+        before, _ = step_until_published(pool, 0)
+        time.sleep(IDLE_AFTER + 0.5)
+        assert pool.stats.steps_per_second == 0  # idle
+        published, measured = step_until_published(pool, before)
+    assert measured / 3 < published < measured * 3, (published, measured)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -310,6 +311,25 @@ def test_rebuild_params_remake_the_env(engine: str, pool_name: str) -> None:
                 observations, np.stack([r.step(actions[i])[0] for i, r in enumerate(references)])
             )
         assert pool.applied["g"].tolist() == [10.0, 3.0]
+
+
+def scale_g(env: gym.Env, value: float) -> None:
+    env.unwrapped.g = 2 * value
+
+
+def test_a_rebuild_param_bound_elsewhere_is_refused_at_launch(pool_name: str) -> None:
+    """A rebuild parameter's value is the constructor keyword of its name: the python engine left
+    any other ``bind`` unused (the env was built with ``g``, not through ``scale_g``, and bind=False
+    still reached the constructor) without a word. Its own name as the bind says the same, and runs."""
+    for bind in (scale_g, "max_speed", False):
+        message = rf"params\['g'\] of Pendulum-v1: .*keyword 'g'.*bind={re.escape(repr(bind))}"
+        with pytest.raises(ValueError, match=message):
+            shmpool.launch("Pendulum-v1", 2, name=pool_name, params={"g": Param(10.0, when="rebuild", bind=bind)})
+    params = {"g": Param(10.0, when="rebuild", bind="g")}
+    with shmpool.launch("Pendulum-v1", 2, num_workers=1, name=pool_name, params=params) as pool:
+        pool.params["g"][1] = 3.0
+        pool.reset(seed=0)
+        assert pool.get_attr("g") == (10.0, 3.0)
 
 
 WRITER = """

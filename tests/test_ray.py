@@ -211,8 +211,11 @@ def test_a_write_reaches_exactly_those_envs_on_their_nodes(pool_name: str) -> No
         observations = fleet.step(np.zeros(6, np.int64))[0]
         np.testing.assert_array_equal(observations[:, 0], [0, 5, -1, -1, 5, 0])
         assert fleet.applied_version() == [third, third]
-        # A write of no env writes nothing and takes no version: there is nothing to wait for.
-        assert fleet.params.write([], a=3.0) == fleet.params.write(slice(6, None), a=3.0) == 0
+        # A write of no env writes nothing and takes no version: it returns the current one, as a
+        # local pool's does, in the writer and in an attached process.
+        assert fleet.params.write([], a=3.0) == fleet.params.write(slice(6, None), a=3.0) == third
+        with shmpool.ray.attach(pool_name) as handle:
+            assert handle.params.write(np.array([], np.int64), a=3.0) == third
         assert fleet.params.write([2], a=0.5) == third + 1
 
 

@@ -24,6 +24,7 @@ from ..layout import (
     CMD_STEP_SOME,
     H_GLOBAL_STEP,
     H_STEPS_PER_SECOND,
+    IDLE_AFTER,
     RESET_OPTION_BYTES,
     RESET_THIS_ENV,
     RESET_WITH_SEED,
@@ -57,16 +58,18 @@ class CommandChannel:
         #: The failure that broke the pool: every later call raises ``PoolBrokenError`` from it.
         self.broken: BaseException | None = None
         #: A command sent (or being sent) whose results are not in yet: (seq, command, global step
-        #: once done). Set before the first control word is written, so Ctrl-C anywhere in a send
-        #: leaves it set, and the next call completes that command before issuing another.
-        self.pending: tuple[int, int, int] | None = None
+        #: and env steps once done). Set before the first control word is written, so Ctrl-C anywhere
+        #: in a send leaves it set, and the next call completes that command before issuing another.
+        self.pending: tuple[int, int, int, int] | None = None
         #: Steps the pool took (with async batches, sends), published in the header for ``stats``.
         self.global_step = 0
         #: With autoreset DISABLED: envs whose episode ended and that no reset has restarted yet
         #: (gymnasium's vector envs refuse to step them, and so does the pool); None otherwise.
         self.ended = np.zeros(config.num_envs, np.bool_) if config.autoreset_mode == AutoresetMode.DISABLED else None
         self.env_steps = 0  # env steps taken: num_envs per step, the envs sent per send
-        self._rate_since = (monotonic(), 0)
+        self._next_tick = 1  # the global step from which the next step reads the clock (see tick)
+        self._ticked = (0.0, 0.0)  # when the clock was read last (0: never), and how long the steps before took
+        self._rate_since = (0.0, 0)  # when the rate's window started, and env_steps then
 
     def enter(self, *, settle: bool = False) -> None:
         """Raises if the pool cannot be used; finishes a command that Ctrl-C interrupted; with
@@ -95,19 +98,19 @@ class CommandChannel:
             self.broken = error
             raise
 
-    def prepare(self, command: int, seq: int | None = None) -> int:
-        """Makes ``command`` pending, and returns its sequence number: from here on, it is sent and
-        waited for by ``finish``, or by the next ``enter`` if Ctrl-C comes first."""
+    def prepare(self, command: int, seq: int | None = None, env_steps: int = 0) -> int:
+        """Makes ``command`` pending (a step of ``env_steps`` envs), and returns its sequence number: from
+        here on, it is sent and waited for by ``finish``, or by the next ``enter`` if Ctrl-C comes first."""
         self.usable = False
         steps = self.global_step + (command in (CMD_STEP, CMD_STEP_SOME))
         seq = self._lifecycle.next_seq() if seq is None else seq
-        self.pending = (seq, command, steps)
+        self.pending = (seq, command, steps, self.env_steps + env_steps)
         return seq
 
-    def run(self, command: int, phase: str, seq: int | None = None) -> None:
-        """Sends ``command`` to every worker and, unless it is a call (whose requests go next), waits
-        until all have done it."""
-        seq = self.prepare(command, seq)
+    def run(self, command: int, phase: str, seq: int | None = None, env_steps: int = 0) -> None:
+        """Sends ``command`` (a step of ``env_steps`` envs) to every worker and, unless it is a call
+        (whose requests go next), waits until all have done it."""
+        seq = self.prepare(command, seq, env_steps)
         if command == CMD_CALL:
             self._lifecycle.send(seq, command)
         else:
@@ -117,7 +120,7 @@ class CommandChannel:
         """Sends the pending command (again, if Ctrl-C cut its send short), waits, and records it done;
         returns a call's answers."""
         assert self.pending is not None
-        seq, command, steps = self.pending
+        seq, command, steps, env_steps = self.pending
         self._lifecycle.send(seq, command)
         answers: list[Any] = []
         try:
@@ -127,7 +130,9 @@ class CommandChannel:
             if command in (CMD_STEP, CMD_STEP_SOME) and self.ended is not None:  # here: an interrupted step counts too
                 ended = self._fields["terminations"] | self._fields["truncations"]
                 self.ended |= ended if command == CMD_STEP else ended & self._fields["step_mask"]
-            self.global_step = steps  # before clearing pending: a repeat after Ctrl-C here is harmless
+            # Before clearing pending: a repeat after Ctrl-C here is harmless, and a step finished by
+            # the next call (Ctrl-C came during its wait) counts, once.
+            self.global_step, self.env_steps = steps, env_steps
             self._header[H_GLOBAL_STEP] = steps
             self.pending = None
             self.usable = not self._closing()  # close() from another thread clears it first
@@ -136,6 +141,8 @@ class CommandChannel:
             self.broken = error
             self.usable = False
             raise
+        if steps >= self._next_tick:
+            self.tick()
         if self._config.param_specs and command != CMD_CALL:
             self._results.warn_refusals()
         return answers
@@ -151,20 +158,29 @@ class CommandChannel:
         """Counts an async send of ``env_steps`` envs that went out as one step of the pool."""
         self.global_step += 1
         self._header[H_GLOBAL_STEP] = self.global_step
-        self.count_env_steps(env_steps)
-
-    def count_env_steps(self, env_steps: int) -> None:
-        """Counts ``env_steps`` for ``stats``; every 64 steps (or sends) publishes the env steps per second
-        over the last second or so, and rolls back what a dead writer left (its rows stay unread until
-        then, unless another writer does)."""
         self.env_steps += env_steps
-        if self.global_step % 64 == 0:
-            now = monotonic()
-            elapsed = now - self._rate_since[0]
-            if elapsed >= 1.0:
-                self._header[H_STEPS_PER_SECOND] = int((self.env_steps - self._rate_since[1]) / elapsed)
-                self._rate_since = (now, self.env_steps)
-            self._recover_writers()
+        if self.global_step >= self._next_tick:
+            self.tick()
+
+    def tick(self) -> None:
+        """Publishes the env steps per second over the last second or so for ``stats``, and rolls back
+        what a dead writer left (its rows stay unread until then, unless another writer does). Called
+        at the first step (or send), then every 64th: the only steps that read the clock.
+
+        The rate's window starts at the first step, and again after an idle spell, which readers show
+        as a rate of 0 (``layout.current_rate``): 64 steps that took ``IDLE_AFTER`` longer than the 64
+        before held one (the trainer away: an update, a pause), so the rate leaves them out."""
+        now = monotonic()
+        last, took = self._ticked
+        since, then = self._rate_since
+        if not last or now - last > took + IDLE_AFTER:
+            self._rate_since = (now, self.env_steps)
+        elif now - since >= 1.0:
+            self._header[H_STEPS_PER_SECOND] = int((self.env_steps - then) / (now - since))
+            self._rate_since = (now, self.env_steps)
+        self._ticked = (now, now - last if last else 0.0)
+        self._next_tick = self.global_step + 64
+        self._recover_writers()
 
 
 class PartialSteps:
@@ -209,8 +225,7 @@ class PartialSteps:
             field[ids] = part
         self._mask[:] = False
         self._mask[ids] = True
-        self._commands.run(CMD_STEP_SOME, "step")
-        self._commands.count_env_steps(len(ids))
+        self._commands.run(CMD_STEP_SOME, "step", env_steps=len(ids))
         return select_rows(self._results.step(), ids, self._num_envs)
 
 

@@ -270,8 +270,7 @@ class Pool(SharedChannels, EnvsRandomness, VectorEnv):  # type: ignore[misc]  # 
                 commands.refuse_ended(ended)
             for field, part in zip(self._action_fields, parts):
                 field[...] = part
-            commands.run(CMD_STEP, "step")
-            commands.count_env_steps(self.num_envs)
+            commands.run(CMD_STEP, "step", env_steps=self.num_envs)
             return self._results.step()
 
     # -- async batches (EnvPool's API; see shmpool.pool.batches) ----------------------------------------

@@ -190,9 +190,16 @@ class _Fleet:
 
     def next_version(self) -> int:
         """A new write version, from the registry's counter (one per cluster pool)."""
+        return self._version("next_version")
+
+    def current_version(self) -> int:
+        """The newest write version taken (0 before any): what a write of no env returns."""
+        return self._version("version")
+
+    def _version(self, method: str) -> int:
         ray = import_ray()
         try:
-            return int(ray.get(self.registry.next_version.remote(), timeout=QUICK_CALL))
+            return int(ray.get(getattr(self.registry, method).remote(), timeout=QUICK_CALL))
         except ray.exceptions.RayError as error:
             raise PoolClosedError(
                 f"cluster pool {self.name!r} has closed: its registry actor (on the owner's node) is gone "

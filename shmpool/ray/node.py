@@ -200,6 +200,9 @@ class _Registry:
         self._version += 1
         return self._version
 
+    def version(self) -> int:
+        return self._version
+
     def close(self) -> None:
         self._closing = True
 

@@ -83,8 +83,8 @@ class ClusterParams:
 
     def write(self, env_ids: int | Sequence[int] | slice | np.ndarray | None, **values: Any) -> int:
         """Validates ``values`` once, then writes each node's rows into its block (atomically per env, as
-        ``ParamBlock.write``); returns the write's version (see ``ClusterPool.applied_version``; 0 for a write of no
-        env, which every node has applied).
+        ``ParamBlock.write``); returns the write's version (see ``ClusterPool.applied_version``; for a write of no
+        env, which takes none, the newest version taken, as ``ParamBlock.write`` returns).
 
         ``env_ids`` are global: an env id, a sequence or array of them, a slice, or None for every env. A
         distribution's arguments are given as a dict, e.g. ``length={"low": 0.4, "high": 0.6}``. The envs run with the
@@ -100,8 +100,8 @@ class ClusterParams:
         fleet = self._fleet
         ids = np.arange(fleet.num_envs) if env_ids is None else env_rows(env_ids, fleet.num_envs)
         specs = named_specs(self.specs, values)
-        if not len(ids):  # no env (an empty list or slice): nothing to write, no version to wait for
-            return 0
+        if not len(ids):  # no env (an empty list or slice): nothing to write, the current version
+            return fleet.current_version()
         unique, reversed_first = np.unique(ids[::-1], return_index=True)
         last = len(ids) - 1 - reversed_first  # each env's row of the values: its last, as ParamBlock.write
         by_node = fleet.locate(unique)
