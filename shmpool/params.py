@@ -180,11 +180,11 @@ def compile_specs(params: Mapping[str, Param]) -> list[ParamSpec]:
 
 
 def check_rebuild_binds(specs: Sequence[ParamSpec], engine: str, env_label: str) -> None:
-    """Refuses, on the python engine, a rebuild parameter's ``bind`` other than its own name: its value
-    goes to the env's constructor as the keyword of that name, where no other bind leads (the numba
-    engine checks its own; the mujoco engine refuses rebuild parameters)."""
+    """Refuses a rebuild parameter's ``bind`` other than its own name (``bind=False`` included): its value
+    goes to the env's constructor as the keyword of that name, where no other bind leads (the mujoco
+    engine refuses rebuild parameters, with its own message)."""
     for spec in specs:
-        if engine == "python" and spec.when == "rebuild" and spec.bind not in (None, spec.name):
+        if engine != "mujoco" and spec.when == "rebuild" and spec.bind not in (None, spec.name):
             raise ValueError(
                 f"params[{spec.name!r}] of {env_label}: when='rebuild' passes the value to the env's constructor "
                 f"as the keyword {spec.name!r}, so bind={spec.bind!r} would go unused; leave bind out, or use "

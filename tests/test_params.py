@@ -317,16 +317,20 @@ def scale_g(env: gym.Env, value: float) -> None:
     env.unwrapped.g = 2 * value
 
 
-def test_a_rebuild_param_bound_elsewhere_is_refused_at_launch(pool_name: str) -> None:
+@pytest.mark.parametrize("engine", helpers.ENGINES)
+def test_a_rebuild_param_bound_elsewhere_is_refused_at_launch(engine: str, pool_name: str) -> None:
     """A rebuild parameter's value is the constructor keyword of its name: the python engine left
     any other ``bind`` unused (the env was built with ``g``, not through ``scale_g``, and bind=False
-    still reached the constructor) without a word. Its own name as the bind says the same, and runs."""
+    still reached the constructor) without a word, and the numba engine took bind=False and built
+    the env without the value. Its own name as the bind says the same, and runs."""
     for bind in (scale_g, "max_speed", False):
         message = rf"params\['g'\] of Pendulum-v1: .*keyword 'g'.*bind={re.escape(repr(bind))}"
         with pytest.raises(ValueError, match=message):
-            shmpool.launch("Pendulum-v1", 2, name=pool_name, params={"g": Param(10.0, when="rebuild", bind=bind)})
+            shmpool.launch(
+                "Pendulum-v1", 2, name=pool_name, engine=engine, params={"g": Param(10.0, when="rebuild", bind=bind)}
+            )
     params = {"g": Param(10.0, when="rebuild", bind="g")}
-    with shmpool.launch("Pendulum-v1", 2, num_workers=1, name=pool_name, params=params) as pool:
+    with shmpool.launch("Pendulum-v1", 2, num_workers=1, name=pool_name, engine=engine, params=params) as pool:
         pool.params["g"][1] = 3.0
         pool.reset(seed=0)
         assert pool.get_attr("g") == (10.0, 3.0)
