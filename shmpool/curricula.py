@@ -33,11 +33,22 @@ def scores(records: np.ndarray, metric: str) -> np.ndarray:
     return records["metrics"][metric].astype(np.float64)
 
 
+def _param_column(records: np.ndarray, name: str) -> np.ndarray | None:
+    """Each record's applied value of parameter ``name``, or None when the records do not carry it."""
+    names = records.dtype.names or ()
+    if "params" not in names or name not in (records.dtype["params"].names or ()):
+        return None
+    return records["params"][name]
+
+
 class Threshold:
     """Moves one parameter by ``step`` each time the mean score of the last ``window`` episodes
     reaches ``target``: the classic "make it harder once the agent copes" curriculum.
 
     A negative ``step`` lowers the parameter. The value never leaves the parameter's hard bounds.
+    Once it has written a value, it judges only the episodes whose record shows that value (the
+    parameter's applied value at the episode's end): episodes still running at the old value when it
+    moved do not move it again.
     """
 
     def __init__(self, param: str, *, step: float, target: float, window: int = 20, metric: str = "return") -> None:
@@ -52,6 +63,7 @@ class Threshold:
         self._recent: deque[float] = deque(maxlen=self.window)
         self.changes = 0
         self._reapply = False
+        self._wrote = False  # whether it has written its value to the pool (then it judges by that value)
 
     def update(self, records: np.ndarray, params: ParamsAPI, log: list[str] | None = None) -> list[str]:
         """Feeds finished episodes; moves the parameter when the window's mean reaches the target.
@@ -64,9 +76,13 @@ class Threshold:
             self.value = float(params[self.param][0])
         elif self._reapply:  # resumed from a state: the pool (maybe a new one) takes its value first
             params.write(None, **{self.param: self.value})
+            self._wrote = True
         self._reapply = False
         log = [] if log is None else log
-        for score in scores(records, self.metric):
+        ran_at = _param_column(records, self.param)
+        for index, score in enumerate(scores(records, self.metric)):
+            if self._wrote and ran_at is not None and ran_at[index] != ran_at.dtype.type(self.value):
+                continue  # an episode that ended at another value than the one written last
             self._recent.append(float(score))
             if len(self._recent) == self.window and np.mean(self._recent) >= self.target:
                 new = float(np.clip(self.value + self.step, spec.low, spec.high))
@@ -74,6 +90,7 @@ class Threshold:
                     # Written first: if the write fails, nothing here changed and the same scores
                     # move it at the next update.
                     params.write(None, **{self.param: new})
+                    self._wrote = True
                     mean = np.mean(self._recent)
                     log.append(f"{self.param}: {self.value:g} -> {new:g} (mean {self.metric} {mean:.3g})")
                     self.value = new

@@ -320,6 +320,7 @@ def feed(pool: shmpool.Pool, adr: ADR, threshold: Threshold, rounds: int, start:
         records = np.zeros(NUM_ENVS, dtype=pool.episodes.dtype)
         records["env_id"] = np.arange(NUM_ENVS)
         records["return"] = [(round_ * 37 + env * 11) % 500 for env in range(NUM_ENVS)]
+        records["params"]["c"] = pool.params["c"]  # run at the value the threshold wrote
         for env in range(NUM_ENVS):
             pin = adr.pinned.get(env)
             for name, (low, high) in adr.ranges.items():

@@ -91,6 +91,7 @@ def test_threshold_steps_a_parameter(pool_name: str) -> None:
         assert curriculum.update(records, pool.params)  # mean 105 >= 100: one step up
         assert pool.params["length"].tolist() == [0.65] * 4
         records["return"] = 50
+        records["params"]["length"] = 0.65  # the value the episodes ran at, as the workers record it
         assert curriculum.update(records, pool.params) == []
         records["return"] = 200
         curriculum.update(records, pool.params)
@@ -100,6 +101,34 @@ def test_threshold_steps_a_parameter(pool_name: str) -> None:
         assert twin.value == 0.7 and twin.changes == curriculum.changes
         with pytest.raises(KeyError, match="no episode metric 'success'"):
             Threshold("length", step=0.1, target=1, metric="success").update(records, pool.params)
+
+
+def episodes_until(pool: shmpool.Pool, count: int, length: float) -> np.ndarray:
+    """Steps ``pool`` with random actions until ``count`` episodes that ended with pole length
+    ``length`` are among the records read; returns every record read."""
+    read, actions = [], np.random.default_rng(0)
+    while sum(int((part["params"]["length"] == length).sum()) for part in read) < count:
+        pool.step(actions.integers(0, 2, pool.num_envs))
+        read.append(pool.episodes.read())
+    return np.concatenate(read)
+
+
+def test_threshold_judges_only_the_episodes_run_at_the_value_it_wrote(pool_name: str) -> None:
+    """After a move, the episodes that ended at the old value did move it again, as many times as
+    they filled the window: 60 episodes at 0.5 made three moves, to 0.8, none judged at 0.6 or 0.7."""
+    params = {"length": Param(0.5, low=0.1, high=2.0, when="reset")}
+    with shmpool.launch("CartPole-v1", 16, num_workers=1, name=pool_name, params=params) as pool:
+        pool.reset(seed=0)
+        curriculum = Threshold("length", step=0.1, target=0.0, window=20)  # every full window moves it
+        first = episodes_until(pool, 60, 0.5)
+        moves = curriculum.update(first, pool.params)
+        assert moves == [f"length: 0.5 -> 0.6 (mean return {np.mean(first['return'][:20]):.3g})"]
+        second = episodes_until(pool, 20, 0.6)
+        assert (second["params"]["length"] == 0.5).any()  # episodes that began before the move
+        log = curriculum.update(second, pool.params)
+        at_new = second["return"][second["params"]["length"] == 0.6][:20]
+        assert log == [f"length: 0.6 -> 0.7 (mean return {np.mean(at_new):.3g})"]
+        assert pool.params["length"].tolist() == pytest.approx([0.7] * 16)
 
 
 def test_curriculum_script_attaches_steers_and_resumes(pool_name: str, tmp_path: Path) -> None:
@@ -231,7 +260,8 @@ def test_moves_made_before_the_pool_closes_midway_are_kept_in_the_log(pool_name:
             writes = 2  # records move boundaries and re-pin their envs; the pool closes after two writes
         else:
             curriculum = Threshold("x", step=1.0, target=10.0, window=1)
-            records = records_for(pool, [0, 1], {}, 500.0)  # each moves x: the second write fails
+            # Each moves x (the second ran at the value the first moved it to): the second write fails.
+            records = records_for(pool, [0, 1], {"x": [0.0, 1.0]}, 500.0)
             writes = 1
         with pytest.raises(PoolClosedError):
             curriculum.update(records, ClosingAfterWrites(pool, writes), lines)  # type: ignore[arg-type]
