@@ -62,16 +62,16 @@ def state_dict(view: Checkpointable) -> PoolState:
     params: dict[str, Any] = {}
     if view.params is not None:
         records = view.params.snapshot()
-        applied = view.params.applied
+        accepted = view.params.accepted.copy()
         for spec in view.specs:
+            refused = np.flatnonzero(bad_rows(spec, records[spec.name]))
+            if refused.size:
+                _save_what_runs(spec, refused, records, accepted)
             column = records[spec.name]
             if spec.dist:
                 params[spec.name] = {argument: column[argument].copy() for argument in spec.arguments}
             else:
                 params[spec.name] = column.copy()
-            refused = np.flatnonzero(bad_rows(spec, column))
-            if refused.size:
-                _save_what_runs(spec, params, refused, applied[spec.name], column)
     return {
         "version": STATE_VERSION,
         "schema": schema(view),
@@ -81,27 +81,20 @@ def state_dict(view: Checkpointable) -> PoolState:
     }
 
 
-def _save_what_runs(
-    spec: ParamSpec, params: dict[str, Any], rows: np.ndarray, running: np.ndarray, block: np.ndarray
-) -> None:
-    """Replaces in ``params`` the ``rows`` of ``spec`` that the block holds but the workers refused by
-    what those envs run with, and says so."""
-    saved, first = params[spec.name], int(rows[0])
-    held = {a: block[a][first].tolist() for a in spec.arguments} if spec.dist else block[first].tolist()
-    if spec.dist:  # the drawn value, as a distribution of that value alone (NaN: nothing drawn yet)
-        drawn = np.isfinite(running[rows].reshape(len(rows), -1)).all(axis=1)
-        for argument in spec.arguments:
-            saved[argument][rows] = np.where(drawn, 0.0, np.nan) if argument == "std" else running[rows]
-    else:
-        saved[rows] = running[rows]
-    instead = (
-        f"{running[first].tolist()} for env {first}"
-        if np.isfinite(running[first]).all()
-        else f"env {first} has drawn nothing yet: loading keeps the pool's own value there"
-    )
+def _save_what_runs(spec: ParamSpec, rows: np.ndarray, records: np.ndarray, accepted: np.ndarray) -> None:
+    """Replaces in ``records`` the ``rows`` of ``spec`` that the workers refused by the values those
+    workers accepted last (what the envs run with, draw from or take at their next reset), and says so."""
+    first = int(rows[0])
+
+    def shown(block: np.ndarray) -> Any:
+        value = block[spec.name][first]
+        return {argument: value[argument].tolist() for argument in spec.arguments} if spec.dist else value.tolist()
+
+    held, kept = shown(records), shown(accepted)
+    records[spec.name][rows] = accepted[spec.name][rows]
     warnings.warn(
         f"state_dict: params[{spec.name!r}] of env(s) {rows.tolist()[:10]} hold(s) {held}, which the "
-        f"workers refused; the state saves what those envs run with instead ({instead})",
+        f"workers refused; the state saves what those envs run with instead ({kept} for env {first})",
         RuntimeWarning,
         stacklevel=3,
     )
@@ -139,7 +132,6 @@ def load_state_dict(view: Checkpointable, state: Mapping[str, Any], *, same_draw
     indices = _episode_indices(state["episode_index"], len(view.episode_index))
     arrays = _param_arrays(view, state["params"])
     if view.params is not None:
-        _keep_what_was_never_drawn(view, arrays)
         # One write: validated as a whole before anything lands, then atomic per env. Every dist
         # parameter holds all its arguments (checked above), so nothing is merged with the pool's own.
         view.params.write(None, **arrays)
@@ -233,33 +225,6 @@ def _numbers(value: Any, where: str) -> np.ndarray:
     if array.dtype.kind not in "biuf":
         raise ValueError(f"the state's {where} = {value!r:.60} is not an array of numbers (dtype {array.dtype})")
     return array
-
-
-def _keep_what_was_never_drawn(view: Checkpointable, arrays: dict[str, Any]) -> None:
-    """Puts the pool's own values in the rows of ``dist`` parameters that the state saved as all NaN
-    (an env that had drawn nothing when the workers refused its value: see the module docstring)."""
-    block = view.params
-    assert block is not None  # called only for a pool with params
-    current = None
-    for spec in view.specs:
-        value = arrays[spec.name]
-        if not spec.dist:  # _param_arrays made every dist value a dict of all its arguments
-            continue
-        rows = np.ones(len(view.episode_index), dtype=np.bool_)
-        for argument in spec.arguments:
-            column = np.asarray(value[argument], dtype=np.float64)
-            if column.shape[:1] != rows.shape:
-                rows[:] = False  # a malformed state: write() names it
-                break
-            rows &= np.isnan(column.reshape(len(column), -1)).all(axis=1)
-        if rows.any():
-            current = block.snapshot() if current is None else current
-            arrays[spec.name] = {
-                argument: np.where(
-                    rows.reshape((-1,) + (1,) * len(spec.shape)), current[spec.name][argument], value[argument]
-                )
-                for argument in spec.arguments
-            }
 
 
 def _differences(saved: Any, current: dict[str, Any]) -> list[str]:

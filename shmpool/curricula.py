@@ -48,7 +48,8 @@ class Threshold:
     A negative ``step`` lowers the parameter. The value never leaves the parameter's hard bounds.
     Once it has written a value, it judges only the episodes whose record shows that value (the
     parameter's applied value at the episode's end): episodes still running at the old value when it
-    moved do not move it again.
+    moved do not move it again. If the pool's value changes under it (another writer, a checkpoint
+    loaded), it goes on from the pool's value.
     """
 
     def __init__(self, param: str, *, step: float, target: float, window: int = 20, metric: str = "return") -> None:
@@ -77,6 +78,11 @@ class Threshold:
         elif self._reapply:  # resumed from a state: the pool (maybe a new one) takes its value first
             params.write(None, **{self.param: self.value})
             self._wrote = True
+        elif self._wrote and not (params[self.param] == params[self.param].dtype.type(self.value)).any():
+            # Another writer (or a pool restored from a checkpoint) changed it: go on from its value,
+            # judged by the episodes run at it.
+            self.value = float(params[self.param][0])
+            self._recent.clear()
         self._reapply = False
         log = [] if log is None else log
         ran_at = _param_column(records, self.param)

@@ -334,10 +334,14 @@ class InfoReader:
         view = key.view
         assert view is not None and key.dtype is not None
         kept, objects = [], array.dtype == object
+        # A subclass's number (an IntEnum member's) as the Python int or float it is, as _put gives it
+        numbers = objects and key.batch == BATCH_OBJECTS and key.dtype.kind != "b"
         for env_id, row in zip(source.tolist(), target.tolist()):
             value = view[env_id]
             if objects and type(value) is np.ndarray:  # held as an object: a copy, not a view of the segment
                 value = value.copy()
+            elif numbers:
+                value = value.item()
             try:
                 array[row] = value
             except (OverflowError, TypeError, ValueError):

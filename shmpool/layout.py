@@ -27,7 +27,8 @@ MAGIC = b"SHMPOOL\x00"
 #: 6: the episode rings' reserved words, and the reset's global step. 7: the info key records' ``batch``.
 #: 8: the writers' lock is a robust mutex in the ``writers`` words (16 of them), not a ``flock``; later,
 #: without a new version (older segments read 0 there, which means unknown): the worker-pid words.
-LAYOUT_VERSION = 8
+#: 9: ``params_accepted``, the records each worker last accepted (what a checkpoint saves for a refused one).
+LAYOUT_VERSION = 9
 HEADER_WORDS = 16
 HEADER_BYTES = HEADER_WORDS * 8
 ALIGNMENT = 64

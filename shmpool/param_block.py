@@ -51,7 +51,12 @@ class ParamBlock:
         check_open: Callable[[], None],
     ) -> None:
         num_envs = len(views["params"])
-        for name, expected in (("params", block_dtype(specs)), ("applied", applied_dtype(specs))):
+        fields = (
+            ("params", block_dtype(specs)),
+            ("applied", applied_dtype(specs)),
+            ("params_accepted", block_dtype(specs)),
+        )
+        for name, expected in fields:
             if views[name].dtype != expected or views[name].shape != (num_envs,):
                 raise LayoutMismatchError(f"field {name!r} does not match the parameter table")
         self.specs = {spec.name: spec for spec in specs}
@@ -64,6 +69,8 @@ class ParamBlock:
         self._check_open = check_open
         self._applied = views["applied"].view()
         self._applied.flags.writeable = False
+        self._accepted = views["params_accepted"].view()
+        self._accepted.flags.writeable = False
         self._compiled: CompiledWrites | None = None
         self._until_compiled = COMPILED_AFTER if CompiledWrites.possible(specs, self._block) else 0
 
@@ -72,6 +79,14 @@ class ParamBlock:
         """What each env uses now (a drawn value for a ``dist`` parameter): read-only, workers write it."""
         self._check_open()
         return self._applied
+
+    @property
+    def accepted(self) -> np.ndarray:
+        """Each env's record as its worker last accepted it, in the block's dtype: what the env runs
+        with, draws from, or takes at its next reset, where the block holds a value the workers
+        refused. Read-only, workers write it."""
+        self._check_open()
+        return self._accepted
 
     @property
     def dtype(self) -> np.dtype[Any]:

@@ -380,15 +380,13 @@ def as_stored(spec: ParamSpec, ids: np.ndarray | None, value: Any, where: str, l
         array = np.asarray(value)
         if array.dtype.kind not in "biuf":
             raise TypeError(f"dtype {array.dtype}")
-        shape = spec.shape if ids is None else (len(ids), *spec.shape)
+        # A launch value is one row, every env's: what a write to every env takes, a leading axis of one included.
+        shape = (1 if ids is None else len(ids), *spec.shape)
         if array.shape != shape:
             array = np.broadcast_to(array, shape)
     except (TypeError, ValueError) as exc:
-        # A launch value is every env's: it fits the parameter or none.
         fit = f"the parameter (shape {spec.shape})" if ids is None else f"{len(ids)} env(s) of shape {spec.shape}"
         raise ValueError(f"{label}: params[{spec.name!r}]{where} = {value!r:.100} does not fit {fit}: {exc}") from exc
-    if ids is None:
-        array = array[None]
     if spec.dtype.kind == "f":
         if array.dtype == spec.dtype:  # the common case: float64 values for a float64 parameter
             return array

@@ -33,6 +33,11 @@ if TYPE_CHECKING:
 #: them). For an env that finished, SB3 wants them in the finished episode's info, not the reset's.
 POOL_EPISODE_KEYS = ("episode",)
 
+#: The dtypes gymnasium batches Python's bool, int and float into: their values come back as those
+#: types (an env's np.int64 and np.float64 batch alike, so they do too). A value of any other dtype
+#: was a numpy scalar, and stays one, as in SB3's own VecEnvs.
+PYTHON_NUMBER_DTYPES = (np.dtype(np.bool_), np.dtype(np.int64), np.dtype(np.float64))
+
 
 class ShmpoolVecEnv(VecEnv):
     """An SB3 ``VecEnv`` over ``shmpool.launch``: one env per constructor in ``env_fns``.
@@ -237,7 +242,8 @@ class ShmpoolVecEnv(VecEnv):
 def unbatch_infos(infos: Mapping[str, Any], num_envs: int) -> list[dict[str, Any]]:
     """Gymnasium's vector infos (one array per key, with a ``_key`` mask) as one dict per env.
 
-    Nested dicts are split the same way; numpy scalars become Python numbers, as most envs report them.
+    Nested dicts are split the same way. Values of the dtypes of Python's numbers become Python numbers;
+    other numpy scalars (np.float32, np.bool_, an object array's items) stay as the env made them.
     """
     per_env: list[dict[str, Any]] = [{} for _ in range(num_envs)]
     masks = {f"_{key}" for key in infos}  # keys need not be text (a tuple, an int): their masks are
@@ -251,9 +257,10 @@ def unbatch_infos(infos: Mapping[str, Any], num_envs: int) -> list[dict[str, Any
                 if mask[env_id] if mask is not None else nested[env_id]:
                     per_env[env_id][key] = nested[env_id]
             continue
+        python = isinstance(values, np.ndarray) and values.dtype in PYTHON_NUMBER_DTYPES
         for env_id in range(num_envs) if mask is None else np.flatnonzero(mask).tolist():
             value = values[env_id]
-            per_env[env_id][key] = value.item() if isinstance(value, np.generic) else value
+            per_env[env_id][key] = value.item() if python and isinstance(value, np.generic) else value
     return per_env
 
 

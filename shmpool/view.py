@@ -98,7 +98,8 @@ class PoolView:
             self.events = EventSender(hook_names, rings, slots, self.lock, self.env_label, check_open)
         self.params: ParamBlock | None = None
         if self.specs:
-            missing = {"params", "params_seq", "params_undo", "applied", "param_refusals"} - set(views)
+            fields = {"params", "params_seq", "params_undo", "applied", "params_accepted", "param_refusals"}
+            missing = fields - set(views)
             seqlock = params_seqlock(views)
             if missing or seqlock is None:
                 raise LayoutMismatchError(f"pool {name!r} declares parameters but has no {sorted(missing)} fields")

@@ -3,6 +3,7 @@ nominal values read from a fresh env, each problem refused at launch naming the 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import shmpool
@@ -87,3 +88,23 @@ def test_bind_paths_and_callables(pool_name: str) -> None:
         pool.params.write(1, second=3.0, pole=0.7)
         pool.reset(seed=0)
         assert pool.applied["pole"].tolist() == [0.5, 0.7] and pool.applied["second"].tolist() == [2.4, 3.0]
+
+
+@pytest.mark.parametrize(
+    ("param", "stored"),
+    [
+        (Param([0.5]), 0.5),
+        (Param(np.array([0.5])), 0.5),
+        (Param([[1.0, 2.0, 3.0]], shape=(3,), bind=False), [1.0, 2.0, 3.0]),
+        (Param({"low": [0.4], "high": [0.6]}, dist="uniform"), (0.4, 0.6)),
+    ],
+    ids=["scalar", "array", "vector", "dist"],
+)
+def test_a_launch_value_with_a_leading_axis_of_one_is_taken_as_a_write_to_every_env_takes_it(
+    param: Param, stored: object, pool_name: str
+) -> None:
+    """A launch value is one row, every env's, so it fits as a write to every env fits (a leading
+    axis of one included); naming no env index in refusals refused these for a while."""
+    name = "x" if param.bind is False else "length"
+    with shmpool.launch("CartPole-v1", 3, num_workers=1, name=pool_name, params={name: param}) as pool:
+        assert [np.asarray(row.tolist()).tolist() for row in pool.params[name]] == [np.asarray(stored).tolist()] * 3

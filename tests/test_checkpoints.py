@@ -189,35 +189,62 @@ def test_a_value_the_workers_refused_is_saved_as_what_the_env_runs_with(pool_nam
         with pytest.warns(RuntimeWarning, match="rejected"):
             pool.step(ONES)
         assert pool.params["c"][1] == 99.0 and pool.applied["c"][1] == 2.0
-        drawn = float(pool.applied["a"][4])
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             state = pool.state_dict()
     said = sorted(str(warning.message) for warning in caught)
     assert len(said) == 2
     assert "params['a'] of env(s) [4] hold(s) {'low': 3.0, 'high': 1.0}, which the workers refused" in said[0]
+    assert "({'low': 0.0, 'high': 1.0} for env 4)" in said[0]
     assert "params['c'] of env(s) [1] hold(s) 99.0" in said[1] and "(2.0 for env 1)" in said[1]
     assert state["params"]["c"].tolist() == [2.0] * NUM_ENVS
-    assert state["params"]["a"]["low"][4] == state["params"]["a"]["high"][4] == drawn
+    assert state["params"]["a"]["low"][4] == 0.0 and state["params"]["a"]["high"][4] == 1.0
     with launch(pool_name, num_workers=2) as fresh:
         fresh.load_state_dict(state)  # loads: nothing in it was refused
         fresh.reset(seed=0)
-        assert fresh.applied["c"].tolist() == [2.0] * NUM_ENVS and fresh.applied["a"][4] == drawn
+        assert fresh.applied["c"].tolist() == [2.0] * NUM_ENVS
 
 
-def test_a_refused_value_of_an_env_that_has_drawn_nothing_loads_as_the_pools_own(pool_name: str) -> None:
-    """Before its first reset an env has drawn nothing: the state marks that env's refused record
-    as not saved (NaN), and the pool that loads it keeps its own launch value there."""
+def test_a_state_with_refused_values_continues_as_the_saved_pool(pool_name: str) -> None:
+    """The checkpoint of a refused row holds what its worker accepted last: the distribution an env
+    draws from (not its last draw, which a restored pool would then draw forever) and a ``reset``
+    value written but not yet taken, so a restored pool goes on as the saved one."""
+    with launch(pool_name, num_workers=1) as pool:
+        pool.reset(seed=0)
+        pool.params.write([1], k=[5, 5])  # accepted at the next step, taken at env 1's next reset
+        pool.step(ONES)
+        pool.params["k"][1] = [200, 200]  # refused: env 1 still takes [5, 5] at its next reset
+        pool.params["a"]["low"][2] = 3.0  # refused: env 2 goes on drawing from [0, 1]
+        pool.params["b"]["std"][3] = -1.0  # refused: env 3 goes on drawing from normal(0, 1) every step
+        with pytest.warns(RuntimeWarning, match="rejected"):
+            pool.step(ONES)
+        with pytest.warns(RuntimeWarning, match="which the workers refused"):
+            state = pool.state_dict()
+        expected = play(pool, 8, seed=100)
+    assert state["params"]["k"][1].tolist() == [5, 5]
+    assert {argument: state["params"]["a"][argument][2] for argument in ("low", "high")} == {"low": 0.0, "high": 1.0}
+    assert state["params"]["b"]["std"][3] == 1.0
+    assert len({float(seen["a"][2]) for seen in expected}) > 1  # env 2 still draws
+    with launch(pool_name + "2", num_workers=2) as fresh:
+        fresh.load_state_dict(state)
+        got = play(fresh, 8, seed=100)
+    for step, (mine, theirs) in enumerate(zip(got, expected)):
+        assert_same_records(mine, theirs, f"after step {step}")
+
+
+def test_a_refused_value_of_an_env_that_has_drawn_nothing_is_saved_as_its_launch_value(pool_name: str) -> None:
+    """Before its first reset an env has drawn nothing, and its worker has accepted its launch value:
+    the state saves that."""
     with launch(pool_name, num_workers=1) as pool:
         pool.params["a"]["low"][2] = 3.0  # low above high, before any reset
-        with pytest.warns(RuntimeWarning, match="env 2 has drawn nothing yet: loading keeps the pool's own value"):
+        with pytest.warns(RuntimeWarning, match=r"\({'low': 0.0, 'high': 1.0} for env 2\)"):
             state = pool.state_dict()
-    assert np.isnan(state["params"]["a"]["low"][2]) and np.isnan(state["params"]["a"]["high"][2])
+    assert state["params"]["a"]["low"][2] == 0.0 and state["params"]["a"]["high"][2] == 1.0
     with launch(pool_name, num_workers=2) as fresh:
-        fresh.params.write([2], a={"low": 0.25, "high": 0.75})  # shows which value the load keeps
+        fresh.params.write([2], a={"low": 0.25, "high": 0.75})
         fresh.load_state_dict(state)
-        assert fresh.params["a"]["low"].tolist() == [0.0, 0.0, 0.25, 0.0, 0.0, 0.0]
-        assert fresh.params["a"]["high"].tolist() == [1.0, 1.0, 0.75, 1.0, 1.0, 1.0]
+        assert fresh.params["a"]["low"].tolist() == [0.0] * NUM_ENVS
+        assert fresh.params["a"]["high"].tolist() == [1.0] * NUM_ENVS
 
 
 def test_episode_counters_that_could_overflow_are_refused_by_value(pool_name: str) -> None:

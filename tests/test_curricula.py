@@ -115,7 +115,8 @@ def episodes_until(pool: shmpool.Pool, count: int, length: float) -> np.ndarray:
 
 def test_threshold_judges_only_the_episodes_run_at_the_value_it_wrote(pool_name: str) -> None:
     """After a move, the episodes that ended at the old value did move it again, as many times as
-    they filled the window: 60 episodes at 0.5 made three moves, to 0.8, none judged at 0.6 or 0.7."""
+    they filled the window: 60 episodes at 0.5 made three moves, to 0.8, none judged at 0.6 or 0.7.
+    A value written by someone else is where it goes on from, judged by the episodes run at it."""
     params = {"length": Param(0.5, low=0.1, high=2.0, when="reset")}
     with shmpool.launch("CartPole-v1", 16, num_workers=1, name=pool_name, params=params) as pool:
         pool.reset(seed=0)
@@ -129,6 +130,9 @@ def test_threshold_judges_only_the_episodes_run_at_the_value_it_wrote(pool_name:
         at_new = second["return"][second["params"]["length"] == 0.6][:20]
         assert log == [f"length: 0.6 -> 0.7 (mean return {np.mean(at_new):.3g})"]
         assert pool.params["length"].tolist() == pytest.approx([0.7] * 16)
+        pool.params.write(None, length=0.3)  # another writer, or a checkpoint loaded: it goes on from there
+        third = episodes_until(pool, 20, 0.3)
+        assert curriculum.update(third, pool.params)[0].startswith("length: 0.3 -> 0.4")
 
 
 def test_curriculum_script_attaches_steers_and_resumes(pool_name: str, tmp_path: Path) -> None:

@@ -337,6 +337,31 @@ def test_resample_redraws_dist_params(pool_name: str) -> None:
     assert "'mascart' is not a dist parameter of this pool; those are ['masscart']" in caught.value.__cause__.text
 
 
+def test_resample_keeps_a_reset_params_write_for_the_next_reset(pool_name: str) -> None:
+    """A ``when="reset"`` write mid-episode waits for each env's next reset: a redraw before then
+    draws from the arguments the episode began with."""
+    params = {"a": Param(dist="uniform", default={"low": 0.0, "high": 1.0}, low=-10, high=10, when="reset", bind=False)}
+    with shmpool.launch(
+        helpers.CountingEnv,
+        2,
+        num_workers=1,
+        name=pool_name,
+        params=params,
+        hooks=[hooks.Resample(["a"], every=2)],
+        seed=0,
+        env_kwargs={"length": 6},
+    ) as pool:
+        pool.reset(seed=0)
+        pool.params.write(None, a={"low": 5.0, "high": 6.0})
+        before, after = [], []
+        for step in range(1, 10):
+            pool.step(np.ones(2, np.int64))
+            (before if step <= 6 else after).append(pool.applied["a"].copy())
+    assert len({tuple(values) for values in before}) == 3  # redrawn before steps 3 and 5
+    assert all(((values >= 0.0) & (values <= 1.0)).all() for values in before)
+    assert all(((values >= 5.0) & (values <= 6.0)).all() for values in after)
+
+
 def test_hooks_see_param_writes_of_the_same_step(pool_name: str) -> None:
     params = {"a": Param(0.0, low=-10, high=10)}
     with shmpool.launch(

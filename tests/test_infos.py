@@ -115,20 +115,20 @@ def test_an_int_or_float_subclass_arrives_as_gymnasiums_object_array_of_its_numb
     the objects; nothing in shared memory is unpickled, so the pool gives an object array of the
     numbers they are (equal to them), with one warning per key, where it gave a plain int64 array."""
     factory = functools.partial(helpers.OneInfoEnv, value)
-    reference = SyncVectorEnv([factory, factory])
+    reference = SyncVectorEnv([factory] * 4)
     reference.reset(seed=0)
-    with shmpool.launch(factory, 2, num_workers=1, name=pool_name) as pool:
+    with shmpool.launch(factory, 4, num_workers=2, name=pool_name) as pool:  # rows from either worker alike
         pool.reset(seed=0)
         with pytest.warns(RuntimeWarning, match="info key 'v' holds instances of an int or float subclass"):
-            ours = pool.step([0, 1])[4]
-        theirs = reference.step(np.array([0, 1]))[4]
+            ours = pool.step([0, 1, 0, 1])[4]
+        theirs = reference.step(np.array([0, 1, 0, 1]))[4]
         assert ours["v"].dtype == theirs["v"].dtype == object
-        assert ours["v"].tolist() == theirs["v"].tolist() == [value, value]
-        assert [type(one) for one in ours["v"]] == [int if isinstance(value, int) else float] * 2
-        assert ours["_v"].tolist() == [True, True] and ours["count"].tolist() == [1, 1]
+        assert ours["v"].tolist() == theirs["v"].tolist() == [value] * 4
+        assert [type(one) for one in ours["v"]] == [int if isinstance(value, int) else float] * 4
+        assert ours["_v"].tolist() == [True] * 4 and ours["count"].tolist() == [1] * 4
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            assert pool.step([0, 1])[4]["v"].tolist() == [value, value]  # warned once per key
+            assert pool.step([0, 1, 0, 1])[4]["v"].tolist() == [value] * 4  # warned once per key
     reference.close()
 
 

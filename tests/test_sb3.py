@@ -226,6 +226,46 @@ def test_steps_match_dummy_vec_env(pool_name: str) -> None:
     assert any("nested" in info for step in ours[1:] for info in step[3])
 
 
+class _ReportsSuccess(gym.Wrapper):
+    """Adds ``info["is_success"]`` to every step as an np.float32, the type gymnasium-robotics' goal envs give it."""
+
+    def step(self, action: Any) -> tuple[Any, ...]:
+        observation, reward, terminated, truncated, info = super().step(action)
+        return observation, reward, terminated, truncated, {**info, "is_success": np.float32(terminated)}
+
+
+def monitored_info_env() -> gym.Env:
+    """An InfoEnv that reports ``is_success``, under a Monitor that copies infos into ``info["episode"]``."""
+    return Monitor(_ReportsSuccess(InfoEnv()), info_keywords=("is_success", "reached", "nested", "ratio"))
+
+
+def typed(value: Any) -> Any:
+    """``value`` with the type of every number and array beside it (``==`` takes np.float32(1) for 1.0),
+    an episode's time left out."""
+    if isinstance(value, dict):
+        return {key: typed(item) for key, item in value.items() if key != "t"}
+    if isinstance(value, list):
+        return [typed(item) for item in value]
+    if isinstance(value, np.ndarray):
+        return (np.ndarray, value.dtype.str, value.shape, value.tolist())
+    return (type(value), value)
+
+
+def test_infos_keep_the_types_dummy_vec_env_gives(pool_name: str) -> None:
+    """Numpy scalars stay numpy scalars (an np.float32 ``is_success``, an np.bool_, an np.int32 nested
+    deeper), in a step's infos and in a Monitor's ``info["episode"]``; Python numbers stay Python numbers."""
+    actions = np.ones((9, 2), dtype=np.int64)  # every info key at steps 2 and 4 of each episode
+    ours = rollout(ShmpoolVecEnv([monitored_info_env] * 2, num_workers=2, name=pool_name), actions)
+    theirs = rollout(DummyVecEnv([monitored_info_env] * 2), actions)
+    assert typed(ours[0][1]) == typed(theirs[0][1])  # reset_infos
+    for mine, reference in zip(ours[1:], theirs[1:]):
+        assert typed(mine[3]) == typed(reference[3]) and typed(mine[4]) == typed(reference[4])
+    ended = [info for step in ours[1:] for info in step[3] if "episode" in info]
+    assert len(ended) == 4 and all(type(info["episode"]["is_success"]) is np.float32 for info in ended)
+    assert type(ended[0]["reached"]) is np.bool_ and type(ended[0]["nested"]["depth"]) is np.int32
+    assert type(ended[0]["episode"]["r"]) is float and type(ended[0]["count"]) is int
+
+
 def test_a_monitor_s_episode_wins_over_the_pool_s(pool_name: str) -> None:
     venv = make_vec_env(
         info_env,

@@ -58,11 +58,17 @@ class ParamApplier:
         self.seen = self.block.copy()  # what a row that never reads whole falls back to at first
         self.seen = self._read()
         self.seen_bytes = self.seen.tobytes()
-        self.good = self.seen.copy()  # the last accepted values of every env
+        # The last accepted values of every env, in the segment: a checkpoint saves them for the rows
+        # whose block holds a value the workers refused.
+        self.good = views["params_accepted"][start:stop]
+        self.good[:] = self.seen
         self._step_values = [s for s in specs if s.when == "step" and not s.dist]
         self._step_draws = [s for s in specs if s.when == "step" and s.dist]
         self._episode_specs = [s for s in specs if s.when == "reset" or (s.when == "step" and s.dist)]
         self._episode_draws = [s for s in self._episode_specs if s.dist]
+        # The arguments each env's episode drew its ``reset`` dist values from: a redraw mid-episode
+        # (``resample``) takes these, not a write that waits for the env's next reset.
+        self._episode_arguments = {s.name: self.good[s.name].copy() for s in self._episode_draws if s.when == "reset"}
         self.rebuild = [s for s in specs if s.when == "rebuild"]
         self._scalars = _ScalarColumns.find(specs, self.block.dtype, self.good, self.applied)
         self._built_with: list[bytes] = [b""] * count
@@ -127,6 +133,8 @@ class ParamApplier:
         drawn = self._episode_draws
         fresh = self._draws(drawn, rows, self._episodes[rows], 0) if drawn else []
         by_index = {spec.index: values for spec, values in zip(drawn, fresh)}
+        for name, arguments in self._episode_arguments.items():
+            arguments[rows] = self.good[name][rows]
         for spec in self._episode_specs:
             self._apply(spec, rows, by_index[spec.index] if spec.dist else self.good[spec.name][rows])
         self._targets.refresh(rows)
@@ -280,7 +288,8 @@ class ParamApplier:
 
     def resample(self, names: list[str], rows: np.ndarray, lengths: list[int]) -> None:
         """Draws and applies new values of the named ``dist`` parameters for the envs at ``rows``
-        now, keyed by each env's step in its episode (so a run stays reproducible)."""
+        now, keyed by each env's step in its episode (so a run stays reproducible); a ``reset``
+        parameter from the arguments its episode began with."""
         by_name = {spec.name: spec for spec in self.specs}
         for name in names:
             spec = by_name.get(name)
@@ -289,7 +298,8 @@ class ParamApplier:
                     f"{name!r} is not a dist parameter of this pool; those are {[s.name for s in self.specs if s.dist]}"
                 )
             steps = np.asarray(lengths)[rows] + 1
-            (values,) = self._draws([spec], rows, self._episodes[rows], steps)
+            arguments = self._episode_arguments.get(name, self.good[name])[rows]
+            (values,) = draws([spec], [arguments], self._seed, self._env_ids[rows], self._episodes[rows], steps)
             self._apply(spec, rows, values)
         self._targets.refresh(rows)
 

@@ -11,7 +11,8 @@ from .context import HookContext
 
 
 class Resample:
-    """Draws new values of ``dist`` parameters for every env every ``every`` steps of its episode."""
+    """Draws new values of ``dist`` parameters for every env every ``every`` steps of its episode (a
+    ``when="reset"`` parameter's from the arguments its episode began with)."""
 
     def __init__(self, params: Sequence[str], *, every: int, name: str | None = None) -> None:
         if every < 1:

@@ -167,17 +167,25 @@ class CommandChannel:
         what a dead writer left (its rows stay unread until then, unless another writer does). Called
         at the first step (or send), then every 64th: the only steps that read the clock.
 
-        The rate's window starts at the first step, and again after an idle spell, which readers show
-        as a rate of 0 (``layout.current_rate``): 64 steps that took ``IDLE_AFTER`` longer than the 64
-        before held one (the trainer away: an update, a pause), so the rate leaves them out."""
+        The rate's window starts at the first step and leaves out idle spells, which readers show as a
+        rate of 0 (``layout.current_rate``): 64 steps that took ``IDLE_AFTER`` longer than the 64 before
+        held one (the trainer away: an update, a pause), and count as long as those before. The rate
+        is published after a second of stepping, and at the end of an idle spell for the stepping
+        before it (a rollout shorter than a second between long updates). A pool whose steps really
+        slowed down is judged so once, then by its new pace."""
         now = monotonic()
         last, took = self._ticked
         since, then = self._rate_since
-        if not last or now - last > took + IDLE_AFTER:
-            self._rate_since = (now, self.env_steps)
-        elif now - since >= 1.0:
-            self._header[H_STEPS_PER_SECOND] = int((self.env_steps - then) / (now - since))
-            self._rate_since = (now, self.env_steps)
+        idle = bool(last) and now - last > took + IDLE_AFTER
+        if not last:
+            since, then = now, self.env_steps
+        elif idle:
+            since += now - last - took
+        stepping = now - since
+        if (stepping >= 1.0 or idle) and stepping > 0 and self.env_steps > then:
+            self._header[H_STEPS_PER_SECOND] = int((self.env_steps - then) / stepping)
+            since, then = now, self.env_steps
+        self._rate_since = (since, then)
         self._ticked = (now, now - last if last else 0.0)
         self._next_tick = self.global_step + 64
         self._recover_writers()

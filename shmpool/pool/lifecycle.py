@@ -161,6 +161,7 @@ def plan_layout(config: PoolConfig, observation_leaves: Sequence[Leaf], action_l
             ("params_seq", np.int64, (n,)),
             ("params_undo", block_dtype(param_specs), (n,)),
             ("applied", applied, (n,)),
+            ("params_accepted", block_dtype(param_specs), (n,)),
             ("param_refusals", np.int64, (w, len(param_specs))),
             ("param_refusal_text", REFUSAL_TEXT_DTYPE, (w, len(param_specs))),
         ]
