@@ -68,7 +68,8 @@ class CommandChannel:
         self.ended = np.zeros(config.num_envs, np.bool_) if config.autoreset_mode == AutoresetMode.DISABLED else None
         self.env_steps = 0  # env steps taken: num_envs per step, the envs sent per send
         self._next_tick = 1  # the global step from which the next step reads the clock (see tick)
-        self._ticked = (0.0, 0.0)  # when the clock was read last (0: never), and how long the steps before took
+        #: When the clock was read last (0: never), how long the steps before took, and env_steps then.
+        self._ticked = (0.0, 0.0, 0)
         self._rate_since = (0.0, 0)  # when the rate's window started, and env_steps then
 
     def enter(self, *, settle: bool = False) -> None:
@@ -167,26 +168,26 @@ class CommandChannel:
         what a dead writer left (its rows stay unread until then, unless another writer does). Called
         at the first step (or send), then every 64th: the only steps that read the clock.
 
-        The rate's window starts at the first step and leaves out idle spells, which readers show as a
-        rate of 0 (``layout.current_rate``): 64 steps that took ``IDLE_AFTER`` longer than the 64 before
-        held one (the trainer away: an update, a pause), and count as long as those before. The rate
-        is published after a second of stepping, and at the end of an idle spell for the stepping
-        before it (a rollout shorter than a second between long updates). A pool whose steps really
-        slowed down is judged so once, then by its new pace."""
+        The rate's window starts at the first step and again after an idle spell, which readers show
+        as a rate of 0 (``layout.current_rate``): 64 steps that took ``IDLE_AFTER`` longer than the 64
+        before held one (the trainer away: an update, a pause). The rate is published after a second
+        of stepping, and at the end of an idle spell for the stepping before it, up to the last tick
+        (a rollout shorter than a second between long updates). Where every 64 steps hold a spell
+        (rollouts of 64 steps or fewer), the spells after the first count as stepping."""
         now = monotonic()
-        last, took = self._ticked
+        last, took, steps_then = self._ticked
         since, then = self._rate_since
-        idle = bool(last) and now - last > took + IDLE_AFTER
         if not last:
             since, then = now, self.env_steps
-        elif idle:
-            since += now - last - took
-        stepping = now - since
-        if (stepping >= 1.0 or idle) and stepping > 0 and self.env_steps > then:
-            self._header[H_STEPS_PER_SECOND] = int((self.env_steps - then) / stepping)
+        elif now - last > took + IDLE_AFTER:
+            if last > since and steps_then > then:  # the stepping before the spell, measured exactly
+                self._header[H_STEPS_PER_SECOND] = int((steps_then - then) / (last - since))
+            since, then = now, self.env_steps
+        if now - since >= 1.0:
+            self._header[H_STEPS_PER_SECOND] = int((self.env_steps - then) / (now - since))
             since, then = now, self.env_steps
         self._rate_since = (since, then)
-        self._ticked = (now, now - last if last else 0.0)
+        self._ticked = (now, now - last if last else 0.0, self.env_steps)
         self._next_tick = self.global_step + 64
         self._recover_writers()
 
