@@ -137,20 +137,23 @@ def refuse_derived(specs: Sequence[ParamSpec], probe: Any, env_label: str) -> No
     outputs, inputs = adapter_for(probe).derived(probe)
     if not outputs:
         return
-    attributes = {}  # parameter -> the attribute of the unwrapped env it is bound to, by name
+    derived, sources = [], []
     for spec in specs:
-        if spec.bind is None or isinstance(spec.bind, str):
-            tokens = parse_path(spec.bind or spec.name)
-            if len(tokens) == 1:
-                attributes[spec.name] = tokens[0]
-    derived = [name for name, attribute in attributes.items() if attribute in outputs]
-    sources = [name for name, attribute in attributes.items() if attribute in inputs]
+        if spec.when == "rebuild" or spec.bind is False:  # neither is set on the env between resets
+            continue
+        tokens = parse_path(spec.bind or spec.name) if spec.bind is None or isinstance(spec.bind, str) else []
+        attribute = tokens[0] if len(tokens) == 1 else None  # None: a path or setter the refresher cannot see
+        if attribute in outputs:
+            derived.append(spec.name)
+        elif inputs is None or attribute is None or attribute in inputs:  # as the workers' refresher follows them
+            sources.append(spec.name)
     if derived and sources:
+        what = "any parameter" if inputs is None else ", ".join(sorted(inputs))
         raise ValueError(
             f"params[{derived[0]!r}] and params[{sources[0]!r}] cannot be declared together: {env_label} "
-            f"({type(probe.unwrapped).__name__}) recomputes {' and '.join(sorted(outputs))} from "
-            f"{', '.join(sorted(inputs))} whenever one of those changes, which would replace a value written to "
-            f"params[{derived[0]!r}]; declare {derived[0]!r} without any of {sorted(inputs)}, or those without it"
+            f"({type(probe.unwrapped).__name__}) recomputes {' and '.join(sorted(outputs))} after a change of "
+            f"{what} (or of a value bound through a path or a function), which would replace a value written to "
+            f"params[{derived[0]!r}]; declare {derived[0]!r} without {sources[0]!r}, or the other way round"
         )
 
 

@@ -73,17 +73,21 @@ class Threshold:
         spec = params.specs.get(self.param)
         if spec is None or spec.dist or spec.shape:
             raise KeyError(f"Threshold needs a plain scalar parameter; the pool has {params.names}")
-        if self.value is None:
-            self.value = float(params[self.param][0])
-        elif self._reapply:  # resumed from a state: the pool (maybe a new one) takes its value first
+        if self._reapply:  # resumed from a state: the pool (maybe a new one) takes its value first
             params.write(None, **{self.param: self.value})
             self._wrote = True
-        elif self._wrote and not (params[self.param] == params[self.param].dtype.type(self.value)).any():
-            # Another writer (or a pool restored from a checkpoint) changed it: go on from its value,
-            # judged by the episodes run at it.
-            self.value = float(params[self.param][0])
-            self._recent.clear()
+        else:
+            column = params[self.param]
+            if self.value is None:
+                self.value = float(column[0])
+            elif not (column == column.dtype.type(self.value)).any():
+                # Another writer (or a pool restored from a checkpoint) changed it: go on from its
+                # value, judged by the episodes run at it.
+                self.value = float(column[0])
+                self._recent.clear()
+                self._wrote = True
         self._reapply = False
+        assert self.value is not None  # read or resumed above
         log = [] if log is None else log
         ran_at = _param_column(records, self.param)
         for index, score in enumerate(scores(records, self.metric)):

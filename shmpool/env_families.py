@@ -41,10 +41,10 @@ class EnvAdapter:
         for a slot whose every env changed; None: the envs' own refreshers are called one by one."""
         return None
 
-    def derived(self, env: Any) -> tuple[frozenset[str], frozenset[str]]:
+    def derived(self, env: Any) -> tuple[frozenset[str], frozenset[str] | None]:
         """The attributes of ``env`` that its refresher recomputes, and those it recomputes them from
-        (``refresh_outputs`` and ``refresh_inputs``)."""
-        return self.refresh_outputs, self.refresh_inputs or frozenset()
+        (``refresh_outputs`` and ``refresh_inputs``; None: from any)."""
+        return self.refresh_outputs, self.refresh_inputs
 
     def kicker(self, env: Any) -> Callable[[Any], None] | None:
         """``hooks.Perturb``'s default kick for ``env``: a function adding ``amounts`` (a float

@@ -38,8 +38,12 @@ class interrupts_deferred:  # noqa: N801 - used as a function: ``with interrupts
             return
         previous = getsignal(SIGINT)
         if callable(previous):  # not SIG_IGN or SIG_DFL (the kernel ends the process: nothing leaks)
-            set_handler(SIGINT, self._note)
             self._previous = previous
+            try:
+                set_handler(SIGINT, self._note)
+            except BaseException:  # another signal's handler raised here: no hold, and no Ctrl-C lost
+                self.__exit__()
+                raise
 
     def _note(self, signum: int, frame: Any) -> None:
         self._received = True

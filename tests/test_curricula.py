@@ -107,10 +107,12 @@ def episodes_until(pool: shmpool.Pool, count: int, length: float) -> np.ndarray:
     """Steps ``pool`` with random actions until ``count`` episodes that ended with pole length
     ``length`` are among the records read; returns every record read."""
     read, actions = [], np.random.default_rng(0)
-    while sum(int((part["params"]["length"] == length).sum()) for part in read) < count:
+    for _ in range(20_000):
+        if sum(int((part["params"]["length"] == length).sum()) for part in read) >= count:
+            return np.concatenate(read)
         pool.step(actions.integers(0, 2, pool.num_envs))
         read.append(pool.episodes.read())
-    return np.concatenate(read)
+    raise AssertionError(f"fewer than {count} episodes at length {length} in 20,000 steps")
 
 
 def test_threshold_judges_only_the_episodes_run_at_the_value_it_wrote(pool_name: str) -> None:

@@ -122,6 +122,7 @@ def test_async_profile_counts_each_workers_own_steps(pool_name: str) -> None:
         for _ in range(40):
             _, _, _, _, infos = pool.recv()
             pool.send(np.zeros(1, dtype=np.int64), infos["env_id"])
+        pool.recv(), pool.recv()  # nothing in flight: a worker mid-step has timed its env loop, not yet its step
         profile = pool.phase_profile()
     workers, trainer = profile["workers"], profile["trainer"]
     # Most steps sleep (an autoreset step resets instead); per send it would be about half.

@@ -68,8 +68,9 @@ class CommandChannel:
         self.ended = np.zeros(config.num_envs, np.bool_) if config.autoreset_mode == AutoresetMode.DISABLED else None
         self.env_steps = 0  # env steps taken: num_envs per step, the envs sent per send
         self._next_tick = 1  # the global step from which the next step reads the clock (see tick)
-        #: When the clock was read last (0: never), how long the steps before took, and env_steps then.
-        self._ticked = (0.0, 0.0, 0)
+        #: When the clock was read last (0: never), how long 64 steps take, env_steps then, and whether
+        #: the 64 steps before held an idle spell (see ``tick``).
+        self._ticked = (0.0, 0.0, 0, False)
         self._rate_since = (0.0, 0)  # when the rate's window started, and env_steps then
 
     def enter(self, *, settle: bool = False) -> None:
@@ -172,14 +173,15 @@ class CommandChannel:
         as a rate of 0 (``layout.current_rate``): 64 steps that took ``IDLE_AFTER`` longer than the 64
         before held one (the trainer away: an update, a pause). The rate is published after a second
         of stepping, and at the end of an idle spell for the stepping before it, up to the last tick
-        (a rollout shorter than a second between long updates). Where every 64 steps hold a spell
-        (rollouts of 64 steps or fewer), the spells after the first count as stepping."""
+        (a rollout shorter than a second between long updates). Where 64 steps in a row hold two
+        spells (rollouts of 64 steps or fewer), some spells count as stepping."""
         now = monotonic()
-        last, took, steps_then = self._ticked
+        last, took, steps_then, after_spell = self._ticked
         since, then = self._rate_since
+        spell = bool(last) and now - last > took + IDLE_AFTER
         if not last:
             since, then = now, self.env_steps
-        elif now - last > took + IDLE_AFTER:
+        elif spell:
             if last > since and steps_then > then:  # the stepping before the spell, measured exactly
                 self._header[H_STEPS_PER_SECOND] = int((steps_then - then) / (last - since))
             since, then = now, self.env_steps
@@ -187,7 +189,10 @@ class CommandChannel:
             self._header[H_STEPS_PER_SECOND] = int((self.env_steps - then) / (now - since))
             since, then = now, self.env_steps
         self._rate_since = (since, then)
-        self._ticked = (now, now - last if last else 0.0, self.env_steps)
+        # The next 64 steps are judged against the stepping's pace: a spell's 64 steps would hide a
+        # spell in the next 64 (rollouts of 65 to 127 steps), unless the last 64 held one too.
+        paced = spell and not after_spell
+        self._ticked = (now, took if paced else (now - last if last else 0.0), self.env_steps, spell)
         self._next_tick = self.global_step + 64
         self._recover_writers()
 
