@@ -268,20 +268,19 @@ def test_the_steps_per_second_after_an_idle_spell_count_from_its_end(pool_name: 
 
 
 def test_rollouts_shorter_than_a_second_between_long_updates_publish_their_rate(pool_name: str) -> None:
-    """Rollouts of 128 steps (milliseconds) between updates longer than ``IDLE_AFTER``: the rate's
-    window, restarted at every idle spell, never reached a second, and the pool showed 0 for good."""
-    # Steps of some 4 ms (two 2-ms envs in one worker): a rollout of about half a second, whose
-    # scheduling hiccups weigh little against it.
+    """A rollout of 128 steps (half a second) then an update longer than ``IDLE_AFTER``: the rate's
+    window, restarted at every idle spell, never reached a second, and the pool showed 0 for good.
+    The first step after the update publishes the rollout's rate."""
+    # Steps of some 4 ms (two 2-ms envs in one worker): scheduling hiccups weigh little against them.
     envs = [lambda: helpers.CountingEnv(length=10**9, sleep=0.002)] * 2
     with shmpool.launch(envs, num_workers=1, trainer_slot=False, name=pool_name) as pool:
         pool.reset(seed=0)
-        actions, rates = np.ones(2, np.int64), []
-        for _ in range(3):
-            started = time.monotonic()
-            for _ in range(128):
-                pool.step(actions)
-            rates.append((pool.stats.steps_per_second, 2 * 128 / (time.monotonic() - started)))
-            time.sleep(IDLE_AFTER + 0.5)  # the update
-    # The rate of a rollout is published at the first step after the update that follows it.
-    published, measured = rates[2][0], rates[1][1]
-    assert measured / 3 < published < measured * 3, rates
+        actions = np.ones(2, np.int64)
+        started = time.monotonic()
+        for _ in range(128):
+            pool.step(actions)
+        measured = 2 * 128 / (time.monotonic() - started)
+        time.sleep(IDLE_AFTER + 0.5)  # the update
+        pool.step(actions)
+        published = pool.stats.steps_per_second
+    assert measured / 3 < published < measured * 3, (published, measured)
