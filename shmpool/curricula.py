@@ -64,7 +64,7 @@ class Threshold:
         self._recent: deque[float] = deque(maxlen=self.window)
         self.changes = 0
         self._reapply = False
-        self._wrote = False  # whether it has written its value to the pool (then it judges by that value)
+        self._by_value = False  # whether it judges episodes by their value: once it has written or adopted one
 
     def update(self, records: np.ndarray, params: ParamsAPI, log: list[str] | None = None) -> list[str]:
         """Feeds finished episodes; moves the parameter when the window's mean reaches the target.
@@ -75,7 +75,7 @@ class Threshold:
             raise KeyError(f"Threshold needs a plain scalar parameter; the pool has {params.names}")
         if self._reapply:  # resumed from a state: the pool (maybe a new one) takes its value first
             params.write(None, **{self.param: self.value})
-            self._wrote = True
+            self._by_value = True
         else:
             column = params[self.param]
             if self.value is None:
@@ -85,13 +85,13 @@ class Threshold:
                 # value, judged by the episodes run at it.
                 self.value = float(column[0])
                 self._recent.clear()
-                self._wrote = True
+                self._by_value = True
         self._reapply = False
         assert self.value is not None  # read or resumed above
         log = [] if log is None else log
         ran_at = _param_column(records, self.param)
         for index, score in enumerate(scores(records, self.metric)):
-            if self._wrote and ran_at is not None and ran_at[index] != ran_at.dtype.type(self.value):
+            if self._by_value and ran_at is not None and ran_at[index] != ran_at.dtype.type(self.value):
                 continue  # an episode that ended at another value than the one written last
             self._recent.append(float(score))
             if len(self._recent) == self.window and np.mean(self._recent) >= self.target:
@@ -100,7 +100,7 @@ class Threshold:
                     # Written first: if the write fails, nothing here changed and the same scores
                     # move it at the next update.
                     params.write(None, **{self.param: new})
-                    self._wrote = True
+                    self._by_value = True
                     mean = np.mean(self._recent)
                     log.append(f"{self.param}: {self.value:g} -> {new:g} (mean {self.metric} {mean:.3g})")
                     self.value = new
