@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import numpy as np
@@ -130,6 +131,13 @@ def _nominal(spec: ParamSpec, binding: Binding | None, env_label: str) -> np.nda
     return value
 
 
+def refresher_follows(attribute: str | None, inputs: AbstractSet[str] | None) -> bool:
+    """Whether an env's refresher must rerun after a parameter bound to ``attribute`` of the unwrapped
+    env changes (None: bound through a path or a setter it cannot see), given its ``refresh_inputs``
+    (None: it follows every parameter)."""
+    return inputs is None or attribute is None or attribute in inputs
+
+
 def refuse_derived(specs: Sequence[ParamSpec], probe: Any, env_label: str) -> None:
     """Refuses a parameter bound to a value the env derives from others (CartPole's ``total_mass``)
     declared beside one bound to such another: the env recomputes the first whenever the second
@@ -142,10 +150,10 @@ def refuse_derived(specs: Sequence[ParamSpec], probe: Any, env_label: str) -> No
         if spec.when == "rebuild" or spec.bind is False:  # neither is set on the env between resets
             continue
         tokens = parse_path(spec.bind or spec.name) if spec.bind is None or isinstance(spec.bind, str) else []
-        attribute = tokens[0] if len(tokens) == 1 else None  # None: a path or setter the refresher cannot see
+        attribute = tokens[0] if len(tokens) == 1 and isinstance(tokens[0], str) else None  # None: a path, a setter
         if attribute in outputs:
             derived.append(spec.name)
-        elif inputs is None or attribute is None or attribute in inputs:  # as the workers' refresher follows them
+        elif refresher_follows(attribute, inputs):
             sources.append(spec.name)
     if derived and sources:
         what = "any parameter" if inputs is None else ", ".join(sorted(inputs))

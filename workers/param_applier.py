@@ -130,18 +130,19 @@ class ParamApplier:
         if not self._episode_specs:
             return
         rows = np.atleast_1d(rows)
+        for name, arguments in self._episode_arguments.items():
+            arguments[rows] = self.good[name][rows]
         drawn = self._episode_draws
         fresh = self._draws(drawn, rows, self._episodes[rows], 0) if drawn else []
         by_index = {spec.index: values for spec, values in zip(drawn, fresh)}
-        for name, arguments in self._episode_arguments.items():
-            arguments[rows] = self.good[name][rows]
         for spec in self._episode_specs:
             self._apply(spec, rows, by_index[spec.index] if spec.dist else self.good[spec.name][rows])
         self._targets.refresh(rows)
 
     def _draws(self, specs: list[ParamSpec], rows: np.ndarray, episodes: np.ndarray, steps: Any) -> list[np.ndarray]:
-        """Fresh values of the ``dist`` parameters ``specs`` for the envs at ``rows``."""
-        arguments = [self.good[spec.name][rows] for spec in specs]
+        """Fresh values of the ``dist`` parameters ``specs`` for the envs at ``rows``: a ``reset`` one's
+        from the arguments its episode began with, a ``step`` one's from the last accepted."""
+        arguments = [self._episode_arguments.get(spec.name, self.good[spec.name])[rows] for spec in specs]
         return draws(specs, arguments, self._seed, self._env_ids[rows], episodes, steps)
 
     def rebuilt_seed(self, local: int) -> int:
@@ -298,8 +299,7 @@ class ParamApplier:
                     f"{name!r} is not a dist parameter of this pool; those are {[s.name for s in self.specs if s.dist]}"
                 )
             steps = np.asarray(lengths)[rows] + 1
-            arguments = self._episode_arguments.get(name, self.good[name])[rows]
-            (values,) = draws([spec], [arguments], self._seed, self._env_ids[rows], self._episodes[rows], steps)
+            (values,) = self._draws([spec], rows, self._episodes[rows], steps)
             self._apply(spec, rows, values)
         self._targets.refresh(rows)
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shmpool.bindings import Binding, plain_values
+from shmpool.bindings import Binding, plain_values, refresher_follows
 from shmpool.env_families import adapter_for
 from shmpool.params import ParamSpec
 
@@ -96,7 +96,7 @@ class EnvTargets(Targets):
             if spec.when == "rebuild" or spec.bind is False:
                 continue
             attribute = self._attributes[spec.index][local]
-            if inputs is None or attribute is None or attribute[0] is not unwrapped or attribute[1] in inputs:
+            if refresher_follows(None if attribute is None or attribute[0] is not unwrapped else attribute[1], inputs):
                 found.append(spec.index)
         return found
 
