@@ -1008,6 +1008,7 @@ def write_costs(settings: Settings) -> None:
     header = f"{'num_envs':>8}  {'what':<28} {'raw numpy us':>13} {'write() us':>11} {'x raw':>6}"
     print(header)
     print("-" * len(header))
+    rounds = 3 if settings.quick else 15  # --quick checks what is printed, not the costs
     for num_envs in settings.num_envs:
         with shmpool.launch("CartPole-v1", num_envs, num_workers=1, params=params, seed=0) as pool:
             rng = np.random.default_rng(0)
@@ -1017,7 +1018,7 @@ def write_costs(settings: Settings) -> None:
                         name: float(np.mean(bounds)) if kind == "numbers" else rng.uniform(*bounds, num_envs)
                         for name, bounds in list(UPDATED.items())[:count]
                     }
-                    raw, written = _write_and_raw_costs(pool.params, values)
+                    raw, written = _write_and_raw_costs(pool.params, values, rounds)
                     what = f"{count} param{'s' if count > 1 else ''}, {kind}"
                     print(f"{num_envs:>8}  {what:<28} {raw:>13.1f} {written:>11.1f} {written / raw:>6.1f}")
             for kind in ("numbers", "arrays"):
@@ -1025,13 +1026,13 @@ def write_costs(settings: Settings) -> None:
                     name: float(np.mean(bounds)) if kind == "numbers" else rng.uniform(*bounds, num_envs)
                     for name, bounds in UPDATED.items()
                 }
-                for what, cost, raw in _write_floors(pool.params, values, kind):
+                for what, cost, raw in _write_floors(pool.params, values, kind, rounds):
                     print(f"{num_envs:>8}  {what:<28} {raw:>13.1f} {cost:>11.1f} {cost / raw:>6.1f}")
     for num_envs in settings.num_envs:
-        print(_worker_apply_costs(num_envs))
+        print(_worker_apply_costs(num_envs, rounds))
 
 
-def _worker_apply_costs(num_envs: int) -> str:
+def _worker_apply_costs(num_envs: int, rounds: int) -> str:
     """What a worker pays to set every env's parameters when a write changed all of them (a
     curriculum's every step): with the store loop ``EnvTargets`` compiles for the parameters' names,
     and with one ``setattr`` per value, spec by spec (what it falls back to)."""
@@ -1044,7 +1045,8 @@ def _worker_apply_costs(num_envs: int) -> str:
         targets.attach(local, env)
     values = np.random.default_rng(0).uniform(0.5, 1.0, (num_envs, len(specs)))
     compiled, each = _interleaved_costs(
-        [lambda: targets.write_every_row(specs, values), lambda: Targets.write_every_row(targets, specs, values)]
+        [lambda: targets.write_every_row(specs, values), lambda: Targets.write_every_row(targets, specs, values)],
+        rounds,
     )
     for env in envs:
         env.close()
@@ -1054,7 +1056,7 @@ def _worker_apply_costs(num_envs: int) -> str:
     )
 
 
-def _write_floors(block: Any, values: dict[str, Any], kind: str) -> list[tuple[str, float, float]]:
+def _write_floors(block: Any, values: dict[str, Any], kind: str, rounds: int) -> list[tuple[str, float, float]]:
     """What any write of ``values`` (numbers, or per-env arrays: ``kind``) for every env costs at
     least, as (what, us, raw numpy us): a Python method that takes them and does nothing, and one
     that also passes them to one compiled call (numba, called as ``params.write`` calls its own:
@@ -1084,7 +1086,7 @@ def _write_floors(block: Any, values: dict[str, Any], kind: str) -> list[tuple[s
 
         floors.append((f"floor, +compiled ({kind})", compiled))
     writes = [lambda w=write: w(None, **values) for _, write in floors]
-    raw, *costs = _interleaved_costs([_raw_stores(block, values), *writes])
+    raw, *costs = _interleaved_costs([_raw_stores(block, values), *writes], rounds)
     return [(what, cost, raw) for (what, _), cost in zip(floors, costs)]
 
 
@@ -1099,13 +1101,13 @@ def _raw_stores(block: Any, values: dict[str, Any]) -> Callable[[], None]:
     return raw
 
 
-def _write_and_raw_costs(block: Any, values: dict[str, Any]) -> tuple[float, float]:
+def _write_and_raw_costs(block: Any, values: dict[str, Any], rounds: int) -> tuple[float, float]:
     """Microseconds per plain numpy store of ``values`` into every env's row, and per ``write``."""
-    raw, written = _interleaved_costs([_raw_stores(block, values), lambda: block.write(None, **values)])
+    raw, written = _interleaved_costs([_raw_stores(block, values), lambda: block.write(None, **values)], rounds)
     return raw, written
 
 
-def _interleaved_costs(functions: list[Callable[[], Any]], rounds: int = 15, seconds: float = 0.02) -> list[float]:
+def _interleaved_costs(functions: list[Callable[[], Any]], rounds: int, seconds: float = 0.02) -> list[float]:
     """Microseconds per call of each of ``functions``: the median over ``rounds`` rounds, each of which
     times every function for ``seconds`` in turn, so that the machine's drifts (several tens of
     percent within a second on a shared VM) slow all of them alike rather than one."""

@@ -55,15 +55,26 @@ XDIST_1386 = {"pytest": ((9, 2), (99, 0)), "pytest-xdist": ((0, 0), (3, 8))}
 
 def _warm_numba_cache() -> None:
     """Compiles the built-in kernels once, into numba's on-disk cache, before pytest-xdist's workers
-    start: in a fresh clone each worker (and the pools it launches first) would compile them at once."""
+    start: in a fresh clone each worker (and the pools it launches first) would compile them at once.
+    One process per core, each a share of the kernels: the workers wait for this."""
     import importlib.util
+    import subprocess
+    import sys
 
     if importlib.util.find_spec("numba") is None:
         return
     from shmpool import kernels
 
-    for env_id in kernels.BUILTIN:
-        kernels.load(kernels.find(env_id)).warm_up()
+    cores = os.cpu_count() or 1
+    code = "import sys; from shmpool import kernels\nfor i in sys.argv[1:]: kernels.load(kernels.find(i)).warm_up()"
+    processes = [
+        subprocess.Popen([sys.executable, "-c", code, *sorted(kernels.BUILTIN)[core::cores]], stderr=subprocess.PIPE)
+        for core in range(min(cores, len(kernels.BUILTIN)))
+    ]
+    errors = [process.communicate()[1] for process in processes]
+    for process, error in zip(processes, errors):
+        if process.returncode:
+            raise RuntimeError(error.decode()[-2000:])
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import importlib.util
 import os
 import re
 import subprocess
@@ -126,8 +127,11 @@ def sb3_suites(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ShmpoolVecEnv injected."""
     version = importlib.metadata.version("stable-baselines3")
     download = tmp_path_factory.mktemp("sb3-sdist")
+    # pip reads the sdist's metadata by building it: with the setuptools at hand (torch brings it),
+    # a second of work, where an isolated build first installs its own.
+    isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", str(download)]
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", *isolation, "-d", str(download)]
         + ["--disable-pip-version-check", "--quiet", f"stable-baselines3=={version}"],
         capture_output=True,
         text=True,

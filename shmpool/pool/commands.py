@@ -165,16 +165,10 @@ class CommandChannel:
             self.tick()
 
     def tick(self) -> None:
-        """Publishes the env steps per second over the last second or so for ``stats``, and rolls back
-        what a dead writer left (its rows stay unread until then, unless another writer does). Called
-        at the first step (or send), then every 64th: the only steps that read the clock.
-
-        The rate's window starts at the first step and again after an idle spell, which readers show
-        as a rate of 0 (``layout.current_rate``): 64 steps that took ``IDLE_AFTER`` longer than the 64
-        before held one (the trainer away: an update, a pause). The rate is published after a second
-        of stepping, and at the end of an idle spell for the stepping before it, up to the last tick
-        (a rollout shorter than a second between long updates). Where 64 steps in a row hold two
-        spells (rollouts of 64 steps or fewer), some spells count as stepping."""
+        """Publishes the env steps per second for ``stats`` (over the last second or so, and at the end
+        of an idle spell for the stepping before it), and rolls back what a dead writer left. Called at
+        the first step (or send), then every 64th: the only steps that read the clock. The rules:
+        ``docs/internals.md``, "shmpool/pool/commands.py"."""
         now = monotonic()
         last, took, steps_then, after_spell = self._ticked
         since, then = self._rate_since
