@@ -103,10 +103,10 @@ class CallLock:
         """Lets go of what ``acquire`` took."""
         self._lock.release()
 
-    def once_free(self, function: Callable[[], None]) -> threading.Event:
-        """Runs ``function`` holding the lock, in a thread of its own, once this thread's call lets go;
-        returns the event set once it ran. Not a daemon thread: an exit right after the call (a
-        preemption handler's ``close(); sys.exit()``) waits for it instead of cutting it short."""
+    def once_free(self, function: Callable[[], None], *, daemon: bool = False) -> threading.Event:
+        """Runs ``function`` holding the lock, in a thread of its own, once the call that holds it lets
+        go; returns the event set once it ran. Not a daemon thread unless asked: an exit right after
+        the call (a preemption handler's ``close(); sys.exit()``) waits for it instead of cutting it short."""
         done = threading.Event()
 
         def run() -> None:
@@ -116,5 +116,5 @@ class CallLock:
             finally:
                 done.set()
 
-        threading.Thread(target=run, name=f"{self._what}: once free").start()
+        threading.Thread(target=run, name=f"{self._what}: once free", daemon=daemon).start()
         return done

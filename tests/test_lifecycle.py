@@ -136,6 +136,73 @@ def test_close_from_another_thread_during_step_raises_closed_in_the_stepper(
         assert result.stdout.strip() == "['PoolClosedError'] False"
 
 
+CLOSE_DURING_A_LONG_SLOT_STEP = """
+import os, sys, threading, time
+import numpy as np
+import shmpool
+import shmpool.pool.pool
+sys.path.insert(0, "tests")
+import helpers
+
+shmpool.pool.pool.CLOSE_WAIT = 0.2  # how long close() waits for another thread's call to end, shortened
+TRAINER = os.getpid()
+
+class SlowToStep(helpers.CountingEnv):
+    stepping, closed_while_stepping = False, []
+
+    def step(self, action):
+        SlowToStep.stepping = True
+        try:
+            return super().step(action)
+        finally:
+            SlowToStep.stepping = False
+
+    def close(self):
+        SlowToStep.closed_while_stepping.append(SlowToStep.stepping)
+        super().close()
+
+# Only the trainer's slot steps slowly (1.5 s): the worker's env is done at once.
+pool = shmpool.launch(lambda: SlowToStep(length=10**9, sleep=1.5 if os.getpid() == TRAINER else 0.0), 2,
+                      num_workers=2, trainer_slot=True, name=sys.argv[1])
+pool.reset(seed=0)
+workers = pool.worker_pids
+SlowToStep.closed_while_stepping.clear()  # the env launch probed and closed
+outcome = []
+
+def stepper():
+    try:
+        pool.step(np.zeros(2, dtype=np.int64))
+        outcome.append("stepped")
+    except Exception as exc:
+        outcome.append(type(exc).__name__)
+
+thread = threading.Thread(target=stepper)
+thread.start()
+time.sleep(0.3)
+started = time.monotonic()
+pool.close()
+took = time.monotonic() - started
+left = sorted(name for name in os.listdir("/dev/shm") if sys.argv[1] in name)
+alive = [pid for pid in workers if os.path.exists(f"/proc/{pid}")]
+print(took < 1.0, left, alive, SlowToStep.closed_while_stepping, flush=True)
+thread.join(10)
+deadline = time.monotonic() + 5
+while not SlowToStep.closed_while_stepping and time.monotonic() < deadline:
+    time.sleep(0.01)
+print(outcome, thread.is_alive(), SlowToStep.closed_while_stepping)
+"""
+
+
+def test_close_while_another_threads_slot_step_outlasts_its_wait_keeps_that_steps_handles(pool_name: str) -> None:
+    """The workers and names go when close() returns; the envs and semaphores the step still uses
+    close once it ends (a semaphore closed under a sleeping wait is memory unmapped under it)."""
+    result = helpers.run_script(CLOSE_DURING_A_LONG_SLOT_STEP, pool_name)
+    assert result.returncode == 0, result.stderr[-2000:]
+    closed, ended = result.stdout.splitlines()
+    assert closed == "True [] [] []"
+    assert ended == "['PoolClosedError'] False [False]"  # the step ends, as a closed pool's, then they close
+
+
 FORKER = """
 import os, sys
 import numpy as np

@@ -217,6 +217,7 @@ class Lifecycle:
         #: when the worker crashed in native code (its stack), for the error that reports the death.
         self.fault_pipes: list[Any] = []
         self._fault_reports: dict[int, str] = {}
+        self._unlinked = False  # whether close() removed the names (see _unlink)
         self.seq = 0
 
     def create(
@@ -368,17 +369,21 @@ class Lifecycle:
             for process in self.processes:
                 children.discard(process)
 
-    def close(self) -> None:
-        """Stops the workers (close command, then SIGTERM, then SIGKILL) and unlinks everything."""
+    def close(self, *, keep_handles: bool = False) -> None:
+        """Stops the workers (close command, then SIGTERM, then SIGKILL) and unlinks everything. With
+        ``keep_handles``, what this process itself uses (the trainer's slot, the doorbells' semaphores,
+        the mapping) stays for a call still running in another thread, until a later ``close``."""
         if os.getpid() != self.owner_pid:  # a forked child must not tear down its parent's pool
             return
         try:
-            self._stop_workers()
+            self._stop_workers(keep_local=keep_handles)
         finally:
-            self._release()
+            self._unlink()
+            if not keep_handles:
+                self._release()
 
-    def _stop_workers(self) -> None:
-        if self.local is not None:
+    def _stop_workers(self, keep_local: bool) -> None:
+        if self.local is not None and not keep_local:
             local, self.local = self.local, None
             local.close()
         if self.header is not None and "control" in self.views:
@@ -418,17 +423,24 @@ class Lifecycle:
             self._fault_reports[worker_id] = b"".join(chunks).decode(errors="replace").strip()
         return self._fault_reports.get(worker_id, "")
 
+    def _unlink(self) -> None:
+        """Removes the names, once: a later pool of the same name may have taken them since."""
+        if not self._unlinked:
+            self._unlinked = True
+            for doorbell in [*self.worker_doorbells, *filter(None, [self.trainer_doorbell])]:
+                doorbell.unlink()
+            if self.segment is not None:
+                self.segment.unlink()
+
     def _release(self) -> None:
         for pipe in [*self.call_pipes, *self.fault_pipes]:
             pipe.close()
         self.call_pipes, self.fault_pipes = [], []
         for doorbell in [*self.worker_doorbells, *filter(None, [self.trainer_doorbell])]:
-            doorbell.unlink()
             doorbell.close()
         self.worker_doorbells, self.trainer_doorbell = [], None
         self.views, self.header = {}, None
         if self.segment is not None:
-            self.segment.unlink()
             self.segment.close()
             self.segment = None
 

@@ -446,16 +446,27 @@ class Pool(SharedChannels, EnvsRandomness, VectorEnv):  # type: ignore[misc]  # 
         self._release_after_calls()
 
     def close(self, **kwargs: Any) -> None:
-        """Stops the workers and frees the pool's shared memory; returns once they are, except in a
-        signal handler inside one of the pool's calls, whose release follows when that call ends."""
+        """Stops the workers and frees the pool's shared memory; returns once they are. A call that
+        still runs after ``CLOSE_WAIT`` (another thread's, or the one a signal handler's close cut
+        into) keeps this process's handles of the pool until it ends; its workers and names go now."""
         super().close(**kwargs)
         released = getattr(self, "_deferred_release", None)  # by a handler's close, once its call let go
         if released is not None and not self._calls.held_here() and not released.wait(CLOSE_WAIT):
-            self._release_after_calls()  # that call still runs: as for another thread's call in flight
+            with interrupts_deferred():  # that call still runs: see _release_after_calls
+                self._lifecycle.close(keep_handles=True)
 
     def _release_after_calls(self) -> None:
         calls = getattr(self, "_calls", None)
         waited = calls is not None and calls.acquire(timeout=CLOSE_WAIT)  # another thread's call leaves soon
+        if calls is not None and not waited:
+            # That call still runs (an env step of the trainer's slot, say): the workers stop and the
+            # names go now, but the handles it uses (the slot's envs, the doorbells' semaphores) close
+            # once it lets go. Closed under it, a semaphore's sleep would touch unmapped memory. A daemon
+            # thread: a call that never returns must not keep the process from exiting.
+            with interrupts_deferred():
+                self._lifecycle.close(keep_handles=True)
+            calls.once_free(self._release, daemon=True)
+            return
         try:
             with interrupts_deferred():  # a release cut short by Ctrl-C could not be run again
                 self._release()
