@@ -188,6 +188,7 @@ def test_a_write_reaches_exactly_those_envs_on_their_nodes(pool_name: str) -> No
         fleet.params.write([5, 0, 3, 5], b=[7.0, 8.0, 9.0, 6.0])  # env 5 twice: its last row
         fleet.step(np.zeros(6, np.int64))
         np.testing.assert_array_equal(fleet.applied["b"], [8, 0, 0, 9, 2, 6])
+        np.testing.assert_array_equal(fleet.params.accepted["b"], [8, 0, 0, 9, 2, 6])
 
         # Validated once, before any node is written: env 0's good value does not land either.
         with pytest.raises(ValueError, match=r"params\['a'\]\[5\] = 99.0 rejected: outside \[-10.0, 10.0\]"):

@@ -104,6 +104,9 @@ class _Host:
     def params_snapshot(self) -> np.ndarray:
         return self._pool.params.snapshot()
 
+    def params_accepted(self) -> np.ndarray:
+        return self._pool.params.accepted.copy()
+
     def applied(self) -> tuple[np.ndarray, int]:
         return self._pool.applied.copy(), self._applied
 

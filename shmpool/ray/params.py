@@ -76,6 +76,12 @@ class ClusterParams:
         return read_only(np.concatenate([part[0] for part in parts])), [part[1] for part in parts]
 
     @property
+    def accepted(self) -> np.ndarray:
+        """Each env's record as its worker last accepted it (global env id order), fetched from every node."""
+        self._check()
+        return read_only(np.concatenate(self._fleet.call_all("params_accepted", "params read")))
+
+    @property
     def refusals(self) -> dict[str, int]:
         """How many raw writes each parameter's workers refused so far, all nodes together."""
         self._check()
