@@ -17,6 +17,9 @@ from .params import ParamSpec, bad_rows
 #: Bumped when the state's shape changes; a state of another version is refused by name.
 STATE_VERSION = 1
 
+#: How many times ``state_dict`` reads the accepted values of refused rows, at most, for two equal reads in a row.
+SETTLE_READS = 8
+
 #: A loaded episode index must be below this: the workers' int64 counters then have 2**62 resets of
 #: room before they could overflow (numpy would wrap them to -2**63, with a warning in the worker).
 MAX_EPISODE_INDEX = 1 << 62
@@ -62,11 +65,11 @@ def state_dict(view: Checkpointable) -> PoolState:
     params: dict[str, Any] = {}
     if view.params is not None:
         records = view.params.snapshot()
-        accepted = view.params.accepted.copy()
         for spec in view.specs:
             refused = np.flatnonzero(bad_rows(spec, records[spec.name]))
             if refused.size:
-                _save_what_runs(spec, refused, records, accepted)
+                kept = _settled_rows(view.params.accepted[spec.name], refused)
+                _save_what_runs(spec, refused, records, kept)
             column = records[spec.name]
             if spec.dist:
                 params[spec.name] = {argument: column[argument].copy() for argument in spec.arguments}
@@ -81,20 +84,33 @@ def state_dict(view: Checkpointable) -> PoolState:
     }
 
 
-def _save_what_runs(spec: ParamSpec, rows: np.ndarray, records: np.ndarray, accepted: np.ndarray) -> None:
-    """Replaces in ``records`` the ``rows`` of ``spec`` that the workers refused by the values those
-    workers accepted last (what the envs run with, draw from or take at their next reset), and says so."""
+def _settled_rows(column: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``column[rows]``, read again until two reads in a row are equal (at most ``SETTLE_READS``
+    reads): a worker writes its rows of ``params_accepted`` with no lock a reader could take, and a
+    read while it does may hold half of a row (one argument of a distribution but not the other)."""
+    last = column[rows]
+    for _ in range(SETTLE_READS - 1):
+        again = column[rows]
+        if again.tobytes() == last.tobytes():
+            break
+        last = again
+    return last
+
+
+def _save_what_runs(spec: ParamSpec, rows: np.ndarray, records: np.ndarray, kept: np.ndarray) -> None:
+    """Replaces in ``records`` the ``rows`` of ``spec`` that the workers refused by ``kept``, the values
+    those workers accepted last (what the envs run with, draw from or take at their next reset), and
+    says so."""
     first = int(rows[0])
 
-    def shown(block: np.ndarray) -> Any:
-        value = block[spec.name][first]
+    def shown(value: Any) -> Any:
         return {argument: value[argument].tolist() for argument in spec.arguments} if spec.dist else value.tolist()
 
-    held, kept = shown(records), shown(accepted)
-    records[spec.name][rows] = accepted[spec.name][rows]
+    held = shown(records[spec.name][first])
+    records[spec.name][rows] = kept
     warnings.warn(
         f"state_dict: params[{spec.name!r}] of env(s) {rows.tolist()[:10]} hold(s) {held}, which the "
-        f"workers refused; the state saves what those envs run with instead ({kept} for env {first})",
+        f"workers refused; the state saves what those envs run with instead ({shown(kept[0])} for env {first})",
         RuntimeWarning,
         stacklevel=3,
     )

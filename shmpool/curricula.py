@@ -19,6 +19,7 @@ import numpy as np
 
 from .interfaces import ParamsAPI
 from .options import count
+from .params import ParamSpec
 
 
 def scores(records: np.ndarray, metric: str) -> np.ndarray:
@@ -95,8 +96,10 @@ class Threshold:
                 continue  # an episode that ended at another value than the one written last
             self._recent.append(float(score))
             if len(self._recent) == self.window and np.mean(self._recent) >= self.target:
-                new = float(np.clip(self.value + self.step, spec.low, spec.high))
-                if new != self.value:  # at a bound nothing moves, and nothing is logged
+                new = _as_stored(spec, float(np.clip(self.value + self.step, spec.low, spec.high)))
+                # At a bound nothing moves, and nothing is logged. Compared as the block stores them: to a
+                # float32 parameter, 0.8 + 0.3 and the bound 1.1 are one number.
+                if new != _as_stored(spec, self.value):
                     # Written first: if the write fails, nothing here changed and the same scores
                     # move it at the next update.
                     params.write(None, **{self.param: new})
@@ -360,6 +363,12 @@ class ADR:
 
 
 _SIDE = {"low": 0, "high": 1}
+
+
+def _as_stored(spec: ParamSpec, value: float) -> float:
+    """``value`` as the block stores a float parameter's (a float32 one rounds it); other values as they are
+    (an integer parameter refuses a value that is not whole, rather than rounding it)."""
+    return float(spec.dtype.type(value)) if spec.dtype.kind == "f" else value
 
 
 def _check_algo(state: Any, algo: str, *, settings: bool = True) -> None:

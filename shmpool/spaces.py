@@ -175,9 +175,10 @@ class ActionChecker:
 
     Calling it returns one array per leaf. It raises ``TypeError`` for a scalar where a batch belongs
     (as gymnasium does), and ``ValueError`` naming the env and the value for a wrong shape, a dtype
-    that cannot be cast to the space's, a discrete value out of range, or a number that the space's
-    dtype cannot hold (an integer the cast would wrap, a finite float it would make infinite). Box
-    bounds are not checked: gymnasium envs clip; infinities and NaNs pass, as gymnasium passes them.
+    that cannot be cast to the space's, numpy bools for a Discrete space (which gymnasium's does not
+    contain), a discrete value out of range, or a number that the space's dtype cannot hold (an
+    integer the cast would wrap, a finite float it would make infinite). Box bounds are not checked:
+    gymnasium envs clip; infinities and NaNs pass, as gymnasium passes them.
     """
 
     def __init__(self, space: spaces.Space[Any], num_envs: int, env_label: str) -> None:
@@ -215,11 +216,19 @@ class ActionChecker:
                     f"{self._label}: {where} has shape {array.shape}, expected {expected} "
                     f"({expected[0]} envs of {leaf.space})"
                 )
-            if array.dtype != leaf.dtype and not np.can_cast(array.dtype, leaf.dtype, casting="same_kind"):
-                raise ValueError(
-                    f"{self._label}: {where} has dtype {array.dtype}, which cannot be cast to {leaf.dtype} "
-                    f"for {leaf.space}"
-                )
+            if array.dtype != leaf.dtype:
+                if not np.can_cast(array.dtype, leaf.dtype, casting="same_kind"):
+                    raise ValueError(
+                        f"{self._label}: {where} has dtype {array.dtype}, which cannot be cast to {leaf.dtype} "
+                        f"for {leaf.space}"
+                    )
+                if array.dtype.kind == "b" and isinstance(leaf.space, spaces.Discrete) and not _python_bools(part):
+                    env_id = 0 if env_ids is None else int(env_ids[0])
+                    raise ValueError(
+                        f"{self._label} env {env_id}: action {array[0].tolist()!r} in {where} is a numpy bool, "
+                        f"which {leaf.space} does not contain, as in gymnasium; give integers "
+                        f"(actions.astype(np.int64))"
+                    )
             bad, outside = range_check(array) if range_check is not None else None, "is outside"
             if range_check is None and array.dtype != leaf.dtype:
                 if array.dtype not in narrowing:
@@ -245,6 +254,12 @@ class ActionChecker:
                 )
             checked.append(array)
         return checked
+
+
+def _python_bools(part: Any) -> bool:
+    """Whether ``part`` is a list or tuple of Python bools, which gymnasium's Discrete contains (a bool
+    is an int), where it refuses numpy bools."""
+    return isinstance(part, (list, tuple)) and all(type(value) is bool for value in part)
 
 
 class ActionCheckers:

@@ -103,6 +103,22 @@ def test_threshold_steps_a_parameter(pool_name: str) -> None:
             Threshold("length", step=0.1, target=1, metric="success").update(records, pool.params)
 
 
+def test_threshold_at_the_bound_of_a_float32_parameter_moves_and_logs_nothing(pool_name: str) -> None:
+    """0.8 + 0.3 is 1.1 to a float32 parameter, as its bound 1.1 is: a window at the target there
+    moved it to the value it held, and logged ``length: 1.1 -> 1.1``."""
+    params = {"length": Param(0.5, low=0.1, high=1.1, dtype="float32")}
+    with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, params=params) as pool:
+        curriculum = Threshold("length", step=0.3, target=100.0, window=1)
+        records = np.zeros(1, dtype=pool.episodes.dtype)
+        records["return"] = 150
+        log: list[str] = []
+        for _ in range(4):
+            records["params"]["length"] = pool.params["length"][0]  # the value the episode ran at
+            curriculum.update(records, pool.params, log)
+        assert log == ["length: 0.5 -> 0.8 (mean return 150)", "length: 0.8 -> 1.1 (mean return 150)"]
+        assert curriculum.changes == 2 and pool.params["length"].tolist() == [np.float32(1.1)] * 2
+
+
 def episodes_until(pool: shmpool.Pool, count: int, length: float) -> np.ndarray:
     """Steps ``pool`` with random actions until ``count`` episodes that ended with pole length
     ``length`` are among the records read; returns every record read."""

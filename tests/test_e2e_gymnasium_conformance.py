@@ -64,9 +64,10 @@ NOT_SUPPORTED: dict[str, str] = {
     ),
     "final_obs entries as the very Python objects the env returned": (
         "in SAME_STEP mode a final observation crosses shared memory like any observation, so its leaves "
-        "come back as numpy values of the space's dtype (np.int64 for Discrete(n), a float32 array for a "
-        "float32 Box, an array for MultiBinary) where SyncVectorEnv keeps what the env returned (an int, a "
-        "float64 array, a tuple); values are equal and always in the single observation space"
+        "come back as a Python int for a Discrete leaf (as gymnasium's own envs return it, also where the "
+        "env returned an np.int64) and as numpy values of the space's dtype for the others (a float32 array "
+        "for a float32 Box, an array for MultiBinary), where SyncVectorEnv keeps what the env returned (an "
+        "np.int64, a float64 array, a tuple); values are equal and always in the single observation space"
     ),
     "actions outside the action space": (
         "SyncVectorEnv passes any action to env.step (a Discrete action of 7, a float for a Discrete); "
@@ -467,8 +468,8 @@ def test_final_obs_and_final_info_of_a_single_env(mode: AutoresetMode, pool_name
             elif mode == AutoresetMode.SAME_STEP:
                 assert ours[0] == np.array([0]) and ours[2].all()
                 assert ours[4]["final_obs"][0] == 0 and ours[4]["final_obs"][0] in pool.single_observation_space
-                # NOT_SUPPORTED: final_obs as the env's own objects (Sync keeps the env's int)
-                assert type(theirs[4]["final_obs"][0]) is int and type(ours[4]["final_obs"][0]) is np.int64
+                # A Discrete leaf's final observation is a Python int, as the env's (and Sync's)
+                assert type(theirs[4]["final_obs"][0]) is int and type(ours[4]["final_obs"][0]) is int
                 assert same(ours[4]["final_info"], {"action": np.array([action]), "_action": np.array([True])})
                 assert same(ours[4]["reset"], np.array([True]))
             ended = bool(ours[2][0])

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import gymnasium as gym
 import helpers
@@ -74,4 +75,40 @@ def test_episode_infos_match_gymnasiums_whether_few_or_many_envs_end_at_once(
                 for got, want in zip(ours["final_obs"], theirs["final_obs"]):
                     assert (got is None and want is None) or np.array_equal(got, want)
         assert {4, 12} <= ends or (helpers.OLD_GYMNASIUM and mode == gym.vector.AutoresetMode.SAME_STEP), ends
+    reference.close()
+
+
+def _types(value: Any) -> Any:
+    """The structure of ``value`` (its dicts and tuples) with each leaf replaced by its type."""
+    if isinstance(value, dict):
+        return {key: _types(item) for key, item in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_types(item) for item in value)
+    return type(value)
+
+
+@pytest.mark.filterwarnings("ignore:info key 'prob'")  # FrozenLake's is an int at reset, a float after
+@pytest.mark.parametrize("env_id", ["FrozenLake-v1", "Blackjack-v1"])
+def test_final_obs_of_discrete_leaves_are_the_python_ints_sync_gives(env_id: str, pool_name: str) -> None:
+    """gymnasium's own envs observe a Discrete space (FrozenLake) or a Tuple of them (Blackjack) as
+    Python ints, which SyncVectorEnv hands on in ``final_obs``: the pool gives the same values of
+    the same types (it gave np.int64)."""
+    mode = gym.vector.AutoresetMode.SAME_STEP
+    reference = gym.vector.SyncVectorEnv([lambda: gym.make(env_id)] * 4, autoreset_mode=mode)
+    with shmpool.launch(env_id, 4, num_workers=2, autoreset_mode=mode, name=pool_name) as pool:
+        pool.reset(seed=0)
+        reference.reset(seed=0)
+        rng = np.random.default_rng(0)
+        ended = 0
+        for t in range(40):
+            actions = rng.integers(0, 2, 4)
+            *_, ours = pool.step(actions)
+            *_, theirs = reference.step(actions)
+            assert ("final_obs" in ours) == ("final_obs" in theirs), t
+            if "final_obs" in theirs:
+                np.testing.assert_array_equal(ours["_final_obs"], theirs["_final_obs"])
+                for got, want in zip(ours["final_obs"], theirs["final_obs"]):
+                    assert got == want and _types(got) == _types(want), (t, got, want)
+                    ended += want is not None
+        assert ended >= 4
     reference.close()

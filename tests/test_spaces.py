@@ -76,7 +76,7 @@ def test_discrete_actions_out_of_range_are_refused_whatever_their_integer_type(n
             env = lead + next(row for row, value in enumerate(values) if value not in (0, 1))
             with pytest.raises(ValueError, match=rf"env {env}: action {shown} in actions is outside Discrete\(2\)"):
                 pool.step(bad)
-        for values, dtype in [([True, False, True], np.bool_), ([1, 0, 1], ">i8"), ([0, 1, 1], np.uint64)]:
+        for values, dtype in [([1, 0, 1], ">i8"), ([0, 1, 1], np.uint64)]:
             pool.step(np.array([0] * lead + values, dtype=dtype))
     with shmpool.launch(_Bytes, 2, num_workers=1, name=pool_name + "b") as pool:  # -1 as uint8 is 255
         pool.reset(seed=0)
@@ -84,6 +84,28 @@ def test_discrete_actions_out_of_range_are_refused_whatever_their_integer_type(n
             with pytest.raises(ValueError, match=r"env 1: action -1 in actions is outside Discrete\(256\)"):
                 pool.step(np.array([3, -1], dtype))
         assert pool.step(np.array([3, 255], np.uint8))[0].tolist() == [[3.0], [255.0]]
+
+
+def test_numpy_bool_actions_for_a_discrete_space_are_refused_as_sync_refuses_them(pool_name: str) -> None:
+    """Discrete(2) holds no numpy bool, so CartPole under SyncVectorEnv fails its action assert for a
+    bool array or a list of np.bool_, and takes a list of Python bools (a bool is an int). The pool
+    took all three, as 0 and 1."""
+    reference = SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 3)
+    with shmpool.launch("CartPole-v1", 3, num_workers=1, name=pool_name) as pool:
+        pool.reset(seed=0)
+        reference.reset(seed=0)
+        for actions in (np.array([False, True, True]), [np.False_, np.True_, np.True_]):
+            with pytest.raises(AssertionError):
+                reference.step(actions)
+            with pytest.raises(ValueError, match=r"CartPole-v1 env 0: action False in actions is a numpy bool"):
+                pool.step(actions)
+        with pytest.raises(ValueError, match=r"CartPole-v1 env 2: action True in actions is a numpy bool"):
+            pool.step(np.array([True, False]), env_ids=[2, 1])  # rows named by their env
+        for t, actions in enumerate(([False, True, True], (True, False, True))):
+            ours, theirs = pool.step(actions), reference.step(actions)
+            for index in range(4):
+                assert_same(ours[index], theirs[index], f"step {t} item {index}")
+    reference.close()
 
 
 class _Int16Box(gym.Env):

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from gymnasium import spaces
 
 from ..infos import InfoReader
 from ..layout import CONTROL_WORDS, CTL_NUM_DONE, CTL_NUM_INFO, CTL_PARAM_REFUSALS
@@ -51,8 +52,12 @@ class Results:
         self._info_params = config.info_params and bool(config.param_specs)
         self._param_names = [spec.name for spec in config.param_specs]
         self._observations = [views[leaf.field_name("observations")] for leaf in observation_leaves]
+        # Each leaf's final observations, and whether they come as Python ints: a Discrete leaf, which
+        # gymnasium's envs observe as an int and SyncVectorEnv passes on as it is.
         self._final_observations = [
-            views[leaf.field_name("final_observations")] for leaf in observation_leaves if config.same_step
+            (views[leaf.field_name("final_observations")], isinstance(leaf.space, spaces.Discrete))
+            for leaf in observation_leaves
+            if config.same_step
         ]
         self._infos = InfoReader(
             views["info_keys"], views["info_values"], views["info_mask"], views["control"], config.slots
@@ -158,9 +163,13 @@ class Results:
             for row in ended:
                 env_id = row if rows is None else int(rows[row])
                 if self._is_leaf:
-                    final[row] = self._final_observations[0][env_id].copy()
+                    view, as_int = self._final_observations[0]
+                    final[row] = int(view[env_id]) if as_int else view[env_id].copy()
                 else:
-                    parts = [view[env_id].copy() for view in self._final_observations]
+                    parts = [
+                        int(view[env_id]) if as_int else view[env_id].copy()
+                        for view, as_int in self._final_observations
+                    ]
                     final[row] = assemble(self._space, iter(parts))
             infos["final_obs"], infos["_final_obs"] = final, dones.copy()
             infos.setdefault("final_info", {})
