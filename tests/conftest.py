@@ -11,7 +11,6 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterator
 from importlib import metadata
-from pathlib import Path
 
 import pytest
 from helpers import shm_entries
@@ -54,17 +53,6 @@ LONG_FIRST = ("test_e2e_soak.py", "test_scripts.py", "test_sb3.py", "test_docs.p
 XDIST_1386 = {"pytest": ((9, 2), (99, 0)), "pytest-xdist": ((0, 0), (3, 8))}
 
 
-def _compile_sources() -> None:
-    """Writes the bytecode of the repository's own modules, once: with ``PYTHONDONTWRITEBYTECODE``
-    set (as in CI), each process the suite starts (scripts, spawned workers, Ray's) would compile
-    every module of them it imports again. An explicit compile writes whatever that variable says."""
-    import compileall
-
-    root = Path(__file__).resolve().parents[1]
-    for folder in ("shmpool", "workers", "tests", "scripts"):
-        compileall.compile_dir(root / folder, quiet=2)
-
-
 def _warm_numba_cache() -> None:
     """Compiles the built-in kernels once, into numba's on-disk cache, before pytest-xdist's workers
     start: in a fresh clone each worker (and the pools it launches first) would compile them at once.
@@ -100,7 +88,6 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     starts_workers = config.getoption("numprocesses", None) and not config.getoption("collectonly", False)
     if starts_workers and not hasattr(config, "workerinput"):
-        _compile_sources()
         try:  # in the controlling process, before it starts the workers
             _warm_numba_cache()
         except Exception as error:  # noqa: BLE001 - the numba tests report it; the others run
