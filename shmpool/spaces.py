@@ -222,10 +222,12 @@ class ActionChecker:
                         f"{self._label}: {where} has dtype {array.dtype}, which cannot be cast to {leaf.dtype} "
                         f"for {leaf.space}"
                     )
-                if array.dtype.kind == "b" and isinstance(leaf.space, spaces.Discrete) and not _python_bools(part):
-                    env_id = 0 if env_ids is None else int(env_ids[0])
+                discrete_bools = array.dtype.kind == "b" and isinstance(leaf.space, spaces.Discrete)
+                row = _first_numpy_bool(part) if discrete_bools else None
+                if row is not None:
+                    env_id = row if env_ids is None else int(env_ids[row])
                     raise ValueError(
-                        f"{self._label} env {env_id}: action {array[0].tolist()!r} in {where} is a numpy bool, "
+                        f"{self._label} env {env_id}: action {array[row].tolist()!r} in {where} is a numpy bool, "
                         f"which {leaf.space} does not contain, as in gymnasium; give integers "
                         f"(actions.astype(np.int64))"
                     )
@@ -256,10 +258,12 @@ class ActionChecker:
         return checked
 
 
-def _python_bools(part: Any) -> bool:
-    """Whether ``part`` is a list or tuple of Python bools, which gymnasium's Discrete contains (a bool
-    is an int), where it refuses numpy bools."""
-    return isinstance(part, (list, tuple)) and all(type(value) is bool for value in part)
+def _first_numpy_bool(part: Any) -> int | None:
+    """The first row of bool actions ``part`` that is not a Python bool, which gymnasium's Discrete
+    contains (a bool is an int) where it refuses numpy bools; None if every row is one."""
+    if not isinstance(part, (list, tuple)):
+        return 0
+    return next((row for row, value in enumerate(part) if type(value) is not bool), None)
 
 
 class ActionCheckers:

@@ -64,14 +64,15 @@ def _warm_numba_cache() -> None:
     if importlib.util.find_spec("numba") is None:
         return
     from shmpool import kernels
+    from shmpool.system import usable_cores
 
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     code = "import sys; from shmpool import kernels\nfor i in sys.argv[1:]: kernels.load(kernels.find(i)).warm_up()"
     processes = [
         subprocess.Popen([sys.executable, "-c", code, *sorted(kernels.BUILTIN)[core::cores]], stderr=subprocess.PIPE)
         for core in range(min(cores, len(kernels.BUILTIN)))
     ]
-    errors = [process.communicate()[1] for process in processes]
+    errors = [process.communicate(timeout=600)[1] for process in processes]
     for process, error in zip(processes, errors):
         if process.returncode:
             raise RuntimeError(error.decode()[-2000:])

@@ -146,20 +146,27 @@ import helpers
 
 shmpool.pool.pool.CLOSE_WAIT = 0.2  # how long close() waits for another thread's call to end, shortened
 TRAINER = os.getpid()
+in_step = threading.Event()
 
 class SlowToStep(helpers.CountingEnv):
     stepping, closed_while_stepping = False, []
 
     def step(self, action):
         SlowToStep.stepping = True
+        in_step.set()
         try:
             return super().step(action)
         finally:
             SlowToStep.stepping = False
 
     def close(self):
+        if os.getpid() != TRAINER:
+            time.sleep(0.3)  # a worker slow to stop: both closes wait for it
         SlowToStep.closed_while_stepping.append(SlowToStep.stepping)
         super().close()
+
+def names(pool_name):
+    return sorted(name for name in os.listdir("/dev/shm") if pool_name in name)
 
 # Only the trainer's slot steps slowly (1.5 s): the worker's env is done at once.
 pool = shmpool.launch(lambda: SlowToStep(length=10**9, sleep=1.5 if os.getpid() == TRAINER else 0.0), 2,
@@ -167,7 +174,7 @@ pool = shmpool.launch(lambda: SlowToStep(length=10**9, sleep=1.5 if os.getpid() 
 pool.reset(seed=0)
 workers = pool.worker_pids
 SlowToStep.closed_while_stepping.clear()  # the env launch probed and closed
-outcome = []
+outcome, errors = [], []
 
 def stepper():
     try:
@@ -176,31 +183,43 @@ def stepper():
     except Exception as exc:
         outcome.append(type(exc).__name__)
 
+def closer():
+    try:
+        pool.close()
+    except Exception as exc:
+        errors.append(repr(exc))
+
 thread = threading.Thread(target=stepper)
 thread.start()
-time.sleep(0.3)
-started = time.monotonic()
-pool.close()
-took = time.monotonic() - started
-left = sorted(name for name in os.listdir("/dev/shm") if sys.argv[1] in name)
+in_step.wait(10)
+closers = [threading.Thread(target=closer) for _ in range(2)]  # two at once: one stops the workers
+for closing in closers:
+    closing.start()
+for closing in closers:
+    closing.join(10)
 alive = [pid for pid in workers if os.path.exists(f"/proc/{pid}")]
-print(took < 1.0, left, alive, SlowToStep.closed_while_stepping, flush=True)
-thread.join(10)
-deadline = time.monotonic() + 5
-while not SlowToStep.closed_while_stepping and time.monotonic() < deadline:
-    time.sleep(0.01)
-print(outcome, thread.is_alive(), SlowToStep.closed_while_stepping)
+print(errors, names(sys.argv[1]), alive, SlowToStep.closed_while_stepping, flush=True)
+# The name is free at once; the old pool's handles, closed later, must leave the new pool's be.
+with shmpool.launch("CartPole-v1", 2, num_workers=1, name=sys.argv[1]) as again:
+    thread.join(10)
+    deadline = time.monotonic() + 5
+    while not SlowToStep.closed_while_stepping and time.monotonic() < deadline:
+        time.sleep(0.01)
+    again.reset(seed=0)
+    again.step(np.zeros(2, dtype=np.int64))
+    print(outcome, thread.is_alive(), SlowToStep.closed_while_stepping, len(names(sys.argv[1])) > 0)
 """
 
 
 def test_close_while_another_threads_slot_step_outlasts_its_wait_keeps_that_steps_handles(pool_name: str) -> None:
-    """The workers and names go when close() returns; the envs and semaphores the step still uses
-    close once it ends (a semaphore closed under a sleeping wait is memory unmapped under it)."""
+    """The workers and names go when close() returns (two closes at once, too); the envs and
+    semaphores the step still uses close once it ends (a semaphore closed under a sleeping wait is
+    memory unmapped under it), leaving a new pool of the same name alone."""
     result = helpers.run_script(CLOSE_DURING_A_LONG_SLOT_STEP, pool_name)
     assert result.returncode == 0, result.stderr[-2000:]
     closed, ended = result.stdout.splitlines()
-    assert closed == "True [] [] []"
-    assert ended == "['PoolClosedError'] False [False]"  # the step ends, as a closed pool's, then they close
+    assert closed == "[] [] [] []"
+    assert ended == "['PoolClosedError'] False [False] True"  # the step ends, as a closed pool's; then they close
 
 
 FORKER = """

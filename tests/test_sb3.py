@@ -128,15 +128,18 @@ def sb3_suites(tmp_path_factory: pytest.TempPathFactory) -> Path:
     version = importlib.metadata.version("stable-baselines3")
     download = tmp_path_factory.mktemp("sb3-sdist")
     # pip reads the sdist's metadata by building it: with the setuptools at hand (torch brings it),
-    # a second of work, where an isolated build first installs its own.
-    isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
-    result = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", *isolation, "-d", str(download)]
-        + ["--disable-pip-version-check", "--quiet", f"stable-baselines3=={version}"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    # a second of work, where an isolated build first installs its own (the fallback).
+    tries = [["--no-build-isolation"], []] if importlib.util.find_spec("setuptools") else [[]]
+    for isolation in tries:
+        result = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", *isolation]
+            + ["-d", str(download), "--disable-pip-version-check", "--quiet", f"stable-baselines3=={version}"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if result.returncode == 0:
+            break
     assert result.returncode == 0, f"pip could not download the sdist of stable-baselines3=={version}:\n{result.stderr}"
     (archive,) = download.glob("stable_baselines3-*.tar.gz")
     folder = tmp_path_factory.mktemp("sb3-tests")

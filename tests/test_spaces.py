@@ -101,6 +101,8 @@ def test_numpy_bool_actions_for_a_discrete_space_are_refused_as_sync_refuses_the
                 pool.step(actions)
         with pytest.raises(ValueError, match=r"CartPole-v1 env 2: action True in actions is a numpy bool"):
             pool.step(np.array([True, False]), env_ids=[2, 1])  # rows named by their env
+        with pytest.raises(ValueError, match=r"CartPole-v1 env 1: action True in actions is a numpy bool"):
+            pool.step([False, np.True_, True])  # the first row that is not a Python bool
         for t, actions in enumerate(([False, True, True], (True, False, True))):
             ours, theirs = pool.step(actions), reference.step(actions)
             for index in range(4):

@@ -218,6 +218,9 @@ class Lifecycle:
         self.fault_pipes: list[Any] = []
         self._fault_reports: dict[int, str] = {}
         self._unlinked = False  # whether close() removed the names (see _unlink)
+        #: Another thread's close waits for this one's; a signal handler's, inside it, returns at once.
+        self._close_lock = threading.Lock()
+        self._closing_thread: int | None = None
         self.seq = 0
 
     def create(
@@ -373,14 +376,18 @@ class Lifecycle:
         """Stops the workers (close command, then SIGTERM, then SIGKILL) and unlinks everything. With
         ``keep_handles``, what this process itself uses (the trainer's slot, the doorbells' semaphores,
         the mapping) stays for a call still running in another thread, until a later ``close``."""
-        if os.getpid() != self.owner_pid:  # a forked child must not tear down its parent's pool
+        # A forked child must not tear down its parent's pool.
+        if os.getpid() != self.owner_pid or self._closing_thread == threading.get_ident():
             return
-        try:
-            self._stop_workers(keep_local=keep_handles)
-        finally:
-            self._unlink()
-            if not keep_handles:
-                self._release()
+        with self._close_lock:
+            self._closing_thread = threading.get_ident()
+            try:
+                self._stop_workers(keep_local=keep_handles)
+            finally:
+                self._unlink()
+                if not keep_handles:
+                    self._release()
+                self._closing_thread = None
 
     def _stop_workers(self, keep_local: bool) -> None:
         if self.local is not None and not keep_local:

@@ -4,6 +4,7 @@ holds params, events, episodes and stats, the same view an attached handle has."
 
 from __future__ import annotations
 
+import atexit
 import os
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -465,7 +466,8 @@ class Pool(SharedChannels, EnvsRandomness, VectorEnv):  # type: ignore[misc]  # 
             # thread: a call that never returns must not keep the process from exiting.
             with interrupts_deferred():
                 self._lifecycle.close(keep_handles=True)
-            calls.once_free(self._release, daemon=True)
+            released = calls.once_free(self._release, daemon=True)
+            atexit.register(released.wait, CLOSE_WAIT)  # an exit soon after gives the envs time to close
             return
         try:
             with interrupts_deferred():  # a release cut short by Ctrl-C could not be run again
