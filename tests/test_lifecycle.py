@@ -222,6 +222,76 @@ def test_close_while_another_threads_slot_step_outlasts_its_wait_keeps_that_step
     assert ended == "['PoolClosedError'] False [False] True"  # the step ends, as a closed pool's; then they close
 
 
+EXIT_DURING_A_STEP = """
+import os, sys, threading, time
+import numpy as np
+import shmpool
+sys.path.insert(0, "tests")
+import helpers
+
+TRAINER = os.getpid()
+# The worker's env is stuck in its step: a daemon thread's step waits on the trainer's doorbell.
+pool = shmpool.launch(lambda: helpers.CountingEnv(length=10**9, sleep=0.0 if os.getpid() == TRAINER else 20.0), 2,
+                      num_workers=1, name=sys.argv[1])
+pool.reset(seed=0)
+print(pool.worker_pids[0], flush=True)
+threading.Thread(target=pool.step, args=(np.zeros(2, dtype=np.int64),), daemon=True).start()
+time.sleep(0.3)
+"""
+
+
+def test_an_exit_while_a_daemon_threads_step_sleeps_stops_the_workers_under_no_unmapped_wait(pool_name: str) -> None:
+    """The exit's finalizer stops the workers and removes the names, and leaves the doorbells' semaphores
+    open under that step's wait (closed, they crashed the exit with SIGSEGV three times in four)."""
+    for _ in range(2):
+        result = helpers.run_script(EXIT_DURING_A_STEP, pool_name)
+        assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
+        assert not os.path.exists(f"/proc/{int(result.stdout)}")
+        assert not [name for name in os.listdir("/dev/shm") if pool_name in name]
+
+
+ENV_APPLY_DURING_CLOSE = """
+import os, sys, threading, time
+import shmpool
+import shmpool.pool.pool
+sys.path.insert(0, "tests")
+import helpers
+
+shmpool.pool.pool.CLOSE_WAIT = 0.2
+TRAINER = os.getpid()
+
+def nap(env):  # in the trainer's slot, past close()'s wait; in the worker, past its stop (SIGTERM)
+    time.sleep(3.0 if os.getpid() == TRAINER else 10.0)
+
+pool = shmpool.launch(helpers.CountingEnv, 2, num_workers=2, trainer_slot=True, start_method="fork", timeout=None,
+                      name=sys.argv[1])
+pool.reset(seed=0)
+outcome = []
+
+def apply():
+    try:
+        pool.env_apply(nap)
+        outcome.append("applied")
+    except Exception as exc:
+        outcome.append(type(exc).__name__)
+
+thread = threading.Thread(target=apply)
+thread.start()
+time.sleep(0.3)
+pool.close()
+thread.join(20)
+print(outcome)
+"""
+
+
+def test_a_control_call_whose_worker_a_close_stopped_raises_closed(pool_name: str) -> None:
+    """The call reads its answer from a worker that close() terminated under it: the pool was closed
+    (it raised an IndexError, the workers' list being empty by then)."""
+    result = helpers.run_script(ENV_APPLY_DURING_CLOSE, pool_name)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "['PoolClosedError']"
+
+
 FORKER = """
 import os, sys
 import numpy as np

@@ -30,7 +30,7 @@ from ..episodes import episode_dtype
 from ..errors import PoolClosedError
 from ..events import event_dtype, mask_bytes
 from ..infos import INFO_KEY_DTYPE
-from ..interrupts import interrupts_deferred
+from ..interrupts import CallLock, interrupts_deferred
 from ..layout import (
     CMD_CLOSE,
     CONTROL_WORDS,
@@ -197,8 +197,9 @@ os.register_at_fork(after_in_child=_new_forking_lock)
 class Lifecycle:
     """What a pool must release, and the calls that create, drive and release it."""
 
-    def __init__(self, config: PoolConfig) -> None:
+    def __init__(self, config: PoolConfig, calls: CallLock) -> None:
         self.config = config
+        self._calls = calls  # the pool's call lock: a call that holds it may use this process's handles
         self.name: str = config.name  # type: ignore[assignment]
         self.owner_pid = os.getpid()
         self.owner_start_ticks = process_start_ticks(self.owner_pid) or 0
@@ -373,21 +374,27 @@ class Lifecycle:
                 children.discard(process)
 
     def close(self, *, keep_handles: bool = False) -> None:
-        """Stops the workers (close command, then SIGTERM, then SIGKILL) and unlinks everything. With
-        ``keep_handles``, what this process itself uses (the trainer's slot, the doorbells' semaphores,
-        the mapping) stays for a call still running in another thread, until a later ``close``."""
+        """Stops the workers (close command, then SIGTERM, then SIGKILL) and unlinks everything. What this
+        process uses (the slot's envs, the doorbells' semaphores) stays until a later ``close`` with
+        ``keep_handles`` or while another thread's call holds the call lock (at exit, a daemon thread's
+        step asleep on a doorbell, which a closed semaphore would leave on unmapped memory)."""
         # A forked child must not tear down its parent's pool.
         if os.getpid() != self.owner_pid or self._closing_thread == threading.get_ident():
             return
+        acquired = not keep_handles and self._calls.acquire(timeout=0)
         with self._close_lock:
             self._closing_thread = threading.get_ident()
             try:
-                self._stop_workers(keep_local=keep_handles)
+                self._stop_workers(keep_local=not acquired)
             finally:
                 self._unlink()
-                if not keep_handles:
-                    self._release()
-                self._closing_thread = None
+                try:
+                    if acquired:
+                        self._release()
+                finally:
+                    if acquired:
+                        self._calls.release()
+                    self._closing_thread = None
 
     def _stop_workers(self, keep_local: bool) -> None:
         if self.local is not None and not keep_local:

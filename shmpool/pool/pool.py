@@ -121,7 +121,7 @@ class Pool(SharedChannels, EnvsRandomness, VectorEnv):  # type: ignore[misc]  # 
         self._check_actions = ActionChecker(self.single_action_space, self.num_envs, config.env_label)
         sweep_stale()
         layout = plan_layout(config, observation_leaves, action_leaves)
-        lifecycle = self._lifecycle = Lifecycle(config)
+        lifecycle = self._lifecycle = Lifecycle(config, self._calls)
         self._finalizer = weakref.finalize(self, lifecycle.close)
         try:
             fields = self._fields = lifecycle.create(layout, probe.initial_params)
@@ -460,14 +460,14 @@ class Pool(SharedChannels, EnvsRandomness, VectorEnv):  # type: ignore[misc]  # 
         calls = getattr(self, "_calls", None)
         waited = calls is not None and calls.acquire(timeout=CLOSE_WAIT)  # another thread's call leaves soon
         if calls is not None and not waited:
-            # That call still runs (an env step of the trainer's slot, say): the workers stop and the
-            # names go now, but the handles it uses (the slot's envs, the doorbells' semaphores) close
-            # once it lets go. Closed under it, a semaphore's sleep would touch unmapped memory. A daemon
-            # thread: a call that never returns must not keep the process from exiting.
-            with interrupts_deferred():
-                self._lifecycle.close(keep_handles=True)
-            released = calls.once_free(self._release, daemon=True)
-            atexit.register(released.wait, CLOSE_WAIT)  # an exit soon after gives the envs time to close
+            # That call still runs (a long env step in the trainer's slot): the workers and names go now,
+            # what it uses (the slot's envs, the doorbells' semaphores) once it lets go, by a daemon thread
+            # (a call that never returns must not keep the process from exiting).
+            try:
+                with interrupts_deferred():
+                    self._lifecycle.close(keep_handles=True)
+            finally:  # after a Ctrl-C too; an exit soon after gives the envs time to close
+                atexit.register(calls.once_free(self._release, daemon=True).wait, CLOSE_WAIT)
             return
         try:
             with interrupts_deferred():  # a release cut short by Ctrl-C could not be run again
