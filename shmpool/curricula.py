@@ -96,18 +96,20 @@ class Threshold:
                 continue  # an episode that ended at another value than the one written last
             self._recent.append(float(score))
             if len(self._recent) == self.window and np.mean(self._recent) >= self.target:
-                new = _as_stored(spec, float(np.clip(self.value + self.step, spec.low, spec.high)))
-                # At a bound nothing moves, and nothing is logged. Compared as the block stores them: to a
-                # float32 parameter, 0.8 + 0.3 and the bound 1.1 are one number.
-                if new != _as_stored(spec, self.value):
+                new = float(np.clip(self.value + self.step, spec.low, spec.high))
+                # Compared as the block stores them (to a float32 parameter, 0.8 + 0.3 and the bound 1.1
+                # are one number): at a bound nothing moves and nothing is logged; a step finer than the
+                # dtype holds adds up until the stored value moves.
+                before, after = _as_stored(spec, self.value), _as_stored(spec, new)
+                if after != before:
                     # Written first: if the write fails, nothing here changed and the same scores
                     # move it at the next update.
                     params.write(None, **{self.param: new})
                     self._by_value = True
                     mean = np.mean(self._recent)
-                    log.append(f"{self.param}: {self.value:g} -> {new:g} (mean {self.metric} {mean:.3g})")
-                    self.value = new
+                    log.append(f"{self.param}: {before:g} -> {after:g} (mean {self.metric} {mean:.3g})")
                     self.changes += 1
+                self.value = new
                 self._recent.clear()
         return log
 

@@ -119,6 +119,22 @@ def test_threshold_at_the_bound_of_a_float32_parameter_moves_and_logs_nothing(po
         assert curriculum.changes == 2 and pool.params["length"].tolist() == [np.float32(1.1)] * 2
 
 
+def test_threshold_steps_finer_than_the_parameters_dtype_add_up_until_the_stored_value_moves(pool_name: str) -> None:
+    """float16 holds no value between 0.5 and 0.50049: steps of 1e-4 each leave it at 0.5, and
+    together move it (comparing stored values alone, they stalled it for good)."""
+    params = {"length": Param(0.5, low=0.1, high=1.0, dtype="float16")}
+    with shmpool.launch("CartPole-v1", 2, num_workers=1, name=pool_name, params=params) as pool:
+        curriculum = Threshold("length", step=1e-4, target=100.0, window=1)
+        records = np.zeros(1, dtype=pool.episodes.dtype)
+        records["return"] = 150
+        log: list[str] = []
+        for _ in range(6):
+            records["params"]["length"] = pool.params["length"][0]
+            curriculum.update(records, pool.params, log)
+        assert log == ["length: 0.5 -> 0.500488 (mean return 150)"] and curriculum.changes == 1
+        assert pool.params["length"].tolist() == [0.50048828125] * 2
+
+
 def episodes_until(pool: shmpool.Pool, count: int, length: float) -> np.ndarray:
     """Steps ``pool`` with random actions until ``count`` episodes that ended with pole length
     ``length`` are among the records read; returns every record read."""
