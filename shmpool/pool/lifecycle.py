@@ -220,8 +220,7 @@ class Lifecycle:
         self._fault_reports: dict[int, str] = {}
         self._unlinked = False  # whether close() removed the names (see _unlink)
         #: Another thread's close waits for this one's; a signal handler's, inside it, returns at once.
-        self._close_lock = threading.Lock()
-        self._closing_thread: int | None = None
+        self._close_lock = threading.RLock()
         self.seq = 0
 
     def create(
@@ -379,12 +378,12 @@ class Lifecycle:
         ``keep_handles`` or while another thread's call holds the call lock (at exit, a daemon thread's
         step asleep on a doorbell, which a closed semaphore would leave on unmapped memory)."""
         # A forked child must not tear down its parent's pool.
-        if os.getpid() != self.owner_pid or self._closing_thread == threading.get_ident():
+        if os.getpid() != self.owner_pid or self._close_lock._is_owned():  # type: ignore[attr-defined]
             return
-        acquired = not keep_handles and self._calls.acquire(timeout=0)
-        with self._close_lock:
-            self._closing_thread = threading.get_ident()
+        with self._close_lock, interrupts_deferred():  # the garbage collector's and the exit's too
+            acquired = False
             try:
+                acquired = not keep_handles and self._calls.acquire(timeout=0)
                 self._stop_workers(keep_local=not acquired)
             finally:
                 self._unlink()
@@ -394,7 +393,6 @@ class Lifecycle:
                 finally:
                     if acquired:
                         self._calls.release()
-                    self._closing_thread = None
 
     def _stop_workers(self, keep_local: bool) -> None:
         if self.local is not None and not keep_local:

@@ -5,6 +5,7 @@ holds params, events, episodes and stats, the same view an attached handle has."
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -453,8 +454,7 @@ class Pool(SharedChannels, EnvsRandomness, VectorEnv):  # type: ignore[misc]  # 
         super().close(**kwargs)
         released = getattr(self, "_deferred_release", None)  # by a handler's close, once its call let go
         if released is not None and not self._calls.held_here() and not released.wait(CLOSE_WAIT):
-            with interrupts_deferred():  # that call still runs: see _release_after_calls
-                self._lifecycle.close(keep_handles=True)
+            self._lifecycle.close(keep_handles=True)  # that call still runs: see _release_after_calls
 
     def _release_after_calls(self) -> None:
         calls = getattr(self, "_calls", None)
@@ -464,10 +464,10 @@ class Pool(SharedChannels, EnvsRandomness, VectorEnv):  # type: ignore[misc]  # 
             # what it uses (the slot's envs, the doorbells' semaphores) once it lets go, by a daemon thread
             # (a call that never returns must not keep the process from exiting).
             try:
-                with interrupts_deferred():
-                    self._lifecycle.close(keep_handles=True)
+                self._lifecycle.close(keep_handles=True)
             finally:  # after a Ctrl-C too; an exit soon after gives the envs time to close
-                atexit.register(calls.once_free(self._release, daemon=True).wait, CLOSE_WAIT)
+                with contextlib.suppress(RuntimeError):  # an atexit close: Python 3.12 starts no thread
+                    atexit.register(calls.once_free(self._release, daemon=True).wait, CLOSE_WAIT)
             return
         try:
             with interrupts_deferred():  # a release cut short by Ctrl-C could not be run again
@@ -479,8 +479,8 @@ class Pool(SharedChannels, EnvsRandomness, VectorEnv):  # type: ignore[misc]  # 
     def _release(self) -> None:
         if getattr(self, "_channels", None) is not None:
             self._channels.close()
-        if getattr(self, "_finalizer", None) is not None:
-            self._finalizer()
+        if getattr(self, "_lifecycle", None) is not None:  # not the finalizer, which runs once: a close
+            self._lifecycle.close()  # that a nested one (a signal handler's) cut short is done here
 
 
 #: Pools of this process, so that a forked child can disown them (see _after_fork_in_child).

@@ -180,8 +180,9 @@ class Waiter:
                     with interrupts_deferred():  # a message half read, or read and not kept, would be lost
                         data = answers[worker_id] = pipe.recv_bytes()
                 except EOFError:  # the worker died while answering: say so with its exit status
-                    if not self._closing():  # or a close from another thread stopped it: that is said
-                        self._lifecycle.processes[worker_id].join(1.0)
+                    processes = self._lifecycle.processes  # emptied by a close (the exit's too): said below
+                    if not self._closing() and worker_id < len(processes):
+                        processes[worker_id].join(1.0)
                     self._check_workers(None, None, phase, others_finished)
                     raise
             try:
