@@ -448,9 +448,9 @@ class Pool(SharedChannels, EnvsRandomness, VectorEnv):  # type: ignore[misc]  # 
         self._release_after_calls()
 
     def close(self, **kwargs: Any) -> None:
-        """Stops the workers and frees the pool's shared memory; returns once they are. A call that
-        still runs after ``CLOSE_WAIT`` (another thread's, or the one a signal handler's close cut
-        into) keeps this process's handles of the pool until it ends; its workers and names go now."""
+        """Stops the workers and frees the pool's shared memory; returns once they are. A signal handler's close
+        inside a call of the pool returns at once (the release follows that call); a call still running after
+        ``CLOSE_WAIT`` keeps this process's handles of the pool until it ends, its workers and names going then."""
         super().close(**kwargs)
         released = getattr(self, "_deferred_release", None)  # by a handler's close, once its call let go
         if released is not None and not self._calls.held_here() and not released.wait(CLOSE_WAIT):
@@ -479,8 +479,8 @@ class Pool(SharedChannels, EnvsRandomness, VectorEnv):  # type: ignore[misc]  # 
     def _release(self) -> None:
         if getattr(self, "_channels", None) is not None:
             self._channels.close()
-        if getattr(self, "_lifecycle", None) is not None:  # not the finalizer, which runs once: a close
-            self._lifecycle.close()  # that a nested one (a signal handler's) cut short is done here
+        if getattr(self, "_lifecycle", None) is not None:  # not the one-shot finalizer: ends a close cut short
+            self._lifecycle.close()
 
 
 #: Pools of this process, so that a forked child can disown them (see _after_fork_in_child).
