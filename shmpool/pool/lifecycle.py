@@ -372,18 +372,18 @@ class Lifecycle:
             for process in self.processes:
                 children.discard(process)
 
-    def close(self, *, keep_handles: bool = False) -> None:
+    def close(self) -> None:
         """Stops the workers (close command, then SIGTERM, then SIGKILL) and unlinks everything. What this
-        process uses (the slot's envs, the doorbells' semaphores) stays until a later ``close`` with
-        ``keep_handles`` or while another thread's call holds the call lock (at exit, a daemon thread's
-        step asleep on a doorbell, which a closed semaphore would leave on unmapped memory)."""
+        process uses (the slot's envs, the doorbells' semaphores) stays, until a later ``close``, while
+        another thread's call holds the call lock (a call that outlasted close()'s wait; at exit, a daemon
+        thread's step asleep on a doorbell, which a closed semaphore would leave on unmapped memory)."""
         # A forked child must not tear down its parent's pool.
         if os.getpid() != self.owner_pid or self._close_lock._is_owned():  # type: ignore[attr-defined]
             return
         with self._close_lock, interrupts_deferred():  # the garbage collector's and the exit's too
             acquired = False
             try:
-                acquired = not keep_handles and self._calls.acquire(timeout=0)
+                acquired = self._calls.acquire(timeout=0)
                 self._stop_workers(keep_local=not acquired)
             finally:
                 self._unlink()

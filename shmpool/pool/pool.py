@@ -454,7 +454,7 @@ class Pool(SharedChannels, EnvsRandomness, VectorEnv):  # type: ignore[misc]  # 
         super().close(**kwargs)
         released = getattr(self, "_deferred_release", None)  # by a handler's close, once its call let go
         if released is not None and not self._calls.held_here() and not released.wait(CLOSE_WAIT):
-            self._lifecycle.close(keep_handles=True)  # that call still runs: see _release_after_calls
+            self._lifecycle.close()  # that call still runs and keeps its handles: see _release_after_calls
 
     def _release_after_calls(self) -> None:
         calls = getattr(self, "_calls", None)
@@ -464,7 +464,7 @@ class Pool(SharedChannels, EnvsRandomness, VectorEnv):  # type: ignore[misc]  # 
             # what it uses (the slot's envs, the doorbells' semaphores) once it lets go, by a daemon thread
             # (a call that never returns must not keep the process from exiting).
             try:
-                self._lifecycle.close(keep_handles=True)
+                self._lifecycle.close()  # what the call holding the lock uses stays
             finally:  # after a Ctrl-C too; an exit soon after gives the envs time to close
                 with contextlib.suppress(RuntimeError):  # an atexit close: Python 3.12 starts no thread
                     atexit.register(calls.once_free(self._release, daemon=True).wait, CLOSE_WAIT)
