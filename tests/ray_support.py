@@ -64,6 +64,23 @@ def wait_for(check: Any, seconds: float) -> Any:
         time.sleep(0.05)
 
 
+def kill_and_wait(actor: Any, seconds: float = 30.0) -> None:
+    """``ray.kill(actor)``, then waits until the actor no longer answers: the kill is asynchronous,
+    and a call made right after it may still run."""
+    import ray
+
+    ray.kill(actor)
+
+    def answers() -> bool:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=5.0)
+        except ray.exceptions.RayActorError:
+            return False
+        return True
+
+    assert not wait_for(answers, seconds), "ray.kill did not end the actor"
+
+
 def no_leftovers_but_rays(request: pytest.FixtureRequest) -> Iterator[None]:
     """conftest's check (no segment and no child process left behind), less the worker processes
     that Ray starts and keeps for itself (children of a raylet): the body of an autouse fixture that

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from conftest import descendants, shm_entries
 from helpers import CountingEnv, PairEnv, StructuredEnv, wait_gone
-from ray_support import cmdline, no_leftovers_but_rays, ray_environment, wait_for
+from ray_support import cmdline, kill_and_wait, no_leftovers_but_rays, ray_environment, wait_for
 
 import shmpool
 import shmpool.ray  # cheap: Ray itself is imported on first use
@@ -281,7 +281,7 @@ def test_a_killed_host_actor_raises_an_error_naming_its_node(pool_name: str) -> 
         fleet.reset()
         fleet.step(np.zeros(4, np.int64))
         workers = fleet.worker_pids_by_node[1]
-        ray.kill(ray.get_actor(f"shmpool/{pool_name}/1", namespace="shmpool"))
+        kill_and_wait(ray.get_actor(f"shmpool/{pool_name}/1", namespace="shmpool"))
 
         started = time.monotonic()
         with pytest.raises(shmpool.ray.ClusterNodeError, match=r"node 1 \(.*\) of cluster pool") as raised:
@@ -443,17 +443,7 @@ def test_reads_after_a_node_failed_raise_an_error_naming_it(pool_name: str) -> N
         fleet.reset(seed=0)
         for _ in range(2):  # every env ends an episode, on both nodes
             fleet.step(np.ones(4, np.int64))
-        host = ray.get_actor(f"shmpool/{pool_name}/1", namespace="shmpool")
-        ray.kill(host)
-
-        def answers() -> bool:
-            try:
-                ray.get(host.__ray_ready__.remote(), timeout=5.0)
-            except ray.exceptions.RayActorError:
-                return False
-            return True
-
-        assert not wait_for(answers, 30.0), "ray.kill did not end node 1's host"
+        kill_and_wait(ray.get_actor(f"shmpool/{pool_name}/1", namespace="shmpool"))
 
         # Failing during the read: node 0 handed its records over (its cursor moved on); they ride
         # on the error rather than being dropped.
