@@ -154,6 +154,25 @@ def test_an_acceleration_sensor_puts_contact_forces_in_a_resets_observation(pool
             np.testing.assert_array_equal(forces, reference.unwrapped.data.cfrc_ext)
 
 
+def test_an_ants_contact_forces_off_the_floor_come_from_its_equality_constraint(pool_name: str, tmp_path: Path) -> None:
+    """An Ant held up by a weld to the world never touches the floor: its ``cfrc_ext`` is the
+    constraint's force alone, which the engine must not skip as it skips the simulations without
+    contacts, constraints or applied forces."""
+    import gymnasium.envs.mujoco
+
+    stock = Path(gymnasium.envs.mujoco.__file__).parent / "assets" / "ant.xml"
+    xml = tmp_path / "ant_welded.xml"
+    weld = '<equality><weld body1="torso" solref="0.2 1"/></equality>\n</mujoco>'
+    xml.write_text(stock.read_text().replace("</mujoco>", weld))
+    kwargs = {"xml_file": str(xml), "terminate_when_unhealthy": False}
+    run_against_sync("Ant-v5", AutoresetMode.NEXT_STEP, pool_name, LIMIT + 3, **kwargs)
+    reference = gym.make("Ant-v5", **kwargs)
+    reference.reset(seed=11)
+    reference.step(reference.action_space.sample())
+    data = reference.unwrapped.data
+    assert data.ne > 0 and data.ncon == 0 and np.abs(data.cfrc_ext).sum() > 0  # what the run above checked
+
+
 def count_compiles() -> None:
     """A worker's ``worker_init``: counts the compiles of model files (``MjModel.from_xml_path``)."""
     import mujoco

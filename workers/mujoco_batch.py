@@ -166,6 +166,13 @@ class MujocoSlot(ArraySlot):
             #: Each env's ``MjData``, and its ``cfrc_ext`` (a view: it stays valid with the data).
             self._datas = [env.unwrapped.data for env in self.envs]
             self._data_forces = [data.cfrc_ext for data in self._datas]
+            #: What ``mj_rnePostConstraint`` adds into ``cfrc_ext``, per simulation: its contacts, its
+            #: equality constraints' rows and the forces applied to its bodies.
+            self._force_sources = (
+                self.batch.bind("ncon"),
+                self.batch.bind("ne"),
+                self.batch.bind("xfrc_applied").reshape(len(self.envs), -1),
+            )
         # Whether mj_forward computes the contact forces (an acceleration-stage sensor makes it run
         # mj_rnePostConstraint): then a reset leaves them in the env's data, and in its observation.
         probe = mujoco.MjData(self.nominal)
@@ -409,11 +416,20 @@ class MujocoSlot(ArraySlot):
 
     def _contact_forces(self, ids: np.ndarray | None) -> np.ndarray:
         """``cfrc_ext`` as gymnasium's env has it after a step: ``mj_rnePostConstraint`` on each
-        stepped simulation's data (materialized into its env's ``MjData``, with its model)."""
+        stepped simulation's data (materialized into its env's ``MjData``, with its model).
+
+        That function zeroes ``cfrc_ext``, then adds only the forces applied to bodies
+        (``xfrc_applied``), the contacts' and the equality constraints' rows: a simulation with none
+        of them (about half of Ant's steps and 60% of Humanoid's with random actions) gets zeros,
+        without the ``MjData`` copy that is nearly all of the function's cost here."""
         get_data, rne, forces = self.batch.get_data, self._mujoco.mj_rnePostConstraint, self._forces
         datas, results, nominal = self._datas, self._data_forces, self.nominal
+        contacts, equalities, applied = self._force_sources
+        acted = (contacts != 0) | (equalities != 0) | applied.any(axis=1)
+        rows = np.arange(len(datas)) if ids is None else ids
+        forces[rows[~acted[rows]]] = 0.0
         own_models = bool(self.expanded)  # else every simulation runs the nominal model
-        for local in range(len(datas)) if ids is None else ids.tolist():
+        for local in rows[acted[rows]].tolist():
             rne(self._model_of(local) if own_models else nominal, get_data(local, datas[local]))
             forces[local] = results[local]
         return forces

@@ -150,17 +150,14 @@ class Perturb(ParamHook):
         if compiled is not None:
             self._kick_compiled(ctx, compiled, ctx.step_counts, ctx.resetting)
             return
-        if self.every is None and not ctx.events:  # kicked by events only, and none came: nothing to do
+        due = [] if self.every is None else ctx.due_every(self.every).tolist()
+        if not due and not ctx.events:  # the common step: nothing due, no event
             return
         strength = self._sent(ctx)
-        if self.every is not None:
-            due = ctx.due_every(self.every)
-            if len(due):
-                default = ctx.applied[self.param]  # type: ignore[index]
-                for row in due.tolist():
-                    strength.setdefault(row, default[row])
-        if not strength:  # the common step: nothing due, no event
-            return
+        if due:
+            default = ctx.applied[self.param]  # type: ignore[index]
+            for row in due:
+                strength.setdefault(row, default[row])
         resetting = ctx.resetting
         self._kick(ctx, [row for row in sorted(strength) if not resetting[row]], strength)
 
