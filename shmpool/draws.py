@@ -4,6 +4,7 @@ of workers or the order in which envs reset."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -43,13 +44,16 @@ def uniform01_grid(
     ``[i, p, lane, k]`` is a pure function of (seed, env, episode, parameter, step, lane, k), the
     same whichever other parameters, lanes and sizes are drawn with it. One call draws every
     parameter of a reset, sharing the keys' first steps."""
+    steps = _words(step)
+    shape = (len(env_ids), len(params), lanes, size)
+    if shape[0] * shape[1] * lanes * size <= FEW_DRAWS:
+        return _few_uniform01(seed, env_ids, episodes, params, steps, shape)
     key = np.full(len(env_ids), np.uint64(seed % (1 << 64)), dtype=np.uint64)
     for part in (env_ids, episodes):
         key += _GOLDEN
         key += _words(part)
         _mix(key)
     keys = key[:, None] + _GOLDEN + _words(params)[None, :]
-    steps = _words(step)
     _mix(keys)
     keys += _GOLDEN
     keys += steps[:, None] if steps.ndim else steps
@@ -59,6 +63,44 @@ def uniform01_grid(
     words = lane_keys[..., None] + _GOLDEN * np.arange(1, size + 1, dtype=np.uint64)
     _mix(words)
     return (words >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+#: Up to how many uniforms ``uniform01_grid`` computes with Python ints: a reset of a few envs draws
+#: a few values, where each of the grid's some 60 numpy calls costs more than its work (1-2 us each).
+FEW_DRAWS = 64
+_MASK = (1 << 64) - 1
+
+
+def _mix_int(x: int) -> int:
+    """``_mix`` of one word held in a Python int (the same bits: every product is taken mod 2**64)."""
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & _MASK
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def _few_uniform01(
+    seed: int, env_ids: np.ndarray, episodes: np.ndarray, params: list[int], steps: np.ndarray, shape: tuple[int, ...]
+) -> np.ndarray:
+    """``uniform01_grid`` for a few draws, bit for bit, with Python ints: the same keys, mixed in the
+    same order, and the same conversion to a float (53 bits, exact, times a power of two)."""
+    golden, scale = int(_GOLDEN), 1.0 / (1 << 53)
+    count, _, lanes, size = shape
+    env_words, episode_words = (np.asarray(part).astype(np.int64).tolist() for part in (env_ids, episodes))
+    param_words = np.asarray(params, dtype=np.int64).tolist()
+    step_words = steps.tolist() if steps.ndim else [int(steps)] * count
+    values = []
+    for env, episode, step in zip(env_words, episode_words, step_words):
+        key = _mix_int((seed % (1 << 64) + golden + (env & _MASK)) & _MASK)
+        key = _mix_int((key + golden + (episode & _MASK)) & _MASK)
+        for param in param_words:
+            param_key = _mix_int((key + golden + (param & _MASK)) & _MASK)
+            param_key = _mix_int((param_key + golden + step) & _MASK)
+            for lane in range(lanes):
+                lane_key = _mix_int((param_key + golden + lane) & _MASK)
+                values += [(_mix_int((lane_key + golden * k) & _MASK) >> 11) * scale for k in range(1, size + 1)]
+    return np.array(values, dtype=np.float64).reshape(shape)
 
 
 def uniform01(
@@ -84,7 +126,7 @@ def draws(
 ) -> list[np.ndarray]:
     """Draws one value per env from each of ``specs``' distributions, with per-env ``arguments``
     records (one array per spec), in one grid of uniforms."""
-    sizes = [max(1, int(np.prod(spec.shape, dtype=np.int64))) for spec in specs]
+    sizes = [max(1, math.prod(spec.shape)) for spec in specs]
     lanes = 2 if any(spec.dist == "normal" for spec in specs) else 1
     grid = uniform01_grid(seed, env_ids, episodes, [spec.index for spec in specs], step, max(sizes), lanes)
     results = []

@@ -59,6 +59,24 @@ def test_a_draw_depends_on_every_key_and_on_nothing_else() -> None:
     assert one.tobytes() == grid[:, 1, 1, :2].copy().tobytes()  # fewer elements: the same first ones
 
 
+def test_a_few_draws_equal_the_same_draws_among_many() -> None:
+    """A reset of one env draws a few values, a reset of many a large grid, computed another way:
+    every value is the same bits either way, for any keys (negative ids and parameters, large
+    seeds and steps, a step per env)."""
+    rng = np.random.default_rng(5)
+    env_ids, episodes = rng.integers(-3, 10**6, 40), rng.integers(0, 10**9, 40)
+    params = [-1, 0, 7]
+    for seed, step in ((0, 0), (2**64 + 5, 3), (-9, rng.integers(0, 2**40, 40))):
+        grid = uniform01_grid(seed, env_ids, episodes, params, step, size=3, lanes=2)
+        assert grid.size > 64  # many: numpy's path
+        for env in (0, 17, 39):
+            one_step = step[env : env + 1] if isinstance(step, np.ndarray) else step
+            few = uniform01_grid(seed, env_ids[env : env + 1], episodes[env : env + 1], params, one_step, 3, 2)
+            assert few.tobytes() == grid[env : env + 1].tobytes(), (seed, env)
+        pair = uniform01_grid(seed, env_ids[:2], episodes[:2], params[1:], step if np.ndim(step) == 0 else step[:2], 1, 1)
+        assert pair.tobytes() == grid[:2, 1:, :1, :1].copy().tobytes()
+
+
 def test_a_derived_seed_is_a_reproducible_31_bit_int() -> None:
     seeds = {derive_seed(9, env, episode) for env in range(5) for episode in range(5)}
     assert len(seeds) == 25 and all(0 <= seed < 2**31 for seed in seeds)

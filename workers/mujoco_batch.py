@@ -88,12 +88,20 @@ class BatchTargets(EnvTargets):
         super().attach(local, env)
 
     def write(self, spec: ParamSpec, rows: np.ndarray, values: np.ndarray) -> None:
-        simulations = [self._simulations.get(local) for local in rows.tolist()]
-        if not _writes_many(spec) or not simulations or None in simulations:
+        indices = self._indices(rows)
+        if indices is None or not _writes_many(spec):
             super().write(spec, rows, values)
             return
-        indices = np.array([one.index for one in simulations], dtype=np.intp)  # type: ignore[union-attr]
-        self._writer(spec, simulations[0])(indices, values)  # type: ignore[arg-type]
+        self._writer(spec, self._simulations[int(rows[0])])(indices, values)  # type: ignore[arg-type]
+
+    def _indices(self, rows: np.ndarray) -> np.ndarray | None:
+        """The batch index of each env at ``rows``; None for no rows, or while one has no simulation."""
+        if not len(rows):
+            return None
+        if self._every_index is not None:  # every env attached: one lookup, not one per env
+            return self._every_index[rows]
+        simulations = [self._simulations.get(local) for local in rows.tolist()]
+        return None if None in simulations else np.array([one.index for one in simulations], dtype=np.intp)  # type: ignore[union-attr]
 
     def _writer(self, spec: ParamSpec, simulation: Simulation) -> Callable[[np.ndarray, np.ndarray], None]:
         """``spec``'s batch writer: one per parameter, every simulation of the slot sharing the batch."""
