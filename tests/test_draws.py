@@ -73,7 +73,8 @@ def test_a_few_draws_equal_the_same_draws_among_many() -> None:
             one_step = step[env : env + 1] if isinstance(step, np.ndarray) else step
             few = uniform01_grid(seed, env_ids[env : env + 1], episodes[env : env + 1], params, one_step, 3, 2)
             assert few.tobytes() == grid[env : env + 1].tobytes(), (seed, env)
-        pair = uniform01_grid(seed, env_ids[:2], episodes[:2], params[1:], step if np.ndim(step) == 0 else step[:2], 1, 1)
+        two_steps = step if np.ndim(step) == 0 else step[:2]
+        pair = uniform01_grid(seed, env_ids[:2], episodes[:2], params[1:], two_steps, size=1, lanes=1)
         assert pair.tobytes() == grid[:2, 1:, :1, :1].copy().tobytes()
 
 
