@@ -166,7 +166,7 @@ class ModelBinding:
             expanded[(indices,) + location] = targets
             simulation.models_changed[indices] = True
             if self.set_const:
-                batch.set_const(sorted(set(indices.tolist())))  # Batch.set_const takes sorted, unique ids
+                batch.set_const(sorted(set(np.asarray(indices).tolist())))  # Batch.set_const takes sorted, unique ids
 
         return write
 

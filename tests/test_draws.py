@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from shmpool import Param
-from shmpool.draws import derive_seed, draws, uniform01, uniform01_grid
+from shmpool.draws import FEW_MIXES, derive_seed, draws, uniform01, uniform01_grid
 from shmpool.params import ParamSpec, block_dtype, compile_specs
 
 SPECS = compile_specs(
@@ -63,12 +63,16 @@ def test_a_few_draws_equal_the_same_draws_among_many() -> None:
     """A reset of one env draws a few values, a reset of many a large grid, computed another way:
     every value is the same bits either way, for any keys (negative ids and parameters, large
     seeds and steps, a step per env)."""
+    # Scrambles per grid (envs x (2 + params x (2 + lanes x (1 + size)))): one env's 32 and two envs'
+    # 20 below take Python's path, 40 envs' numpy's.
+    assert 32 <= FEW_MIXES < 40 * (2 + 1 * (2 + 1 * 2))
     rng = np.random.default_rng(5)
-    env_ids, episodes = rng.integers(-3, 10**6, 40), rng.integers(0, 10**9, 40)
+    env_ids, episodes = rng.integers(-(2**62), 10**6, 40), rng.integers(0, 10**9, 40)
+    env_ids[:2] = -3, 0
     params = [-1, 0, 7]
-    for seed, step in ((0, 0), (2**64 + 5, 3), (-9, rng.integers(0, 2**40, 40))):
+    big_steps = rng.integers(0, 2**64, 40, dtype=np.uint64)
+    for seed, step in ((0, 0), (2**64 + 5, 3), (-9, -1), (7, np.uint64(2**63 + 1)), (3, big_steps)):
         grid = uniform01_grid(seed, env_ids, episodes, params, step, size=3, lanes=2)
-        assert grid.size > 64  # many: numpy's path
         for env in (0, 17, 39):
             one_step = step[env : env + 1] if isinstance(step, np.ndarray) else step
             few = uniform01_grid(seed, env_ids[env : env + 1], episodes[env : env + 1], params, one_step, 3, 2)
@@ -76,6 +80,8 @@ def test_a_few_draws_equal_the_same_draws_among_many() -> None:
         two_steps = step if np.ndim(step) == 0 else step[:2]
         pair = uniform01_grid(seed, env_ids[:2], episodes[:2], params[1:], two_steps, size=1, lanes=1)
         assert pair.tobytes() == grid[:2, 1:, :1, :1].copy().tobytes()
+    same_episode = uniform01_grid(4, env_ids[:2], np.array([6]), [2], 5, size=1, lanes=1)  # one for both envs
+    assert same_episode.tobytes() == uniform01_grid(4, env_ids, np.full(40, 6), [2], 5, 1, 1)[:2].tobytes()
 
 
 def test_a_derived_seed_is_a_reproducible_31_bit_int() -> None:

@@ -427,9 +427,10 @@ class MujocoSlot(ArraySlot):
         stepped simulation's data (materialized into its env's ``MjData``, with its model).
 
         That function zeroes ``cfrc_ext``, then adds only the forces applied to bodies
-        (``xfrc_applied``), the contacts' and the equality constraints' rows: a simulation with none
-        of them (about half of Ant's steps and 60% of Humanoid's with random actions) gets zeros,
-        without the ``MjData`` copy that is nearly all of the function's cost here."""
+        (``xfrc_applied``), contacts and connect and weld constraints (rows within ``ne``): a
+        simulation with no contact, no equality row and no applied force (about half of Ant's steps
+        and 60% of Humanoid's with random actions) gets zeros, without the ``MjData`` copy that is
+        nearly all of the function's cost here."""
         get_data, rne, forces = self.batch.get_data, self._mujoco.mj_rnePostConstraint, self._forces
         datas, results, nominal = self._datas, self._data_forces, self.nominal
         contacts, equalities, applied = self._force_sources
