@@ -216,21 +216,21 @@ class ActionChecker:
                     f"{self._label}: {where} has shape {array.shape}, expected {expected} "
                     f"({expected[0]} envs of {leaf.space})"
                 )
-            if array.dtype != leaf.dtype:
-                if not np.can_cast(array.dtype, leaf.dtype, casting="same_kind"):
-                    raise ValueError(
-                        f"{self._label}: {where} has dtype {array.dtype}, which cannot be cast to {leaf.dtype} "
-                        f"for {leaf.space}"
-                    )
-                discrete_bools = array.dtype.kind == "b" and isinstance(leaf.space, spaces.Discrete)
-                row = _first_numpy_bool(part) if discrete_bools else None
-                if row is not None:
-                    env_id = row if env_ids is None else int(env_ids[row])
-                    raise ValueError(
-                        f"{self._label} env {env_id}: action {array[row].tolist()!r} in {where} is a numpy bool, "
-                        f"which {leaf.space} does not contain, as in gymnasium; give integers "
-                        f"(actions.astype(np.int64))"
-                    )
+            if array.dtype != leaf.dtype and not np.can_cast(array.dtype, leaf.dtype, casting="same_kind"):
+                raise ValueError(
+                    f"{self._label}: {where} has dtype {array.dtype}, which cannot be cast to {leaf.dtype} "
+                    f"for {leaf.space}"
+                )
+            # A bool array, or a list whose numpy bools numpy made ints ([np.True_, 1]).
+            maybe_bools = array.dtype.kind == "b" or isinstance(part, (list, tuple))
+            row = _first_numpy_bool(part) if maybe_bools and isinstance(leaf.space, spaces.Discrete) else None
+            if row is not None:
+                env_id = row if env_ids is None else int(env_ids[row])
+                raise ValueError(
+                    f"{self._label} env {env_id}: action {array[row].tolist()!r} in {where} is a numpy bool, "
+                    f"which {leaf.space} does not contain, as in gymnasium; give integers "
+                    f"(actions.astype(np.int64))"
+                )
             bad, outside = range_check(array) if range_check is not None else None, "is outside"
             if range_check is None and array.dtype != leaf.dtype:
                 if array.dtype not in narrowing:
@@ -259,11 +259,11 @@ class ActionChecker:
 
 
 def _first_numpy_bool(part: Any) -> int | None:
-    """The first row of bool actions ``part`` that is not a Python bool, which gymnasium's Discrete
-    contains (a bool is an int) where it refuses numpy bools; None if every row is one."""
+    """The first row of actions ``part`` (a bool array, a list or a tuple) that is a numpy bool, which
+    gymnasium's Discrete refuses where it takes a Python bool (a bool is an int); None if none is."""
     if not isinstance(part, (list, tuple)):
         return 0
-    return next((row for row, value in enumerate(part) if type(value) is not bool), None)
+    return next((row for row, value in enumerate(part) if isinstance(value, np.bool_)), None)
 
 
 class ActionCheckers:

@@ -103,10 +103,14 @@ def test_numpy_bool_actions_for_a_discrete_space_are_refused_as_sync_refuses_the
             pool.step(np.array([True, False]), env_ids=[2, 1])  # rows named by their env
         with pytest.raises(ValueError, match=r"CartPole-v1 env 1: action True in actions is a numpy bool"):
             pool.step([False, np.True_, True])  # the first row that is not a Python bool
-        for t, actions in enumerate(([False, True, True], (True, False, True))):
+        for t, actions in enumerate(([False, True, True], (True, False, True), [1, True, np.int64(0)])):
             ours, theirs = pool.step(actions), reference.step(actions)
             for index in range(4):
                 assert_same(ours[index], theirs[index], f"step {t} item {index}")
+        with pytest.raises(ValueError, match=r"CartPole-v1 env 1: action 1 in actions is a numpy bool"):
+            pool.step([1, np.True_, 0])  # numpy makes the list ints: the bool is found in the list
+        with pytest.raises(AssertionError):  # last: Sync has stepped env 0 when env 1 refuses
+            reference.step([1, np.True_, 0])
     reference.close()
 
 
