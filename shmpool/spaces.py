@@ -192,6 +192,7 @@ class ActionChecker:
                 (num_envs, *leaf.shape),
                 _range_check(leaf.space),
                 "actions" + "".join(f"[{p!r}]" for p in leaf.path),
+                isinstance(leaf.space, spaces.Discrete),
             )
             for leaf in self._leaves
         ]
@@ -204,7 +205,9 @@ class ActionChecker:
         """The checked arrays; ``env_ids`` names the env of each row in messages (default: the row)."""
         parts = [actions] if self._is_leaf else flatten(self._space, actions)
         checked = []
-        for (leaf, expected, range_check, where), part, narrowing in zip(self._checks, parts, self._narrowing):
+        for (leaf, expected, range_check, where, discrete), part, narrowing in zip(
+            self._checks, parts, self._narrowing
+        ):
             array = np.asarray(part)
             if array.ndim == 0 and expected:  # gymnasium raises TypeError: a scalar cannot be iterated
                 raise TypeError(
@@ -221,15 +224,16 @@ class ActionChecker:
                     f"{self._label}: {where} has dtype {array.dtype}, which cannot be cast to {leaf.dtype} "
                     f"for {leaf.space}"
                 )
-            # A bool array, or a list whose numpy bools numpy made ints ([np.True_, 1]).
-            maybe_bools = array.dtype.kind == "b" or isinstance(part, (list, tuple))
-            row = _first_numpy_bool(part) if maybe_bools and isinstance(leaf.space, spaces.Discrete) else None
+            # A bool array, or a list or tuple whose numpy bools numpy may have made ints ([np.True_, 1]).
+            row = (
+                _first_numpy_bool(part, array) if discrete and (part is not array or array.dtype.kind == "b") else None
+            )
             if row is not None:
                 env_id = row if env_ids is None else int(env_ids[row])
+                given = part[row] if isinstance(part, (list, tuple)) else array[row].tolist()
                 raise ValueError(
-                    f"{self._label} env {env_id}: action {array[row].tolist()!r} in {where} is a numpy bool, "
-                    f"which {leaf.space} does not contain, as in gymnasium; give integers "
-                    f"(actions.astype(np.int64))"
+                    f"{self._label} env {env_id}: action {given!r} in {where} is a numpy bool, which "
+                    f"{leaf.space} does not contain, as in gymnasium; give integers (np.asarray(actions, np.int64))"
                 )
             bad, outside = range_check(array) if range_check is not None else None, "is outside"
             if range_check is None and array.dtype != leaf.dtype:
@@ -258,12 +262,22 @@ class ActionChecker:
         return checked
 
 
-def _first_numpy_bool(part: Any) -> int | None:
-    """The first row of actions ``part`` (a bool array, a list or a tuple) that is a numpy bool, which
-    gymnasium's Discrete refuses where it takes a Python bool (a bool is an int); None if none is."""
+def _first_numpy_bool(part: Any, array: np.ndarray) -> int | None:
+    """The first row of Discrete actions ``part`` (``array`` as numpy read it) that is a numpy bool,
+    a scalar or a 0-d array, which gymnasium's Discrete refuses where it takes a Python bool (a bool
+    is an int); None if none is."""
     if not isinstance(part, (list, tuple)):
-        return 0
-    return next((row for row, value in enumerate(part) if isinstance(value, np.bool_)), None)
+        return 0 if array.dtype.kind == "b" else None
+    if not {np.bool_, np.ndarray} & set(map(type, part)):  # the common list: no scan in Python
+        return None
+    return next(
+        (
+            row
+            for row, value in enumerate(part)
+            if isinstance(value, (np.bool_, np.ndarray)) and value.dtype.kind == "b"
+        ),
+        None,
+    )
 
 
 class ActionCheckers:
