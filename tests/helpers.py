@@ -13,6 +13,7 @@ import resource
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable
 from importlib import metadata
@@ -146,6 +147,23 @@ def _run_python(*args: str, timeout: float = 60.0) -> subprocess.CompletedProces
 def run_script(code: str, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
     """Runs ``code`` in a fresh interpreter, arguments in ``sys.argv[1:]``; returns its exit status and output."""
     return _run_python("-c", code, *args, timeout=timeout)
+
+
+def outcome_in_thread(call: Callable[[], Any], done: str = "returned") -> tuple[threading.Thread, list[str]]:
+    """Starts ``call`` in a thread; the list gets ``done`` when it returns, else the name of the
+    exception it raised (what the scripts that close a pool under another thread's call print)."""
+    outcome: list[str] = []
+
+    def run() -> None:
+        try:
+            call()
+            outcome.append(done)
+        except BaseException as exc:  # noqa: BLE001 - which one is the outcome
+            outcome.append(type(exc).__name__)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome
 
 
 def shmpool_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -413,7 +413,7 @@ def test_an_event_to_several_workers_from_a_killed_sender_reaches_none(pool_name
 
 
 SENDER_DURING_CLOSE = """
-import sys, threading, time
+import sys, time
 import shmpool
 sys.path.insert(0, "tests")
 import helpers
@@ -421,20 +421,12 @@ import helpers
 pool = shmpool.launch("CartPole-v1", 4, num_workers=2, name=sys.argv[1], hooks=[helpers.EventLog(sys.argv[2])],
                       event_capacity=2, event_payload=3)
 pool.reset(seed=0)
-outcome = []
 
-def sender():
-    try:
-        for seq in range(10):  # the ring holds 2 and nobody steps: the third send waits for room
-            pool.events.send("Log", None, [0, 0, seq], wait=None)
-        outcome.append("sent all")
-    except shmpool.PoolClosedError:
-        outcome.append("PoolClosedError")
-    except BaseException as exc:
-        outcome.append(type(exc).__name__)
+def send_all():
+    for seq in range(10):  # the ring holds 2 and nobody steps: the third send waits for room
+        pool.events.send("Log", None, [0, 0, seq], wait=None)
 
-thread = threading.Thread(target=sender)
-thread.start()
+thread, outcome = helpers.outcome_in_thread(send_all, "sent all")
 time.sleep(0.5)
 started = time.monotonic()
 pool.close()

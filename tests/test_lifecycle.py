@@ -98,7 +98,7 @@ def test_views_kept_after_close_stay_readable_and_every_use_raises_closed(pool_n
 
 
 CLOSE_DURING_STEP = """
-import sys, threading, time
+import sys, time
 import numpy as np
 import shmpool
 sys.path.insert(0, "tests")
@@ -107,17 +107,12 @@ import helpers
 pool = shmpool.launch(lambda: helpers.CountingEnv(length=10**9, sleep=float(sys.argv[2])), 2, num_workers=1,
                       name=sys.argv[1])
 pool.reset(seed=0)
-outcome = []
 
-def stepper():
-    try:
-        while True:
-            pool.step(np.zeros(2, dtype=np.int64))
-    except Exception as exc:
-        outcome.append(type(exc).__name__)
+def step_on():
+    while True:
+        pool.step(np.zeros(2, dtype=np.int64))
 
-thread = threading.Thread(target=stepper)
-thread.start()
+thread, outcome = helpers.outcome_in_thread(step_on)
 time.sleep(0.1)
 pool.close()
 thread.join(10)
@@ -174,14 +169,7 @@ pool = shmpool.launch(lambda: SlowToStep(length=10**9, sleep=1.5 if os.getpid() 
 pool.reset(seed=0)
 workers = pool.worker_pids
 SlowToStep.closed_while_stepping.clear()  # the env launch probed and closed
-outcome, errors = [], []
-
-def stepper():
-    try:
-        pool.step(np.zeros(2, dtype=np.int64))
-        outcome.append("stepped")
-    except Exception as exc:
-        outcome.append(type(exc).__name__)
+errors = []
 
 def closer():
     try:
@@ -189,8 +177,7 @@ def closer():
     except Exception as exc:
         errors.append(repr(exc))
 
-thread = threading.Thread(target=stepper)
-thread.start()
+thread, outcome = helpers.outcome_in_thread(lambda: pool.step(np.zeros(2, dtype=np.int64)), "stepped")
 in_step.wait(10)
 closers = [threading.Thread(target=closer) for _ in range(2)]  # two at once: one stops the workers
 for closing in closers:
@@ -251,7 +238,7 @@ def test_an_exit_while_a_daemon_threads_step_sleeps_stops_the_workers_under_no_u
 
 
 ENV_APPLY_DURING_CLOSE = """
-import os, sys, threading, time
+import os, sys, time
 import shmpool
 import shmpool.pool.pool
 sys.path.insert(0, "tests")
@@ -266,17 +253,7 @@ def nap(env):  # in the trainer's slot, past close()'s wait; in the worker, past
 pool = shmpool.launch(helpers.CountingEnv, 2, num_workers=2, trainer_slot=True, start_method="fork", timeout=None,
                       name=sys.argv[1])
 pool.reset(seed=0)
-outcome = []
-
-def apply():
-    try:
-        pool.env_apply(nap)
-        outcome.append("applied")
-    except Exception as exc:
-        outcome.append(type(exc).__name__)
-
-thread = threading.Thread(target=apply)
-thread.start()
+thread, outcome = helpers.outcome_in_thread(lambda: pool.env_apply(nap), "applied")
 time.sleep(0.3)
 pool.close()
 thread.join(20)
