@@ -131,12 +131,24 @@ def draws(
 ) -> list[np.ndarray]:
     """Draws one value per env from each of ``specs``' distributions, with per-env ``arguments``
     records (one array per spec), in one grid of uniforms."""
-    sizes = [max(1, math.prod(spec.shape)) for spec in specs]
-    lanes = 2 if any(spec.dist == "normal" for spec in specs) else 1
-    grid = uniform01_grid(seed, env_ids, episodes, [spec.index for spec in specs], step, max(sizes), lanes)
+    size, lanes = _grid_shape(specs)
+    grid = uniform01_grid(seed, env_ids, episodes, [spec.index for spec in specs], step, size, lanes)
+    return values_from(specs, arguments, grid)
+
+
+def _grid_shape(specs: list[ParamSpec]) -> tuple[int, int]:
+    """The size and lanes of the grid of uniforms that ``specs`` draw from."""
+    size = max(max(1, math.prod(spec.shape)) for spec in specs)
+    return size, 2 if any(spec.dist == "normal" for spec in specs) else 1
+
+
+def values_from(specs: list[ParamSpec], arguments: list[np.ndarray], grid: np.ndarray) -> list[np.ndarray]:
+    """Each of ``specs``' values for the envs of ``grid`` (``uniform01_grid``'s, one column per spec),
+    with their ``arguments`` records (one array per spec)."""
     results = []
-    for column, (spec, records, size) in enumerate(zip(specs, arguments, sizes)):
-        shape = (len(env_ids), *spec.shape)
+    for column, (spec, records) in enumerate(zip(specs, arguments)):
+        size = max(1, math.prod(spec.shape))
+        shape = (len(grid), *spec.shape)
         u = grid[:, column, 0, :size].reshape(shape)
         if spec.dist == "uniform":
             low, high = records["low"].astype(np.float64), records["high"].astype(np.float64)
@@ -150,3 +162,47 @@ def draws(
             values = records["mean"].astype(np.float64) + records["std"].astype(np.float64) * normal
         results.append(np.clip(values, spec.low, spec.high).astype(spec.dtype))
     return results
+
+
+#: Up to how many uniforms of its next episodes ``EpisodeUniforms`` holds per env (and per parameter
+#: drawn): 16 episodes of a few scalar parameters, fewer of large arrays.
+AHEAD_UNIFORMS = 512
+
+
+class EpisodeUniforms:
+    """The uniforms that a slot's envs draw their per-episode values from (``uniform01_grid`` at
+    step 0), each env's next episodes drawn in one grid and taken at its resets: a reset of a few
+    envs then costs a lookup, not a grid of its own (some 60 numpy calls, or a few dozen scrambles
+    in Python). Each uniform is a pure function of its keys, so the values are the same as one grid
+    per reset gives, whatever episode an env jumps to (a restored checkpoint's, say)."""
+
+    def __init__(self, seed: int, env_ids: np.ndarray, specs: list[ParamSpec]) -> None:
+        self._seed, self._env_ids, self._params = seed, env_ids, [spec.index for spec in specs]
+        self._size, self._lanes = _grid_shape(specs)
+        per_episode = len(specs) * self._lanes * self._size
+        self._ahead = max(1, min(16, AHEAD_UNIFORMS // per_episode))
+        self._grids = np.zeros((len(env_ids), self._ahead, len(specs), self._lanes, self._size))
+        #: Per env: the episode its first held grid is for (far below any episode: none held yet).
+        self._first = np.full(len(env_ids), -(1 << 62), dtype=np.int64)
+
+    def take(self, rows: np.ndarray, episodes: np.ndarray) -> np.ndarray:
+        """The grid of the envs at ``rows`` (distinct) for their ``episodes``, ``uniform01_grid``'s
+        ``(len(rows), params, lanes, size)``."""
+        offsets = episodes - self._first[rows]
+        missing = (offsets < 0) | (offsets >= self._ahead)
+        if np.count_nonzero(missing):
+            refilled, starts = rows[missing], episodes[missing]
+            ahead = np.arange(self._ahead)
+            grid = uniform01_grid(
+                self._seed,
+                np.repeat(self._env_ids[refilled], self._ahead),
+                (starts[:, None] + ahead).ravel(),
+                self._params,
+                0,
+                self._size,
+                self._lanes,
+            )
+            self._grids[refilled] = grid.reshape(len(refilled), self._ahead, *grid.shape[1:])
+            self._first[refilled] = starts
+            offsets = episodes - self._first[rows]
+        return self._grids[rows, offsets]

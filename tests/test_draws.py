@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from shmpool import Param
-from shmpool.draws import FEW_MIXES, derive_seed, draws, uniform01, uniform01_grid
+from shmpool.draws import FEW_MIXES, EpisodeUniforms, derive_seed, draws, uniform01, uniform01_grid
 from shmpool.params import ParamSpec, block_dtype, compile_specs
 
 SPECS = compile_specs(
@@ -82,6 +82,25 @@ def test_a_few_draws_equal_the_same_draws_among_many() -> None:
         assert pair.tobytes() == grid[:2, 1:, :1, :1].copy().tobytes()
     same_episode = uniform01_grid(4, env_ids[:2], np.array([6]), [2], 5, size=1, lanes=1)  # one for both envs
     assert same_episode.tobytes() == uniform01_grid(4, env_ids, np.full(40, 6), [2], 5, 1, 1)[:2].tobytes()
+
+
+def test_the_uniforms_drawn_ahead_are_those_of_a_grid_per_reset() -> None:
+    """Resets of a few envs take their uniforms from grids drawn episodes ahead: whichever envs reset
+    together, and wherever an env's episode goes (on, back, far ahead), each reset's uniforms are
+    the bits of a grid drawn for that reset alone."""
+    env_ids = np.array([-2, 0, 5, 9, 40])
+    ahead = EpisodeUniforms(13, env_ids, DRAWN)
+    rng = np.random.default_rng(3)
+    episodes = np.zeros(len(env_ids), dtype=np.int64)
+    for reset in range(200):
+        rows = np.flatnonzero(rng.random(len(env_ids)) < 0.4)
+        jump = reset % 37 == 36  # now and then an env moves anywhere (a restored checkpoint's episodes)
+        episodes[rows] = rng.integers(0, 10**12, len(rows)) if jump else episodes[rows] + 1
+        expected = uniform01_grid(13, env_ids[rows], episodes[rows], [spec.index for spec in DRAWN], 0, 3, 2)
+        assert ahead.take(rows, episodes[rows]).tobytes() == expected.tobytes(), reset
+    episodes[0] -= 3  # back: grids taken before are not reused wrong
+    expected = uniform01_grid(13, env_ids[:1], episodes[:1], [spec.index for spec in DRAWN], 0, 3, 2)
+    assert ahead.take(np.array([0]), episodes[:1]).tobytes() == expected.tobytes()
 
 
 def test_a_derived_seed_is_a_reproducible_31_bit_int() -> None:

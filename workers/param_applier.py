@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from shmpool.bindings import plain_values
-from shmpool.draws import derive_seed, draws
+from shmpool.draws import EpisodeUniforms, derive_seed, draws, values_from
 from shmpool.layout import CTL_PARAM_REFUSALS
 from shmpool.params import ParamSpec, bad_rows, problem, show
 from shmpool.protocol import W_PARAMS_GENERATION, seqlock_read
@@ -66,6 +66,9 @@ class ParamApplier:
         self._step_draws = [s for s in specs if s.when == "step" and s.dist]
         self._episode_specs = [s for s in specs if s.when == "reset" or (s.when == "step" and s.dist)]
         self._episode_draws = [s for s in self._episode_specs if s.dist]
+        self._episode_uniforms = (
+            EpisodeUniforms(seed, self._env_ids, self._episode_draws) if self._episode_draws else None
+        )
         # The arguments each env's episode drew its ``reset`` dist values from: a redraw mid-episode
         # (``resample``) takes these, not a write that waits for the env's next reset.
         self._episode_arguments = {s.name: self.good[s.name].copy() for s in self._episode_draws if s.when == "reset"}
@@ -132,8 +135,10 @@ class ParamApplier:
         rows = np.atleast_1d(rows)
         for name, arguments in self._episode_arguments.items():
             arguments[rows] = self.good[name][rows]
-        drawn = self._episode_draws
-        fresh = self._draws(drawn, rows, self._episodes[rows], 0) if drawn else []
+        drawn, uniforms = self._episode_draws, self._episode_uniforms
+        fresh = []
+        if uniforms is not None:
+            fresh = values_from(drawn, self._arguments(drawn, rows), uniforms.take(rows, self._episodes[rows]))
         by_index = {spec.index: values for spec, values in zip(drawn, fresh)}
         for spec in self._episode_specs:
             self._apply(spec, rows, by_index[spec.index] if spec.dist else self.good[spec.name][rows])
@@ -142,8 +147,12 @@ class ParamApplier:
     def _draws(self, specs: list[ParamSpec], rows: np.ndarray, episodes: np.ndarray, steps: Any) -> list[np.ndarray]:
         """Fresh values of the ``dist`` parameters ``specs`` for the envs at ``rows``: a ``reset`` one's
         from the arguments its episode began with, a ``step`` one's from the last accepted."""
-        arguments = [self._episode_arguments.get(spec.name, self.good[spec.name])[rows] for spec in specs]
-        return draws(specs, arguments, self._seed, self._env_ids[rows], episodes, steps)
+        return draws(specs, self._arguments(specs, rows), self._seed, self._env_ids[rows], episodes, steps)
+
+    def _arguments(self, specs: list[ParamSpec], rows: np.ndarray) -> list[np.ndarray]:
+        """The distribution arguments ``specs`` draw with at ``rows``: a ``reset`` one's from when its
+        episode began, a ``step`` one's the last accepted."""
+        return [self._episode_arguments.get(spec.name, self.good[spec.name])[rows] for spec in specs]
 
     def rebuilt_seed(self, local: int) -> int:
         """The reset seed of a rebuilt env (its fresh generator would otherwise make the run
