@@ -9,7 +9,7 @@ called; it declares the adapter of gymnasium's MuJoCo envs (``shmpool.env_famili
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,24 @@ class Simulation:
         #: Per simulation of the batch (shared by them): whether a binding changed its model since
         #: its env's ``MjModel`` was copied. One array, so that a write to many sets it in one store.
         self.models_changed = models_changed
+
+
+#: Up to how many simulations a small batch call (``forward``, ``set_const``) runs one at a time, on
+#: the calling thread. A call on several shares them among the batch's threads, whose helpers sleep
+#: after some 50 µs idle and take 25-40 µs to wake (the 2-core VM), more than a few simulations'
+#: work: a reset's ``forward`` of two Hoppers took 54 µs in one call, 13 one by one
+#: (``docs/benchmarks.md``, "Resets that wake no thread").
+FEW_SIMULATIONS = 3
+
+
+def call_batch(call: Callable[[Any], None], ids: Sequence[int] | np.ndarray) -> None:
+    """``call(ids)``, a method of ``mujoco.batch.Batch`` on sorted unique simulation ``ids`` (its
+    results are the same at any thread count), as one call per simulation for a few of them."""
+    if len(ids) > FEW_SIMULATIONS:
+        call(ids)
+        return
+    for index in np.asarray(ids).tolist():
+        call([index])
 
 
 def simulation_of(env: Any) -> Simulation | None:
@@ -154,7 +172,7 @@ class ModelBinding:
         """A function writing ``values`` into the simulations ``indices`` (ints) of ``simulation``'s
         batch, value ``k`` to simulation ``indices[k]``: one numpy assignment into the batch's
         per-simulation field (made per simulation at the first write, so a field no parameter
-        changes stays shared), and one ``set_const`` for those simulations when the field needs it."""
+        changes stays shared), and ``set_const`` for those simulations when the field needs it."""
         location, nominal = self._nominal_value(simulation.nominal)
 
         def write(indices: np.ndarray, values: np.ndarray) -> None:
@@ -166,7 +184,7 @@ class ModelBinding:
             expanded[(indices,) + location] = targets
             simulation.models_changed[indices] = True
             if self.set_const:
-                batch.set_const(sorted(set(np.asarray(indices).tolist())))  # Batch.set_const takes sorted, unique ids
+                call_batch(batch.set_const, sorted(set(np.asarray(indices).tolist())))  # takes sorted, unique ids
 
         return write
 

@@ -20,6 +20,7 @@ import shmpool
 from shmpool import Param
 from shmpool import mujoco as smj
 from shmpool.hooks import Perturb, Resample
+from shmpool.mujoco import FEW_SIMULATIONS
 
 mujoco = pytest.importorskip("mujoco.batch", reason='needs mujoco>=4.0: pip install -e ".[mujoco]"')
 
@@ -276,17 +277,19 @@ def test_more_episode_ends_than_the_ring_holds_keep_the_newest_as_the_python_eng
         np.testing.assert_array_equal(batched[name], python[name], err_msg=name)
 
 
-def randomized_run(env_id: str, engine: str, pool_name: str, spec: dict[str, Param], push: Any) -> list[Any]:
+def randomized_run(
+    env_id: str, engine: str, pool_name: str, spec: dict[str, Param], push: Any, num_envs: int = 3, limit: int = LIMIT
+) -> list[Any]:
     hooks = [] if push is None else [Perturb(40.0, every=7, dims=3, kick=push)]
     results = []
     with shmpool.launch(
         env_id,
-        3,
+        num_envs,
         engine=engine,
         params=spec,
         hooks=hooks,
         seed=5,
-        env_kwargs={"max_episode_steps": LIMIT},
+        env_kwargs={"max_episode_steps": limit},
         name=f"{pool_name}-{engine}",
     ) as pool:
         results.append(pool.reset(seed=3)[0])
@@ -334,6 +337,22 @@ def test_same_parameters_and_pushes_give_the_python_engines_trajectories(env_id:
     for name in spec:
         np.testing.assert_array_equal(batched[-1][name], python[-1][name], err_msg=f"applied {name}")
     assert not np.array_equal(plain[5][0], batched[5][0]), "the parameters and pushes changed nothing"
+
+
+def test_resets_of_few_and_of_many_simulations_give_the_python_engines_trajectories(pool_name: str) -> None:
+    """The batch runs a reset's ``set_const`` and ``forward`` simulation by simulation for a few envs
+    (Hopper's terminations, a few at a time) and in one call for more (most of the eight at a short
+    time limit): both give what the Python engine's envs give."""
+    spec = smj.scale_randomization(mass=(0.7, 1.3))  # torso mass (set_const) and floor friction per episode
+    python = randomized_run("Hopper-v5", "python", pool_name, spec, None, num_envs=8, limit=12)
+    batched = randomized_run("Hopper-v5", "mujoco", pool_name, spec, None, num_envs=8, limit=12)
+    ended = [int(np.count_nonzero(terminated | truncated)) for _, _, terminated, truncated in python[1:-1]]
+    assert max(ended) > FEW_SIMULATIONS and 0 < min(count for count in ended if count) <= FEW_SIMULATIONS
+    for t, (expected, got) in enumerate(zip(python[1:-1], batched[1:-1])):
+        for name, theirs, mine in zip(("obs", "rewards", "terminations", "truncations"), expected, got):
+            np.testing.assert_array_equal(mine, theirs, err_msg=f"step {t}: {name}")
+    for name in spec:
+        np.testing.assert_array_equal(batched[-1][name], python[-1][name], err_msg=f"applied {name}")
 
 
 def test_attach_events_and_checkpoints_act_as_on_the_python_engine(pool_name: str) -> None:

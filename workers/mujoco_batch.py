@@ -19,7 +19,7 @@ from gymnasium.wrappers import TimeLimit
 from shmpool.config import WorkerConfig, factory_of, make_env
 from shmpool.infos import InfoWriter
 from shmpool.kernels import NO_LIMIT
-from shmpool.mujoco import ModelBinding, Simulation, simulation_of
+from shmpool.mujoco import ModelBinding, Simulation, call_batch, simulation_of
 from shmpool.mujoco_tasks import Infos, task_of
 from shmpool.params import ParamSpec
 from shmpool.workers.envs import ArraySlot
@@ -286,7 +286,7 @@ class MujocoSlot(ArraySlot):
         # the env's own mj_forward computed them; the others keep theirs, from the last step.
         moved = np.flatnonzero((batch.state != self._states_before_call).any(axis=1))
         if len(moved):
-            batch.forward(moved)
+            call_batch(batch.forward, moved)
         # The next step reads what it needs from before the physics (Ant's body position, say) from
         # the derived fields of each env's MjData as the call left them, as gymnasium's env does:
         # recomputed if the call ran mj_forward (set_state does), else stale, whatever the state is now.
@@ -354,7 +354,7 @@ class MujocoSlot(ArraySlot):
         """Computes the reset simulations' derived fields with their own models (``mj_forward``, as
         the env's ``set_state`` does) and writes their observations; no contact forces yet, unless an
         acceleration sensor has ``mj_forward`` compute them."""
-        self.batch.forward(rows)
+        call_batch(self.batch.forward, rows)
         forces = self._zero_forces
         if forces is not None and self._forces_at_reset:
             forces = self._contact_forces(rows)

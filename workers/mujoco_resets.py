@@ -132,7 +132,8 @@ class BatchResets:
                 velocity_noise[index] = generator.standard_normal(nv)
         if not uniform:  # gymnasium: init_qvel + scale * standard_normal(nv)
             velocity_noise *= scales[rows, None]
-        states = np.broadcast_to(self.template, (len(rows), len(self.template))).copy()
+        states = np.empty((len(rows), len(self.template)))
+        states[:] = self.template
         states[:, self._qpos] = self._init_qpos[rows] + position_noise
         states[:, self._qvel] = self._init_qvel[rows] + velocity_noise
         state[rows] = states

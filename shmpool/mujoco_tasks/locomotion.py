@@ -87,8 +87,9 @@ class Hopping(Forward):
         if "_healthy_state_range" in self.c:
             state = np.concatenate((qpos, qvel), axis=1)[:, 2:]
             low, high = self.c["_healthy_state_range"]
-            healthy &= np.all((low < state) & (state < high), axis=1)
-        return healthy  # type: ignore[no-any-return]
+            # np.all's reduction, without its Python wrapper (a few microseconds on every step)
+            healthy &= np.logical_and.reduce((low < state) & (state < high), axis=1)
+        return healthy
 
     def results(self, before: Any, actions: np.ndarray, dt: Any, cfrc_ext: Any) -> tuple[np.ndarray, np.ndarray, Infos]:
         x = self.arrays["qpos"][:, 0].copy()
