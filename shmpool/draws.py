@@ -164,45 +164,52 @@ def values_from(specs: list[ParamSpec], arguments: list[np.ndarray], grid: np.nd
     return results
 
 
-#: Up to how many uniforms of its next episodes ``EpisodeUniforms`` holds per env (and per parameter
-#: drawn): 16 episodes of a few scalar parameters, fewer of large arrays.
+#: Up to how many uniforms ``AheadUniforms`` holds per env: 16 draws ahead of a few scalar
+#: parameters, fewer of large arrays.
 AHEAD_UNIFORMS = 512
 
 
-class EpisodeUniforms:
-    """The uniforms that a slot's envs draw their per-episode values from (``uniform01_grid`` at
-    step 0), each env's next episodes drawn in one grid and taken at its resets: a reset of a few
-    envs then costs a lookup, not a grid of its own (some 60 numpy calls, or a few dozen scrambles
-    in Python). Each uniform is a pure function of its keys, so the values are the same as one grid
-    per reset gives, whatever episode an env jumps to (a restored checkpoint's, say)."""
+class AheadUniforms:
+    """The uniforms that a slot's envs draw ``specs``' values from, drawn ahead: along episodes (a
+    reset's draws, at step 0) or along the steps of each env's episode (``when="step"`` draws). Each
+    env's next 16 draws come from one grid, and a draw takes its uniforms from there: a lookup, not
+    a grid of its own (some 60 numpy calls, or a few dozen scrambles in Python). Each uniform is a
+    pure function of its keys, so the values are those of ``uniform01_grid`` for that draw alone,
+    whatever episode or step an env moves to (a restored checkpoint's, say)."""
 
-    def __init__(self, seed: int, env_ids: np.ndarray, specs: list[ParamSpec]) -> None:
+    def __init__(self, seed: int, env_ids: np.ndarray, specs: list[ParamSpec], along_steps: bool) -> None:
         self._seed, self._env_ids, self._params = seed, env_ids, [spec.index for spec in specs]
+        self._along_steps = along_steps
         self._size, self._lanes = _grid_shape(specs)
-        per_episode = len(specs) * self._lanes * self._size
-        self._ahead = max(1, min(16, AHEAD_UNIFORMS // per_episode))
+        self._ahead = max(1, min(16, AHEAD_UNIFORMS // (len(specs) * self._lanes * self._size)))
         self._grids = np.zeros((len(env_ids), self._ahead, len(specs), self._lanes, self._size))
-        #: Per env: the episode its first held grid is for (far below any episode: none held yet).
+        #: Per env: the episode its grids are for, and the first step (or episode) they hold, far
+        #: below any there is until a grid is drawn.
+        self._episodes = np.zeros(len(env_ids), dtype=np.int64)
         self._first = np.full(len(env_ids), -(1 << 62), dtype=np.int64)
 
-    def take(self, rows: np.ndarray, episodes: np.ndarray) -> np.ndarray:
-        """The grid of the envs at ``rows`` (distinct) for their ``episodes``, ``uniform01_grid``'s
-        ``(len(rows), params, lanes, size)``."""
-        offsets = episodes - self._first[rows]
+    def take(self, rows: np.ndarray, episodes: np.ndarray, steps: np.ndarray | int = 0) -> np.ndarray:
+        """``uniform01_grid``'s ``(len(rows), params, lanes, size)`` for the envs at ``rows`` (distinct)
+        in their ``episodes``, at their ``steps`` (along steps) or at step 0."""
+        moving = steps if self._along_steps else episodes
+        offsets = moving - self._first[rows]
         missing = (offsets < 0) | (offsets >= self._ahead)
+        if self._along_steps:
+            missing |= episodes != self._episodes[rows]
         if np.count_nonzero(missing):
-            refilled, starts = rows[missing], episodes[missing]
-            ahead = np.arange(self._ahead)
+            refilled, starts = rows[missing], np.broadcast_to(moving, missing.shape)[missing]
+            ahead = (starts[:, None] + np.arange(self._ahead)).ravel()
+            held = np.repeat(episodes[missing], self._ahead)
             grid = uniform01_grid(
                 self._seed,
                 np.repeat(self._env_ids[refilled], self._ahead),
-                (starts[:, None] + ahead).ravel(),
+                held if self._along_steps else ahead,
                 self._params,
-                0,
+                ahead if self._along_steps else 0,
                 self._size,
                 self._lanes,
             )
             self._grids[refilled] = grid.reshape(len(refilled), self._ahead, *grid.shape[1:])
-            self._first[refilled] = starts
-            offsets = episodes - self._first[rows]
+            self._first[refilled], self._episodes[refilled] = starts, episodes[missing]
+            offsets = moving - self._first[rows]
         return self._grids[rows, offsets]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from shmpool import Param
-from shmpool.draws import FEW_MIXES, EpisodeUniforms, derive_seed, draws, uniform01, uniform01_grid
+from shmpool.draws import FEW_MIXES, AheadUniforms, derive_seed, draws, uniform01, uniform01_grid
 from shmpool.params import ParamSpec, block_dtype, compile_specs
 
 SPECS = compile_specs(
@@ -84,23 +84,33 @@ def test_a_few_draws_equal_the_same_draws_among_many() -> None:
     assert same_episode.tobytes() == uniform01_grid(4, env_ids, np.full(40, 6), [2], 5, 1, 1)[:2].tobytes()
 
 
-def test_the_uniforms_drawn_ahead_are_those_of_a_grid_per_reset() -> None:
-    """Resets of a few envs take their uniforms from grids drawn episodes ahead: whichever envs reset
-    together, and wherever an env's episode goes (on, back, far ahead), each reset's uniforms are
-    the bits of a grid drawn for that reset alone."""
+def test_the_uniforms_drawn_ahead_are_those_of_a_grid_per_draw() -> None:
+    """Draws of a few envs take their uniforms from grids drawn ahead, along episodes (a reset's) or
+    along an episode's steps: whichever envs draw together, and wherever an env's episode or step
+    goes (on, back, far ahead, a new episode), each draw's uniforms are the bits of a grid drawn
+    for it alone."""
     env_ids = np.array([-2, 0, 5, 9, 40])
-    ahead = EpisodeUniforms(13, env_ids, DRAWN)
+    params = [spec.index for spec in DRAWN]
     rng = np.random.default_rng(3)
-    episodes = np.zeros(len(env_ids), dtype=np.int64)
-    for reset in range(200):
-        rows = np.flatnonzero(rng.random(len(env_ids)) < 0.4)
-        jump = reset % 37 == 36  # now and then an env moves anywhere (a restored checkpoint's episodes)
-        episodes[rows] = rng.integers(0, 10**12, len(rows)) if jump else episodes[rows] + 1
-        expected = uniform01_grid(13, env_ids[rows], episodes[rows], [spec.index for spec in DRAWN], 0, 3, 2)
-        assert ahead.take(rows, episodes[rows]).tobytes() == expected.tobytes(), reset
-    episodes[0] -= 3  # back: grids taken before are not reused wrong
-    expected = uniform01_grid(13, env_ids[:1], episodes[:1], [spec.index for spec in DRAWN], 0, 3, 2)
-    assert ahead.take(np.array([0]), episodes[:1]).tobytes() == expected.tobytes()
+    for along_steps in (False, True):
+        ahead = AheadUniforms(13, env_ids, DRAWN, along_steps)
+        episodes, steps = np.zeros(len(env_ids), dtype=np.int64), np.zeros(len(env_ids), dtype=np.int64)
+        for draw in range(300):
+            rows = np.flatnonzero(rng.random(len(env_ids)) < 0.4)
+            moved = steps if along_steps else episodes
+            if draw % 37 == 36:  # now and then an env moves anywhere (a restored checkpoint's counts)
+                moved[rows] = rng.integers(0, 10**12, len(rows))
+            elif draw % 11 == 10:  # or back
+                moved[rows] = np.maximum(moved[rows] - 3, 0)
+            else:
+                moved[rows] += 1
+            if along_steps and draw % 7 == 6:  # a new episode, its steps from 1 again
+                episodes[rows[:1]] += 1
+                steps[rows[:1]] = 1
+            at = steps[rows] if along_steps else 0
+            expected = uniform01_grid(13, env_ids[rows], episodes[rows], params, at, 3, 2)
+            got = ahead.take(rows, episodes[rows], steps[rows]) if along_steps else ahead.take(rows, episodes[rows])
+            assert got.tobytes() == expected.tobytes(), (along_steps, draw)
 
 
 def test_a_derived_seed_is_a_reproducible_31_bit_int() -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from shmpool.bindings import plain_values
-from shmpool.draws import EpisodeUniforms, derive_seed, draws, values_from
+from shmpool.draws import AheadUniforms, derive_seed, draws, values_from
 from shmpool.layout import CTL_PARAM_REFUSALS
 from shmpool.params import ParamSpec, bad_rows, problem, show
 from shmpool.protocol import W_PARAMS_GENERATION, seqlock_read
@@ -66,9 +66,9 @@ class ParamApplier:
         self._step_draws = [s for s in specs if s.when == "step" and s.dist]
         self._episode_specs = [s for s in specs if s.when == "reset" or (s.when == "step" and s.dist)]
         self._episode_draws = [s for s in self._episode_specs if s.dist]
-        self._episode_uniforms = (
-            EpisodeUniforms(seed, self._env_ids, self._episode_draws) if self._episode_draws else None
-        )
+        #: The uniforms of the draws at each reset and at each step, drawn ahead.
+        self._episode_uniforms = self._ahead(self._episode_draws, along_steps=False)
+        self._step_uniforms = self._ahead(self._step_draws, along_steps=True)
         # The arguments each env's episode drew its ``reset`` dist values from: a redraw mid-episode
         # (``resample``) takes these, not a write that waits for the env's next reset.
         self._episode_arguments = {s.name: self.good[s.name].copy() for s in self._episode_draws if s.when == "reset"}
@@ -143,6 +143,9 @@ class ParamApplier:
         for spec in self._episode_specs:
             self._apply(spec, rows, by_index[spec.index] if spec.dist else self.good[spec.name][rows])
         self._targets.refresh(rows)
+
+    def _ahead(self, specs: list[ParamSpec], along_steps: bool) -> AheadUniforms | None:
+        return AheadUniforms(self._seed, self._env_ids, specs, along_steps) if specs else None
 
     def _draws(self, specs: list[ParamSpec], rows: np.ndarray, episodes: np.ndarray, steps: Any) -> list[np.ndarray]:
         """Fresh values of the ``dist`` parameters ``specs`` for the envs at ``rows``: a ``reset`` one's
@@ -291,8 +294,11 @@ class ParamApplier:
         if not len(stepping):
             return
         steps = np.asarray(lengths)[stepping] + 1
-        values = self._draws(self._step_draws, stepping, self._episodes[stepping], steps)
-        for spec, value in zip(self._step_draws, values):
+        drawn, uniforms = self._step_draws, self._step_uniforms
+        assert uniforms is not None
+        grid = uniforms.take(stepping, self._episodes[stepping], steps)
+        values = values_from(drawn, self._arguments(drawn, stepping), grid)
+        for spec, value in zip(drawn, values):
             self._apply(spec, stepping, value)
         self._targets.refresh(stepping)
 
