@@ -164,33 +164,40 @@ def values_from(specs: list[ParamSpec], arguments: list[np.ndarray], grid: np.nd
     return results
 
 
-#: Up to how many uniforms ``AheadUniforms`` holds per env: 16 draws ahead of a few scalar
-#: parameters, fewer of large arrays.
+#: How many draws ahead ``AheadUniforms`` takes the uniforms of, per env, when they fit in
+#: ``AHEAD_UNIFORMS`` per env (draws of large arrays take fewer; one: none held, each drawn alone).
+AHEAD_DRAWS = 16
 AHEAD_UNIFORMS = 512
 
 
 class AheadUniforms:
-    """The uniforms that a slot's envs draw ``specs``' values from, drawn ahead: along episodes (a
-    reset's draws, at step 0) or along the steps of each env's episode (``when="step"`` draws). Each
-    env's next 16 draws come from one grid, and a draw takes its uniforms from there: a lookup, not
-    a grid of its own (some 60 numpy calls, or a few dozen scrambles in Python). Each uniform is a
-    pure function of its keys, so the values are those of ``uniform01_grid`` for that draw alone,
-    whatever episode or step an env moves to (a restored checkpoint's, say)."""
+    """The uniforms that a slot's envs draw ``specs``' values from (``uniform01_grid``'s), along
+    episodes (a reset's draws, at step 0) or along the steps of each env's episode (``when="step"``
+    draws), held for each env's next ``AHEAD_DRAWS`` draws: the same bits as a grid drawn for each
+    draw alone, whatever episode or step an env moves to (a restored checkpoint's, say)."""
+
+    # Why: a grid costs some 60 numpy calls (or a few dozen scrambles in Python) whatever its size,
+    # so one grid per env every 16 draws replaces one per reset or step with a lookup. Each uniform
+    # is a pure function of its keys, which is what makes the held ones exact.
 
     def __init__(self, seed: int, env_ids: np.ndarray, specs: list[ParamSpec], along_steps: bool) -> None:
         self._seed, self._env_ids, self._params = seed, env_ids, [spec.index for spec in specs]
         self._along_steps = along_steps
         self._size, self._lanes = _grid_shape(specs)
-        self._ahead = max(1, min(16, AHEAD_UNIFORMS // (len(specs) * self._lanes * self._size)))
-        self._grids = np.zeros((len(env_ids), self._ahead, len(specs), self._lanes, self._size))
+        self._ahead = max(1, min(AHEAD_DRAWS, AHEAD_UNIFORMS // (len(specs) * self._lanes * self._size)))
+        held = len(env_ids) if self._ahead > 1 else 0
+        self._grids = np.zeros((held, self._ahead, len(specs), self._lanes, self._size))
         #: Per env: the episode its grids are for, and the first step (or episode) they hold, far
         #: below any there is until a grid is drawn.
-        self._episodes = np.zeros(len(env_ids), dtype=np.int64)
-        self._first = np.full(len(env_ids), -(1 << 62), dtype=np.int64)
+        self._episodes = np.zeros(held, dtype=np.int64)
+        self._first = np.full(held, -(1 << 62), dtype=np.int64)
 
     def take(self, rows: np.ndarray, episodes: np.ndarray, steps: np.ndarray | int = 0) -> np.ndarray:
-        """``uniform01_grid``'s ``(len(rows), params, lanes, size)`` for the envs at ``rows`` (distinct)
-        in their ``episodes``, at their ``steps`` (along steps) or at step 0."""
+        """``uniform01_grid``'s ``(len(rows), params, lanes, size)`` for the envs at ``rows`` (distinct
+        int indices) in their ``episodes``, at their ``steps`` (along steps) or at step 0."""
+        if self._ahead == 1:  # a draw of large arrays: nothing held (it would only take memory)
+            at = steps if self._along_steps else 0
+            return uniform01_grid(self._seed, self._env_ids[rows], episodes, self._params, at, self._size, self._lanes)
         moving = steps if self._along_steps else episodes
         offsets = moving - self._first[rows]
         missing = (offsets < 0) | (offsets >= self._ahead)
@@ -198,14 +205,14 @@ class AheadUniforms:
             missing |= episodes != self._episodes[rows]
         if np.count_nonzero(missing):
             refilled, starts = rows[missing], np.broadcast_to(moving, missing.shape)[missing]
-            ahead = (starts[:, None] + np.arange(self._ahead)).ravel()
-            held = np.repeat(episodes[missing], self._ahead)
+            keys = (starts[:, None] + np.arange(self._ahead)).ravel()
+            held_episodes = np.repeat(episodes[missing], self._ahead)
             grid = uniform01_grid(
                 self._seed,
                 np.repeat(self._env_ids[refilled], self._ahead),
-                held if self._along_steps else ahead,
+                held_episodes if self._along_steps else keys,
                 self._params,
-                ahead if self._along_steps else 0,
+                keys if self._along_steps else 0,
                 self._size,
                 self._lanes,
             )

@@ -227,8 +227,10 @@ class InfoReader:
                 self.read_into(infos, worker_id)
             return
         mask = self._mask[:, : len(columns)]
-        if np.count_nonzero(mask) == mask.size:  # every env reported every key (the common case): no zeros,
-            every = self._reported_by_all  # no index arrays; counted, at a third of ``mask.all()``'s cost
+        # Every env reported every key (the common case): no zeros, no index arrays. Counted, at a
+        # third of ``mask.all()``'s cost.
+        if np.count_nonzero(mask) == mask.size:
+            every = self._reported_by_all
             for name, mask_name, view, _ in columns:
                 infos[name], infos[mask_name] = view.copy(), every.copy()
             return

@@ -36,15 +36,16 @@ class Simulation:
 
 #: Up to how many simulations a small batch call (``forward``, ``set_const``) runs one at a time, on
 #: the calling thread. A call on several shares them among the batch's threads, whose helpers sleep
-#: after some 50 µs idle and take 25-40 µs to wake (the 2-core VM), more than a few simulations'
+#: after some 50 µs idle and take 20-45 µs to wake (the 2-core VM), more than a few simulations'
 #: work: a reset's ``forward`` of two Hoppers took 54 µs in one call, 13 one by one
-#: (``docs/benchmarks.md``, "Resets that wake no thread").
+#: (``docs/benchmarks.md``, "Reset calls that wake no thread").
 FEW_SIMULATIONS = 3
 
 
 def call_batch(call: Callable[[Any], None], ids: Sequence[int] | np.ndarray) -> None:
     """``call(ids)``, a method of ``mujoco.batch.Batch`` on sorted unique simulation ``ids`` (its
-    results are the same at any thread count), as one call per simulation for a few of them."""
+    results are the same at any thread count), as one call per simulation for a few of them: then a
+    ``SimulationError`` names the first simulation that failed, and the ones after it do not run."""
     if len(ids) > FEW_SIMULATIONS:
         call(ids)
         return

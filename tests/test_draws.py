@@ -3,8 +3,10 @@ whether a parameter is drawn alone or with others in one grid (a reset draws all
 
 from __future__ import annotations
 
+import helpers
 import numpy as np
 
+import shmpool
 from shmpool import Param
 from shmpool.draws import FEW_MIXES, AheadUniforms, derive_seed, draws, uniform01, uniform01_grid
 from shmpool.params import ParamSpec, block_dtype, compile_specs
@@ -25,9 +27,9 @@ DRAWN = [spec for spec in SPECS if spec.dist]
 ARGUMENTS = {"uniform": (0.5, 2.0), "loguniform": (0.1, 10.0), "normal": (0.0, 1.0)}
 
 
-def arguments(spec: ParamSpec, rows: int) -> np.ndarray:
+def arguments(spec: ParamSpec, rows: int, specs: list[ParamSpec] = SPECS) -> np.ndarray:
     """``rows`` records of the spec's distribution arguments (its fields in the params block)."""
-    records = np.zeros(rows, dtype=block_dtype(SPECS)[spec.name])
+    records = np.zeros(rows, dtype=block_dtype(specs)[spec.name])
     for field, value in zip(spec.arguments, ARGUMENTS[spec.dist]):  # type: ignore[index]
         records[field] = value
     return records
@@ -90,10 +92,11 @@ def test_the_uniforms_drawn_ahead_are_those_of_a_grid_per_draw() -> None:
     goes (on, back, far ahead, a new episode), each draw's uniforms are the bits of a grid drawn
     for it alone."""
     env_ids = np.array([-2, 0, 5, 9, 40])
-    params = [spec.index for spec in DRAWN]
     rng = np.random.default_rng(3)
-    for along_steps in (False, True):
-        ahead = AheadUniforms(13, env_ids, DRAWN, along_steps)
+    big = compile_specs({"field": Param(dist="uniform", default={"low": 0.0, "high": 1.0}, shape=(40, 20), bind=False)})
+    for specs, along_steps in ((DRAWN, False), (DRAWN, True), (big, False), (big, True)):  # big: none held
+        params, (size, lanes) = [spec.index for spec in specs], ((3, 2) if specs is DRAWN else (800, 1))
+        ahead = AheadUniforms(13, env_ids, specs, along_steps)
         episodes, steps = np.zeros(len(env_ids), dtype=np.int64), np.zeros(len(env_ids), dtype=np.int64)
         for draw in range(300):
             rows = np.flatnonzero(rng.random(len(env_ids)) < 0.4)
@@ -108,9 +111,31 @@ def test_the_uniforms_drawn_ahead_are_those_of_a_grid_per_draw() -> None:
                 episodes[rows[:1]] += 1
                 steps[rows[:1]] = 1
             at = steps[rows] if along_steps else 0
-            expected = uniform01_grid(13, env_ids[rows], episodes[rows], params, at, 3, 2)
+            expected = uniform01_grid(13, env_ids[rows], episodes[rows], params, at, size, lanes)
             got = ahead.take(rows, episodes[rows], steps[rows]) if along_steps else ahead.take(rows, episodes[rows])
             assert got.tobytes() == expected.tobytes(), (along_steps, draw)
+
+
+def test_a_pool_draws_by_each_envs_episode_and_step(pool_name: str) -> None:
+    """What a pool applies is ``draws`` keyed by each env's episode (a reset's draw, at step 0) and by
+    its step in the episode (a ``when="step"`` draw): the keys its uniforms drawn ahead are taken by."""
+    declared = {
+        "mass": Param(dist="uniform", default={"low": 0.5, "high": 2.0}, low=0.0, high=3.0, when="reset", bind=False),
+        "offsets": Param(dist="normal", default={"mean": 0.0, "std": 1.0}, low=-5, high=5, shape=(3,), bind=False),
+    }
+    specs = compile_specs(declared)
+    num_envs, episode, length = 4, 0, 0
+    with shmpool.launch(
+        helpers.CountingEnv, num_envs, num_workers=2, params=declared, seed=7, env_kwargs={"length": 3}, name=pool_name
+    ) as pool:
+        pool.reset(seed=0)
+        for t in range(12):
+            for spec, step in zip(specs, (0, length)):  # the mass at the episode's reset, the offsets now
+                records = arguments(spec, num_envs, specs)
+                (expected,) = draws([spec], [records], 7, np.arange(num_envs), np.full(num_envs, episode), step)
+                assert pool.applied[spec.name].tobytes() == expected.tobytes(), (t, spec.name)
+            pool.step(np.zeros(num_envs, dtype=np.int64))
+            episode, length = (episode + 1, 0) if length == 3 else (episode, length + 1)  # ended: reset now
 
 
 def test_a_derived_seed_is_a_reproducible_31_bit_int() -> None:

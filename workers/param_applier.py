@@ -145,6 +145,7 @@ class ParamApplier:
         self._targets.refresh(rows)
 
     def _ahead(self, specs: list[ParamSpec], along_steps: bool) -> AheadUniforms | None:
+        """The uniforms of ``specs``' draws, drawn ahead along episodes or steps; None for no spec."""
         return AheadUniforms(self._seed, self._env_ids, specs, along_steps) if specs else None
 
     def _draws(self, specs: list[ParamSpec], rows: np.ndarray, episodes: np.ndarray, steps: Any) -> list[np.ndarray]:
