@@ -65,8 +65,9 @@ def uniform01_grid(
 
 
 #: Up to how many scrambles (``_mix``) ``uniform01_grid`` computes with Python ints, about 0.7 us
-#: each, rather than with its some 60 numpy calls, about 36 us whatever their size (this 2-core VM):
-#: a reset of one or two envs drawing four parameters, or one parameter drawn every step for up to 6.
+#: each, rather than with its some 60 numpy calls, about 36 us whatever their size (this 2-core VM).
+#: Resets and steps take their uniforms from ``AheadUniforms``, whose grids are larger; this serves
+#: the draws of a few envs made outside them: a hook's ``resample``, a rebuilt env's seed.
 FEW_MIXES = 40
 _MASK = (1 << 64) - 1
 

@@ -436,9 +436,10 @@ class MujocoSlot(ArraySlot):
         contacts, equalities, applied = self._force_sources
         acted = (contacts != 0) | (equalities != 0) | applied.any(axis=1)
         rows = np.arange(len(datas)) if ids is None else ids
-        forces[rows[~acted[rows]]] = 0.0
+        acted_rows = acted[rows]
+        forces[rows[~acted_rows]] = 0.0
         own_models = bool(self.expanded)  # else every simulation runs the nominal model
-        for local in rows[acted[rows]].tolist():
+        for local in rows[acted_rows].tolist():
             rne(self._model_of(local) if own_models else nominal, get_data(local, datas[local]))
             forces[local] = results[local]
         return forces

@@ -148,11 +148,6 @@ class ParamApplier:
         """The uniforms of ``specs``' draws, drawn ahead along episodes or steps; None for no spec."""
         return AheadUniforms(self._seed, self._env_ids, specs, along_steps) if specs else None
 
-    def _draws(self, specs: list[ParamSpec], rows: np.ndarray, episodes: np.ndarray, steps: Any) -> list[np.ndarray]:
-        """Fresh values of the ``dist`` parameters ``specs`` for the envs at ``rows``: a ``reset`` one's
-        from the arguments its episode began with, a ``step`` one's from the last accepted."""
-        return draws(specs, self._arguments(specs, rows), self._seed, self._env_ids[rows], episodes, steps)
-
     def _arguments(self, specs: list[ParamSpec], rows: np.ndarray) -> list[np.ndarray]:
         """The distribution arguments ``specs`` draw with at ``rows``: a ``reset`` one's from when its
         episode began, a ``step`` one's the last accepted."""
@@ -315,7 +310,8 @@ class ParamApplier:
                     f"{name!r} is not a dist parameter of this pool; those are {[s.name for s in self.specs if s.dist]}"
                 )
             steps = np.asarray(lengths)[rows] + 1
-            (values,) = self._draws([spec], rows, self._episodes[rows], steps)
+            episodes, arguments = self._episodes[rows], self._arguments([spec], rows)
+            (values,) = draws([spec], arguments, self._seed, self._env_ids[rows], episodes, steps)
             self._apply(spec, rows, values)
         self._targets.refresh(rows)
 
