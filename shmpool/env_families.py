@@ -13,6 +13,14 @@ from typing import Any
 FAMILIES = ("shmpool.classic_control", "shmpool.mujoco", "shmpool.kernels")
 
 
+#: ``EnvAdapter.batch_stepper``'s function: ``step(rows, actions, observations)`` steps the envs at
+#: ``rows`` (None: all) of the steppers it was made for, with ``actions`` (one per row), writes their
+#: observations to ``observations[rows]`` and returns their rewards and terminations (lists, in row
+#: order); or it changes nothing and returns None, where an env's state or attributes are ones it does
+#: not reproduce (the caller then steps each env itself).
+BatchStep = Callable[[list[int] | None, Any, Any], tuple[list[float], list[bool]] | None]
+
+
 class EnvAdapter:
     """What shmpool needs to know about one family of envs; every method has a do-nothing default.
 
@@ -45,6 +53,13 @@ class EnvAdapter:
         """The attributes of ``env`` that its refresher recomputes, and those it recomputes them from
         (``refresh_outputs`` and ``refresh_inputs``; None: from any)."""
         return self.refresh_outputs, self.refresh_inputs
+
+    def batch_stepper(self, steppers: list[Callable[[Any], Any]]) -> BatchStep | None:
+        """One function that steps several envs of this family at once, with the results and the env
+        state their own ``step`` would give; None if the family has none, or if one of ``steppers``
+        (what a slot steps for each of its envs, see ``workers/inner_step.py``) is not its env's own
+        ``step``. Called when a slot's steppers change."""
+        return None
 
     def kicker(self, env: Any) -> Callable[[Any], None] | None:
         """``hooks.Perturb``'s default kick for ``env``: a function adding ``amounts`` (a float
@@ -111,4 +126,4 @@ def adapter_for(env: Any) -> EnvAdapter:
     return adapter
 
 
-__all__ = ["FAMILIES", "GENERIC", "EnvAdapter", "adapter_for", "class_key", "register"]
+__all__ = ["FAMILIES", "GENERIC", "BatchStep", "EnvAdapter", "adapter_for", "class_key", "register"]

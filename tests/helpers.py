@@ -435,6 +435,20 @@ class SeesParams:
         ctx.rewards[:] = self.seen
 
 
+class SetsStates:
+    """A hook that sets the unwrapped envs' ``state`` before global step ``t`` to ``states[t]`` (one
+    array per env id): from inside the worker, as a user's hook may, with no control call."""
+
+    def __init__(self, states: dict[int, list[np.ndarray]]) -> None:
+        self.states = states
+
+    def before_step(self, ctx) -> None:
+        states = self.states.get(ctx.global_step)
+        if states is not None:
+            for env, env_id in zip(ctx.envs, ctx.env_ids):
+                env.unwrapped.state = states[env_id].copy()
+
+
 class Explodes:
     """A hook that raises in after_step from the given global step on."""
 

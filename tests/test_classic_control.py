@@ -3,6 +3,8 @@ changes the dynamics exactly as a hand edit does, and CartPole's derived values 
 
 from __future__ import annotations
 
+import warnings
+
 import gymnasium as gym
 import helpers
 import numpy as np
@@ -116,3 +118,106 @@ def test_a_derived_cartpole_value_declared_beside_what_it_is_derived_from_is_ref
         assert pool.applied[derived][1] == 3.0
         if engine == "python":
             assert pool.get_attr(derived)[1] == 3.0
+
+
+# What each env's own CartPole step computes with, changed midway on a pool's envs and on Sync's alike
+# (step -> attribute -> one value per env): the slot steps its CartPoles together where every env's step
+# is gymnasium's plain one, and each one by one where one is not: another integrator, an attribute that
+# computes in more than float64 (a long double). Every change lasts until the next.
+CARTPOLE_CHANGES: dict[int, dict[str, list[object]]] = {
+    10: {"_sutton_barto_reward": [False, True, False, True, False, True]},
+    20: {"force_mag": [10.0, np.float32(7.3), 12, np.float64(9.1), np.int32(11), 10.0]},
+    30: {"kinematics_integrator": ["euler", "semi-implicit euler", "euler", "euler", "euler", "euler"]},
+    40: {"kinematics_integrator": ["euler"] * 6, "gravity": [9.8, np.longdouble(12.5), 9.8, 9.8, 9.8, 9.8]},
+    50: {"gravity": [9.8, 12.5, 9.8, np.float32(8.1), 9.8, 9.8]},
+}
+# States a hook sets in the worker (no control call, so the slot has been stepping its envs together):
+# a float32 one, which gymnasium's step computes with in float32, and an angle that is not finite
+# (numpy warns of it).
+CARTPOLE_STATES: dict[int, list[np.ndarray]] = {
+    64: [np.array([0.01, 0.2, -0.03, 0.1], dtype=np.float32), *(np.array([0.0, 0.1, 0.02, -0.1]),) * 5],
+    75: [np.array([0.0, 0.1, 0.02, -0.1]), np.array([0.0, 0.0, np.inf, 0.0]), *(np.zeros(4),) * 4],
+}
+
+
+@pytest.mark.parametrize("trainer_slot", [False, True])
+@pytest.mark.parametrize("mode", [gym.vector.AutoresetMode.NEXT_STEP, gym.vector.AutoresetMode.SAME_STEP])
+def test_cartpoles_stepped_together_match_sync_as_what_each_steps_with_changes(
+    mode: gym.vector.AutoresetMode, trainer_slot: bool, pool_name: str
+) -> None:
+    """Equal results and env state, step for step, while the slot steps its CartPoles together, one by
+    one, or some reset while the others step (next-step autoreset); in the trainer's slot, numpy's
+    warnings come from gymnasium's step, as in Sync."""
+    limit = {"max_episode_steps": 12}  # truncations, beside the terminations
+    sync = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1", **limit) for _ in range(6)], autoreset_mode=mode)
+    reference = gym.wrappers.vector.RecordEpisodeStatistics(sync)
+    rng = np.random.default_rng(4)
+    with shmpool.launch(
+        "CartPole-v1",
+        6,
+        num_workers=1,
+        trainer_slot=trainer_slot,
+        autoreset_mode=mode,
+        env_kwargs=limit,
+        hooks=[helpers.SetsStates(CARTPOLE_STATES)],
+        name=pool_name,
+    ) as pool:
+        ours, theirs = pool.reset(seed=9), reference.reset(seed=9)
+        np.testing.assert_array_equal(ours[0], theirs[0])
+        ended = truncated = warned = 0
+        for t in range(90):
+            for name, values in CARTPOLE_CHANGES.get(t, {}).items():
+                pool.set_attr(name, values)
+                sync.set_attr(name, values)
+            for env, state in zip(sync.envs, CARTPOLE_STATES.get(t, [])):
+                env.unwrapped.state = state.copy()
+            actions = rng.integers(0, 2, 6)
+            with warnings.catch_warnings(record=True) as our_warnings:
+                warnings.simplefilter("always")
+                ours = pool.step(actions)
+            with warnings.catch_warnings(record=True) as their_warnings:
+                warnings.simplefilter("always")
+                theirs = reference.step(actions)
+            warned += len(their_warnings)
+            if trainer_slot:
+                assert [(w.message.args, w.filename) for w in our_warnings] == [
+                    (w.message.args, w.filename) for w in their_warnings
+                ], f"step {t}"
+            for label, a, b in zip(("observations", "rewards", "terminations", "truncations"), ours, theirs):
+                assert a.dtype == b.dtype, f"step {t} {label}"
+                np.testing.assert_array_equal(a, b, err_msg=f"step {t} {label}")
+            if "episode" in theirs[4]:  # each env's episode statistics, counted as Sync's wrapper counts
+                np.testing.assert_array_equal(ours[4]["_episode"], theirs[4]["_episode"], err_msg=f"step {t}")
+                for key in ("r", "l"):
+                    np.testing.assert_array_equal(
+                        ours[4]["episode"][key], theirs[4]["episode"][key], err_msg=f"step {t}"
+                    )
+            ended += int(theirs[2].sum())
+            truncated += int(theirs[3].sum())
+            if t % 10 == 9:  # not every step: a control call makes the slot step each env by itself for a step
+                for name in ("state", "steps_beyond_terminated"):
+                    for a, b in zip(pool.get_attr(name), sync.get_attr(name)):
+                        np.testing.assert_array_equal(a, b, err_msg=f"step {t} {name}")
+        assert ended >= 5 and truncated >= 5, "episodes should end in every way the run sets up"
+        assert warned, "numpy should have warned of the state that is not finite"
+    reference.close()
+
+
+@pytest.mark.parametrize("trainer_slot", [False, True])
+def test_a_partial_step_of_cartpoles_steps_only_those_envs_as_their_own_steps(
+    trainer_slot: bool, pool_name: str
+) -> None:
+    """``step(actions, env_ids)`` steps those envs together, in that order, and leaves the others."""
+    envs = [gym.make("CartPole-v1") for _ in range(5)]
+    with shmpool.launch("CartPole-v1", 5, num_workers=1, trainer_slot=trainer_slot, name=pool_name) as pool:
+        observations, _ = pool.reset(seed=3)
+        np.testing.assert_array_equal(observations, [env.reset(seed=3 + i)[0] for i, env in enumerate(envs)])
+        # Two whole steps first: gymnasium's checker checks each env's first steps, which go through it.
+        rounds = ([0, 1, 2, 3, 4], [0, 1, 2, 3, 4], [4, 1, 2], [0, 3], [2, 4, 0, 1, 3], [3, 1], [1, 4, 2])
+        for t, env_ids in enumerate(rounds):
+            actions = np.array([(t + env_id) % 2 for env_id in env_ids])
+            ours = pool.step(actions, env_ids=env_ids)
+            theirs = [envs[env_id].step(action) for env_id, action in zip(env_ids, actions)]
+            for index in range(4):
+                np.testing.assert_array_equal(ours[index], [step[index] for step in theirs], err_msg=f"step {t}")
+        np.testing.assert_array_equal(pool.get_attr("state"), [env.unwrapped.state for env in envs])

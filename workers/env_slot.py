@@ -11,6 +11,7 @@ import numpy as np
 from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 
 from shmpool.config import WorkerConfig, factory_of, make_env
+from shmpool.env_families import BatchStep, adapter_for
 from shmpool.infos import InfoWriter
 from shmpool.spaces import ObservationWriter, assemble, flatten, is_leaf, leaves
 from shmpool.workers.envs import Slot
@@ -55,6 +56,9 @@ class EnvSlot(Slot):
         #: The envs stepped through all their wrappers (``env.step``) until ``inner_step`` finds
         #: what lies under them: after they are made, and after a control call.
         self._through_wrappers: set[int] = set()
+        #: The envs' family's step of them all at once, once every env's stepper is its env's own
+        #: ``step`` and the family has one (``EnvAdapter.batch_stepper``); else None.
+        self._step_together: BatchStep | None = None
 
     def build(self) -> None:
         """Makes the slot's envs and checks their spaces against the pool's."""
@@ -90,6 +94,7 @@ class EnvSlot(Slot):
     def _step_through_wrappers(self, local: int, env: gymnasium.Env) -> None:
         self._steppers[local], self._limits[local] = env.step, None
         self._through_wrappers.add(local)
+        self._step_together = None
 
     def after_call(self) -> None:
         """Steps every env through all its wrappers again (until ``inner_step`` looks anew): a
@@ -146,6 +151,8 @@ class EnvSlot(Slot):
     def _run_envs(self, actions: Any, rows: list[int] | None = None) -> None:
         """Steps (or resets, where due) every env (or those at ``rows``) and writes its results to
         the slot's rows."""
+        if self._step_together is not None:
+            rows = self._run_together(actions, rows)
         info, needs_reset, envs = self._info, self._needs_reset, self.envs
         rewards, terminations, truncations = self._reward_row, self._termination_row, self._truncation_row
         stepped, step_infos, steppers, limits = self._stepped, self._step_infos, self._steppers, self._limits
@@ -191,12 +198,74 @@ class EnvSlot(Slot):
             self._find_inner_steps()
 
     def _find_inner_steps(self) -> None:
-        """Steps the envs whose checker has now done its checks under gymnasium's standard wrappers."""
+        """Steps the envs whose checker has now done its checks under gymnasium's standard wrappers,
+        all at once when their family can (and the observation goes straight to its rows)."""
         for index in list(self._through_wrappers):
             found = inner_step(self.envs[index])
             if found is not None:
                 self._steppers[index], self._limits[index] = found
                 self._through_wrappers.discard(index)
+        if not self._through_wrappers and self._obs_writer.exact is not None and self._act_is_leaf:
+            self._step_together = adapter_for(self.envs[0]).batch_stepper(self._steppers)
+
+    def _run_together(self, actions: np.ndarray, rows: list[int] | None) -> list[int] | None:
+        """Steps the envs at ``rows`` (None: all) that are not due to reset with ``_step_together``;
+        returns the rows left to run one by one (None: all of them, where it declined)."""
+        needs_reset, count = self._needs_reset, len(self.envs)
+        together: list[int] | None = None  # None: every env
+        left: list[int] = []
+        if rows is not None or True in needs_reset:
+            together = [row for row in (range(count) if rows is None else rows) if not needs_reset[row]]
+            left = [row for row in (range(count) if rows is None else rows) if needs_reset[row]]
+            if not together:
+                return left
+        assert self._step_together is not None and self._obs_writer.exact is not None
+        results = self._step_together(
+            together, actions if together is None else actions[together], self._obs_writer.exact[0]
+        )
+        if results is None:
+            return rows
+        rewards, terminations = results
+        limits, truncations, stepped, step_infos = self._limits, self._truncation_row, self._stepped, self._step_infos
+        if together is None:
+            self._reward_row[:], self._termination_row[:] = rewards, terminations
+            stepped[:], step_infos[:] = [True] * count, [None] * count
+        else:
+            for row, reward, terminated in zip(together, rewards, terminations):
+                self._reward_row[row], self._termination_row[row] = reward, terminated
+                stepped[row], step_infos[row] = True, None
+        for row in range(count) if together is None else together:  # TimeLimit.step's own work (see inner_step)
+            limit = limits[row]
+            if limit is None:
+                truncations[row] = False
+            else:
+                elapsed = limit._elapsed_steps = limit._elapsed_steps + 1
+                truncations[row] = elapsed >= limit._max_episode_steps
+        return left
+        assert self._step_together is not None and self._obs_writer.exact is not None
+        results = self._step_together(
+            together, actions if together is None else actions[together], self._obs_writer.exact[0]
+        )
+        if results is None:
+            return rows
+        rewards, terminations = results
+        limits, truncations, stepped, step_infos = self._limits, self._truncation_row, self._stepped, self._step_infos
+        if together is None:
+            self._reward_row[:], self._termination_row[:] = rewards, terminations
+            stepped[:], step_infos[:] = [True] * count, [None] * count
+            together = range(count)
+        else:
+            for row, reward, terminated in zip(together, rewards, terminations):
+                self._reward_row[row], self._termination_row[row] = reward, terminated
+                stepped[row], step_infos[row] = True, None
+        for row in together:  # TimeLimit.step's own work (see inner_step)
+            limit = limits[row]
+            if limit is None:
+                truncations[row] = False
+            else:
+                elapsed = limit._elapsed_steps = limit._elapsed_steps + 1
+                truncations[row] = elapsed >= limit._max_episode_steps
+        return left
 
     def _account(self, changed: bool) -> int:
         """Adds the step to each env's episode, ends the episodes that finished (resetting them now
