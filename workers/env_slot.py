@@ -1,5 +1,6 @@
 """The slot of gymnasium envs (``engine="python"``): each env stepped, reset and accounted for in
-Python, one by one."""
+Python, one by one, except where the envs' family steps them all at once (``EnvAdapter.batch_stepper``:
+gymnasium's CartPole)."""
 
 from __future__ import annotations
 
