@@ -13,6 +13,7 @@ from operator import attrgetter
 from typing import Any
 
 import numpy as np
+from gymnasium.spaces import Discrete
 
 from .env_families import BatchStep, EnvAdapter
 
@@ -63,22 +64,56 @@ class CartPole(ClassicControl):
         return refresh
 
     def batch_stepper(self, steppers: list[Callable[[Any], Any]]) -> BatchStep | None:
-        """``CartPoleEnv.step`` of several envs at once (``_CartPoleSteps``), where each stepper is the
-        ``step`` of a plain ``CartPoleEnv`` (not a subclass's: it may read its attributes otherwise).
+        """``CartPoleEnv.step`` of several envs at once (``_CartPoleSteps``), where each stepper is
+        gymnasium's own ``step`` (of a release whose step it reproduces) of a plain ``CartPoleEnv`` (not
+        a subclass's: it may read its attributes otherwise) whose action space is ``Discrete(2)``.
 
         Why: gymnasium's step is some 30 numpy scalar calls, a third of its 5 µs in the action
         space's ``contains``; stepped together, 8 envs cost half as much, and in a training loop less
         than that (``docs/benchmarks.md``, "CartPole's envs stepped together").
         """
-        from gymnasium.envs.classic_control.cartpole import CartPoleEnv
-
-        envs = [getattr(stepper, "__self__", None) for stepper in steppers]
+        cartpole = _gymnasium_cartpole()
+        if cartpole is None:
+            return None
+        envs: list[Any] = [getattr(stepper, "__self__", None) for stepper in steppers]
         if not envs or any(
-            getattr(stepper, "__func__", None) is not CartPoleEnv.step or type(env) is not CartPoleEnv
+            getattr(stepper, "__func__", None) is not cartpole.step or type(env) is not cartpole
             for stepper, env in zip(steppers, envs)
         ):
             return None
+        for env in envs:
+            space = env.action_space
+            if not (type(space) is Discrete and space.n == 2 and space.start == 0 and space.dtype == np.int64):
+                return None
         return _CartPoleSteps(envs).step
+
+
+#: The gymnasium releases whose ``CartPoleEnv.step`` ``_CartPoleSteps`` reproduces (the same code from
+#: 1.2.2 to 1.4.0), as (major, minor).
+_CARTPOLE_RELEASES = ((1, 2), (1, 4))
+
+
+def _gymnasium_cartpole() -> Any:
+    """gymnasium's ``CartPoleEnv``, if its ``step`` is gymnasium's own (not one patched on the class)
+    of a release in ``_CARTPOLE_RELEASES``; else None."""
+    import gymnasium
+    from gymnasium.envs.classic_control import cartpole
+
+    try:
+        release = tuple(int(part) for part in gymnasium.__version__.split(".")[:2])
+    except ValueError:
+        return None
+    step = cartpole.CartPoleEnv.step
+    code = getattr(step, "__code__", None)
+    if not (
+        _CARTPOLE_RELEASES[0] <= release <= _CARTPOLE_RELEASES[1]
+        and getattr(step, "__module__", None) == cartpole.__name__
+        and getattr(step, "__qualname__", None) == "CartPoleEnv.step"
+        and code is not None
+        and code.co_filename == cartpole.__file__
+    ):
+        return None
+    return cartpole.CartPoleEnv
 
 
 #: What ``CartPoleEnv.step`` computes with, in ``_CartPoleSteps.step``'s order.
@@ -90,82 +125,50 @@ _CARTPOLE_PARAMETERS = attrgetter(
 _CARTPOLE_MODE = attrgetter(
     "state", "kinematics_integrator", "steps_beyond_terminated", "render_mode", "action_space", "_sutton_barto_reward"
 )
-#: The number types whose arithmetic with a numpy float64 is that of their value as a Python float.
-_PLAIN_NUMBERS = frozenset({float, int, bool, np.float64, np.float32, np.float16, np.int64, np.int32, np.bool_})
+#: The number types whose arithmetic with a numpy float64 is that of their value as a Python float, and
+#: whose negation (gymnasium negates ``force_mag`` and the thresholds alone) is exact: not numpy's
+#: integers, which wrap at their minimum, nor numpy's bools, which refuse it.
+_PLAIN_NUMBERS = frozenset({float, int, bool, np.float64, np.float32, np.float16})
+#: The largest float32: a state beyond it would overflow the observation's cast, which numpy warns of.
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class _CartPoleSteps:
-    """Steps a slot's ``CartPoleEnv``s together, as each one's ``step`` would, bit for bit: the same
+    """Steps a slot's ``CartPoleEnv``s together as each one's ``step`` would, bit for bit: the same
     operations in the same order on float64 values, with numpy's ``cos`` and ``sin`` (one call each for
     all the envs) and Python floats for the rest (numpy's scalar arithmetic is IEEE double arithmetic,
-    as Python's is); the same rewards, terminations, ``state`` and ``steps_beyond_terminated``.
+    as Python's is); the same rewards, terminations, observations, ``state`` and
+    ``steps_beyond_terminated``.
+
+    Python's floats neither warn nor honour ``np.seterr``: wherever numpy would warn or raise (a value
+    that is not finite, a division by zero, an overflow on the way, an underflow that ``np.seterr``
+    makes an error), an action the action space does not contain, or anything else unexpected, ``step``
+    returns None having changed nothing, and the envs' own steps then warn or raise, naming the env.
 
     Why Python floats and not whole-array operations: in a training loop a step follows the policy's
-    forward, which leaves numpy's code out of the caches, and there some 30 array operations on 8 envs
+    forward, which leaves numpy's code out of the caches, and there some 35 array operations on 8 envs
     took as long as the envs' own steps, where the interpreter's loop stays in the caches."""
 
     def __init__(self, envs: list[Any]) -> None:
         self.envs = envs
-        #: Each env's action space when the steppers were found: ``step`` asserts that it contains the
-        #: action, which the pool checked against its own space, equal to this one when the env was made.
+        #: Each env's action space when the steppers were found (``Discrete(2)``): another one set since
+        #: has the envs stepped one by one.
         self.spaces = [env.action_space for env in envs]
 
     def step(self, rows: list[int] | None, actions: np.ndarray, observations: np.ndarray) -> Any:
         """See ``shmpool.env_families.BatchStep``."""
+        if actions.dtype != np.int64 or observations.dtype != np.float32 or observations.shape[1:] != (4,):
+            return None  # gymnasium's observation is float32; its action space holds int64s
         envs, spaces = (
             (self.envs, self.spaces) if rows is None else ([self.envs[r] for r in rows], [self.spaces[r] for r in rows])
         )
-        states, parameters, suttons = [], [], []
-        for env, space in zip(envs, spaces):
-            state, integrator, beyond, render_mode, own_space, sutton = _CARTPOLE_MODE(env)
-            values = _CARTPOLE_PARAMETERS(env)
-            # The envs go one by one where a step would do otherwise: another integrator, a state it
-            # would compute with in float32, one that is not finite (numpy would warn), a terminated
-            # env's warning, rendering, an attribute that is not a plain number.
-            if not (
-                state.__class__ is np.ndarray
-                and state.dtype == np.float64
-                and state.shape == (4,)
-                and integrator == "euler"
-                and beyond is None
-                and render_mode != "human"
-                and own_space is space
-                and _PLAIN_NUMBERS.issuperset(map(type, values))
-            ):
-                return None
-            state = state.tolist()
-            if not math.isfinite(sum(state)):  # any infinity or NaN among them
-                return None
-            states.append(state)
-            parameters.append(values)
-            suttons.append(sutton)
-        thetas = np.array([state[2] for state in states])
-        stepped, terminations = [], []
         try:
-            for (x, x_dot, theta, theta_dot), values, action, costheta, sintheta in zip(
-                states, parameters, actions.tolist(), np.cos(thetas).tolist(), np.sin(thetas).tolist()
-            ):
-                force_mag, polemass_length, total_mass, gravity, length, masspole, tau, x_threshold, theta_threshold = (
-                    map(float, values)
-                )
-                force = force_mag if action == 1 else -force_mag
-                temp = (force + polemass_length * (theta_dot * theta_dot) * sintheta) / total_mass
-                thetaacc = (gravity * sintheta - costheta * temp) / (
-                    length * (4.0 / 3.0 - masspole * (costheta * costheta) / total_mass)
-                )
-                xacc = temp - polemass_length * thetaacc * costheta / total_mass
-                x = x + tau * x_dot
-                x_dot = x_dot + tau * xacc
-                theta = theta + tau * theta_dot
-                theta_dot = theta_dot + tau * thetaacc
-                if not math.isfinite(x + x_dot + theta + theta_dot):  # numpy would have warned on the way
-                    return None
-                stepped.append((x, x_dot, theta, theta_dot))
-                terminations.append(
-                    x < -x_threshold or x > x_threshold or theta < -theta_threshold or theta > theta_threshold
-                )
-        except (ArithmeticError, ValueError):  # a division by zero, a number too large for a float
-            return None  # the envs' own steps warn or raise, naming the env
+            computed = self._compute(envs, spaces, actions)
+        except Exception:  # noqa: BLE001 - the envs' own steps raise it (or not), naming the env
+            return None
+        if computed is None:
+            return None
+        stepped, terminations, suttons = computed
         matrix = np.array(stepped)
         for env, state in zip(envs, matrix):  # a new array each step, as gymnasium's (a row of one)
             env.state = state
@@ -178,6 +181,70 @@ class _CartPoleSteps:
             else:
                 rewards.append(0.0 if sutton else 1.0)
         return rewards, terminations
+
+    @staticmethod
+    def _compute(envs: list[Any], spaces: list[Any], actions: np.ndarray) -> Any:
+        """Each env's next state and termination, and its reward flag, changing nothing; None where
+        an env's step would compute otherwise or warn (see the class)."""
+        if np.geterr()["under"] != "ignore":  # gymnasium's arithmetic would report underflows
+            return None
+        states, parameters, suttons = [], [], []
+        for env, space in zip(envs, spaces):
+            state, integrator, beyond, render_mode, own_space, sutton = _CARTPOLE_MODE(env)
+            values = _CARTPOLE_PARAMETERS(env)
+            # Another integrator, a state it would compute with in float32, a terminated env's
+            # warning, rendering, another action space, an attribute that is not a plain number.
+            if not (
+                state.__class__ is np.ndarray
+                and state.dtype == np.float64
+                and state.shape == (4,)
+                and integrator == "euler"
+                and beyond is None
+                and render_mode != "human"
+                and own_space is space
+                and _PLAIN_NUMBERS.issuperset(map(type, values))
+            ):
+                return None
+            state = state.tolist()
+            if not math.isfinite(sum(state)):  # numpy would warn of an angle that is not finite
+                return None
+            states.append(state)
+            parameters.append(tuple(map(float, values)))
+            suttons.append(bool(sutton))
+        thetas = np.array([state[2] for state in states])
+        stepped, terminations = [], []
+        for (x, x_dot, theta, theta_dot), values, action, costheta, sintheta in zip(
+            states, parameters, actions.tolist(), np.cos(thetas).tolist(), np.sin(thetas).tolist()
+        ):
+            if action != 0 and action != 1:
+                return None  # not in the action space: the env's step asserts it
+            force_mag, polemass_length, total_mass, gravity, length, masspole, tau, x_threshold, theta_threshold = (
+                values
+            )
+            force = force_mag if action == 1 else -force_mag
+            temp = (force + polemass_length * (theta_dot * theta_dot) * sintheta) / total_mass
+            inertia = length * (4.0 / 3.0 - masspole * (costheta * costheta) / total_mass)
+            thetaacc = (gravity * sintheta - costheta * temp) / inertia
+            xacc = temp - polemass_length * thetaacc * costheta / total_mass
+            x = x + tau * x_dot
+            x_dot = x_dot + tau * xacc
+            theta = theta + tau * theta_dot
+            theta_dot = theta_dot + tau * thetaacc
+            # An overflow on the way leaves an infinity in one of these (or a NaN after it); a state
+            # beyond float32's range would overflow the observation's cast.
+            if not (
+                math.isfinite(temp + inertia + thetaacc + xacc)
+                and -_FLOAT32_MAX <= x <= _FLOAT32_MAX
+                and -_FLOAT32_MAX <= x_dot <= _FLOAT32_MAX
+                and -_FLOAT32_MAX <= theta <= _FLOAT32_MAX
+                and -_FLOAT32_MAX <= theta_dot <= _FLOAT32_MAX
+            ):
+                return None
+            stepped.append((x, x_dot, theta, theta_dot))
+            terminations.append(
+                x < -x_threshold or x > x_threshold or theta < -theta_threshold or theta > theta_threshold
+            )
+        return stepped, terminations, suttons
 
 
 _MODULE = "gymnasium.envs.classic_control"

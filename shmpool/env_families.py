@@ -16,8 +16,8 @@ FAMILIES = ("shmpool.classic_control", "shmpool.mujoco", "shmpool.kernels")
 #: ``EnvAdapter.batch_stepper``'s function: ``step(rows, actions, observations)`` steps the envs at
 #: ``rows`` (None: all) of the steppers it was made for, with ``actions`` (one per row), writes their
 #: observations to ``observations[rows]`` and returns their rewards and terminations (lists, in row
-#: order); or it changes nothing and returns None, where an env's state or attributes are ones it does
-#: not reproduce (the caller then steps each env itself).
+#: order); or it changes nothing and returns None, wherever it would not give what each env's own step
+#: gives, warnings and errors included (the caller then steps each env itself).
 BatchStep = Callable[[list[int] | None, Any, Any], tuple[list[float], list[bool]] | None]
 
 

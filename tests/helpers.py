@@ -449,6 +449,53 @@ class SetsStates:
                 env.unwrapped.state = states[env_id].copy()
 
 
+class ChangesEnv:
+    """A hook that calls ``change(ctx, row)`` before global step ``at`` for the row of env ``env_id``
+    (where the worker has it): a change made inside the worker, with no control call."""
+
+    def __init__(self, at: int, env_id: int, change: Callable[[Any, int], None]) -> None:
+        self.at, self.env_id, self.change = at, env_id, change
+
+    def before_step(self, ctx) -> None:
+        if ctx.global_step == self.at:
+            for row in np.flatnonzero(np.asarray(ctx.env_ids) == self.env_id).tolist():
+                self.change(ctx, row)
+
+
+def write_action_five(ctx, row: int) -> None:
+    """An action outside CartPole's ``Discrete(2)``, written by a hook after the pool checked the batch."""
+    ctx.actions[row] = 5
+
+
+def delete_tau(ctx, row: int) -> None:
+    del ctx.envs[row].unwrapped.tau
+
+
+def shrink_action_space(ctx, row: int) -> None:
+    """``Discrete(1)``: CartPole's step then refuses action 1."""
+    ctx.envs[row].unwrapped.action_space = spaces.Discrete(1)
+
+
+def fallen_and_stepped_again(env: gym.Env) -> None:
+    """CartPole with its pole down and one step taken since it fell: its next step warns, rewards 0."""
+    env.unwrapped.state = np.array([0.0, 0.0, 0.25, 0.0])
+    env.unwrapped.steps_beyond_terminated = 0
+
+
+def make_fallen_and_stepped_again(ctx, row: int) -> None:
+    fallen_and_stepped_again(ctx.envs[row])
+
+
+def cartpole_with_float64_observations() -> gym.Env:
+    """CartPole whose observation space is float64: gymnasium's float32 observations cast up into it."""
+    env = gym.make("CartPole-v1")
+    box = env.unwrapped.observation_space
+    env.unwrapped.observation_space = spaces.Box(
+        box.low.astype(np.float64), box.high.astype(np.float64), dtype=np.float64
+    )
+    return env
+
+
 class Explodes:
     """A hook that raises in after_step from the given global step on."""
 

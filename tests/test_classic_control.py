@@ -126,17 +126,25 @@ def test_a_derived_cartpole_value_declared_beside_what_it_is_derived_from_is_ref
 # computes in more than float64 (a long double). Every change lasts until the next.
 CARTPOLE_CHANGES: dict[int, dict[str, list[object]]] = {
     10: {"_sutton_barto_reward": [False, True, False, True, False, True]},
-    20: {"force_mag": [10.0, np.float32(7.3), 12, np.float64(9.1), np.int32(11), 10.0]},
+    20: {"force_mag": [10.0, np.float32(7.3), 12, np.float64(9.1), True, 10.0]},
     30: {"kinematics_integrator": ["euler", "semi-implicit euler", "euler", "euler", "euler", "euler"]},
-    40: {"kinematics_integrator": ["euler"] * 6, "gravity": [9.8, np.longdouble(12.5), 9.8, 9.8, 9.8, 9.8]},
+    40: {"kinematics_integrator": ["euler"] * 6, "gravity": [9.8, np.longdouble(29) / 3, 9.8, 9.8, 9.8, 9.8]},
     50: {"gravity": [9.8, 12.5, 9.8, np.float32(8.1), 9.8, 9.8]},
+    # numpy warns of an overflow on the way to a finite result (the pole's inertia), then of a division by zero
+    80: {"length": [0.5, 0.5, 0.5, 1.5e308, 0.5, 0.5]},
+    88: {"total_mass": [1.1, 1.1, 1.1, 1.1, 0.0, 1.1]},
+    92: {"length": [0.5] * 6, "total_mass": [1.1] * 6},
 }
+# Env 1 fallen and stepped once since, set by a hook at this step: its next step warns and rewards 0.
+FALLEN_AT = 97
 # States a hook sets in the worker (no control call, so the slot has been stepping its envs together):
 # a float32 one, which gymnasium's step computes with in float32, and an angle that is not finite
 # (numpy warns of it).
 CARTPOLE_STATES: dict[int, list[np.ndarray]] = {
     64: [np.array([0.01, 0.2, -0.03, 0.1], dtype=np.float32), *(np.array([0.0, 0.1, 0.02, -0.1]),) * 5],
     75: [np.array([0.0, 0.1, 0.02, -0.1]), np.array([0.0, 0.0, np.inf, 0.0]), *(np.zeros(4),) * 4],
+    # finite, but beyond float32's range: numpy warns as it casts the observation
+    94: [np.array([0.0, 1e39, 0.0, 0.0]), *(np.array([0.0, 0.1, 0.02, -0.1]),) * 5],
 }
 
 
@@ -159,18 +167,23 @@ def test_cartpoles_stepped_together_match_sync_as_what_each_steps_with_changes(
         trainer_slot=trainer_slot,
         autoreset_mode=mode,
         env_kwargs=limit,
-        hooks=[helpers.SetsStates(CARTPOLE_STATES)],
+        hooks=[
+            helpers.SetsStates(CARTPOLE_STATES),
+            helpers.ChangesEnv(FALLEN_AT, 1, helpers.make_fallen_and_stepped_again),
+        ],
         name=pool_name,
     ) as pool:
         ours, theirs = pool.reset(seed=9), reference.reset(seed=9)
         np.testing.assert_array_equal(ours[0], theirs[0])
         ended = truncated = warned = 0
-        for t in range(90):
+        for t in range(100):
             for name, values in CARTPOLE_CHANGES.get(t, {}).items():
                 pool.set_attr(name, values)
                 sync.set_attr(name, values)
             for env, state in zip(sync.envs, CARTPOLE_STATES.get(t, [])):
                 env.unwrapped.state = state.copy()
+            if t == FALLEN_AT:
+                helpers.fallen_and_stepped_again(sync.envs[1])
             actions = rng.integers(0, 2, 6)
             with warnings.catch_warnings(record=True) as our_warnings:
                 warnings.simplefilter("always")
@@ -221,3 +234,77 @@ def test_a_partial_step_of_cartpoles_steps_only_those_envs_as_their_own_steps(
             for index in range(4):
                 np.testing.assert_array_equal(ours[index], [step[index] for step in theirs], err_msg=f"step {t}")
         np.testing.assert_array_equal(pool.get_attr("state"), [env.unwrapped.state for env in envs])
+
+
+@pytest.mark.parametrize("trainer_slot", [False, True])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (helpers.write_action_five, r"AssertionError: np\.int64\(5\)"),
+        (helpers.shrink_action_space, r"AssertionError: np\.int64\(1\)"),
+        (helpers.delete_tau, "AttributeError.*tau"),
+    ],
+)
+def test_a_cartpole_step_that_fails_names_the_env_as_its_own_step_would(
+    change: object, message: str, trainer_slot: bool, pool_name: str
+) -> None:
+    """A hook's action outside the action space, an action space that no longer holds the action, or an
+    attribute the step needs gone: gymnasium's own step raises for that env, and so does the pool, naming
+    it, where the slot was stepping its envs together."""
+    hook = helpers.ChangesEnv(5, 2, change)
+    with shmpool.launch(
+        "CartPole-v1", 4, num_workers=1, trainer_slot=trainer_slot, hooks=[hook], name=pool_name
+    ) as pool:
+        pool.reset(seed=0)
+        for _ in range(5):
+            pool.step(np.zeros(4, dtype=np.int64))
+        with pytest.raises(shmpool.WorkerError, match=rf"(?s)env 2 \(CartPole-v1\).*{message}"):
+            pool.step(np.ones(4, dtype=np.int64))
+
+
+def test_a_cartpole_step_patched_on_the_class_or_rendering_is_what_steps(monkeypatch, pool_name: str) -> None:
+    """``CartPoleEnv.step`` replaced on the class runs for every env, as does ``render`` in human mode."""
+    from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+
+    calls = {"step": 0, "render": 0}
+    original = CartPoleEnv.step
+
+    def counted_step(self, action):
+        calls["step"] += 1
+        return original(self, action)
+
+    def counted_render(self):
+        calls["render"] += 1
+
+    with shmpool.launch("CartPole-v1", 4, num_workers=1, trainer_slot=True, name=pool_name) as pool:
+        pool.reset(seed=0)
+        for _ in range(4):
+            pool.step(np.zeros(4, dtype=np.int64))
+        monkeypatch.setattr(CartPoleEnv, "step", counted_step)
+        pool.env_apply(lambda env: None)  # a control call: the slot looks at its steppers again
+        for _ in range(4):
+            pool.step(np.array([0, 1, 0, 1]))
+        assert calls["step"] == 16
+        monkeypatch.setattr(CartPoleEnv, "step", original)
+        monkeypatch.setattr(CartPoleEnv, "render", counted_render)
+        pool.env_apply(lambda env: setattr(env.unwrapped, "render_mode", "human"))
+        for _ in range(4):
+            pool.step(np.array([0, 1, 0, 1]))
+        assert calls["render"] == 16
+
+
+def test_cartpoles_with_float64_observations_match_sync(pool_name: str) -> None:
+    """gymnasium's float32 observation, cast into a float64 observation space, as Sync does."""
+    reference = gym.vector.SyncVectorEnv([helpers.cartpole_with_float64_observations] * 4)
+    with shmpool.launch(
+        helpers.cartpole_with_float64_observations, 4, num_workers=1, trainer_slot=True, name=pool_name
+    ) as pool:
+        assert pool.single_observation_space.dtype == np.float64
+        np.testing.assert_array_equal(pool.reset(seed=1)[0], reference.reset(seed=1)[0])
+        for t in range(20):
+            actions = np.array([t % 2, 1, 0, (t // 2) % 2])
+            ours, theirs = pool.step(actions), reference.step(actions)
+            for a, b in zip(ours[:4], theirs[:4]):
+                assert a.dtype == b.dtype
+                np.testing.assert_array_equal(a, b, err_msg=f"step {t}")
+    reference.close()

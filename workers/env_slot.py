@@ -21,7 +21,8 @@ from shmpool.workers.param_applier import ParamApplier
 
 
 class EnvSlot(Slot):
-    """A slot of gymnasium envs, stepped one by one, with numpy views of the slot's rows."""
+    """A slot of gymnasium envs, stepped one by one (or all at once where their family can), with numpy
+    views of the slot's rows."""
 
     def __init__(
         self, config: WorkerConfig, views: dict[str, np.ndarray], info: InfoWriter, params: ParamApplier | None
@@ -236,30 +237,6 @@ class EnvSlot(Slot):
                 self._reward_row[row], self._termination_row[row] = reward, terminated
                 stepped[row], step_infos[row] = True, None
         for row in range(count) if together is None else together:  # TimeLimit.step's own work (see inner_step)
-            limit = limits[row]
-            if limit is None:
-                truncations[row] = False
-            else:
-                elapsed = limit._elapsed_steps = limit._elapsed_steps + 1
-                truncations[row] = elapsed >= limit._max_episode_steps
-        return left
-        assert self._step_together is not None and self._obs_writer.exact is not None
-        results = self._step_together(
-            together, actions if together is None else actions[together], self._obs_writer.exact[0]
-        )
-        if results is None:
-            return rows
-        rewards, terminations = results
-        limits, truncations, stepped, step_infos = self._limits, self._truncation_row, self._stepped, self._step_infos
-        if together is None:
-            self._reward_row[:], self._termination_row[:] = rewards, terminations
-            stepped[:], step_infos[:] = [True] * count, [None] * count
-            together = range(count)
-        else:
-            for row, reward, terminated in zip(together, rewards, terminations):
-                self._reward_row[row], self._termination_row[row] = reward, terminated
-                stepped[row], step_infos[row] = True, None
-        for row in together:  # TimeLimit.step's own work (see inner_step)
             limit = limits[row]
             if limit is None:
                 truncations[row] = False
