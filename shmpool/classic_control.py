@@ -69,8 +69,8 @@ class CartPole(ClassicControl):
         a subclass's: it may read its attributes otherwise) whose action space is ``Discrete(2)``.
 
         Why: gymnasium's step is some 30 numpy scalar calls, a third of its 5 µs in the action
-        space's ``contains``; stepped together, 8 envs cost half as much, and in a training loop less
-        than that (``docs/benchmarks.md``, "CartPole's envs stepped together").
+        space's ``contains``; stepped together, the steps of 8 envs cost about half as much
+        (``docs/benchmarks.md``, "CartPole's envs stepped together").
         """
         cartpole = _gymnasium_cartpole()
         if cartpole is None:
