@@ -66,7 +66,7 @@ class CartPole(ClassicControl):
     def batch_stepper(self, steppers: list[Callable[[Any], Any]]) -> BatchStep | None:
         """``CartPoleEnv.step`` of several envs at once (``_CartPoleSteps``), where each stepper is
         gymnasium's own ``step`` (of a release whose step it reproduces) of a plain ``CartPoleEnv`` (not
-        a subclass's: it may read its attributes otherwise) whose action space is ``Discrete(2)``.
+        a subclass's: it may read its attributes otherwise).
 
         Why: gymnasium's step is some 30 numpy scalar calls, a third of its 5 µs in the action
         space's ``contains``; stepped together, the steps of 8 envs cost about half as much
@@ -81,10 +81,6 @@ class CartPole(ClassicControl):
             for stepper, env in zip(steppers, envs)
         ):
             return None
-        for env in envs:
-            space = env.action_space
-            if not (type(space) is Discrete and space.n == 2 and space.start == 0 and space.dtype == np.int64):
-                return None
         return _CartPoleSteps(envs).step
 
 
@@ -123,12 +119,23 @@ _CARTPOLE_PARAMETERS = attrgetter(
 )  # fmt: skip
 #: What decides whether ``_CartPoleSteps`` reproduces an env's step (see ``_CartPoleSteps.step``).
 _CARTPOLE_MODE = attrgetter(
-    "state", "kinematics_integrator", "steps_beyond_terminated", "render_mode", "action_space", "_sutton_barto_reward"
+    "state",
+    "kinematics_integrator",
+    "steps_beyond_terminated",
+    "render_mode",
+    "action_space",
+    "action_space.n",
+    "action_space.start",
+    "action_space.dtype",
+    "_sutton_barto_reward",
 )
 #: The number types whose arithmetic with a numpy float64 is that of their value as a Python float, and
 #: whose negation (gymnasium negates ``force_mag`` and the thresholds alone) is exact: not numpy's
 #: integers, which wrap at their minimum, nor numpy's bools, which refuse it.
 _PLAIN_NUMBERS = frozenset({float, int, bool, np.float64, np.float32, np.float16})
+#: numpy's float64 and int64 dtypes: an equal dtype that is not one of these (unpickled, say) only has the
+#: envs stepped one by one.
+_FLOAT64, _INT64 = np.dtype(np.float64), np.dtype(np.int64)
 #: The largest float32: a state beyond it would overflow the observation's cast, which numpy warns of.
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
@@ -151,19 +158,14 @@ class _CartPoleSteps:
 
     def __init__(self, envs: list[Any]) -> None:
         self.envs = envs
-        #: Each env's action space when the steppers were found (``Discrete(2)``): another one set since
-        #: has the envs stepped one by one.
-        self.spaces = [env.action_space for env in envs]
 
     def step(self, rows: list[int] | None, actions: np.ndarray, observations: np.ndarray) -> Any:
         """See ``shmpool.env_families.BatchStep``."""
         if actions.dtype != np.int64 or observations.dtype != np.float32 or observations.shape[1:] != (4,):
             return None  # gymnasium's observation is float32; its action space holds int64s
-        envs, spaces = (
-            (self.envs, self.spaces) if rows is None else ([self.envs[r] for r in rows], [self.spaces[r] for r in rows])
-        )
+        envs = self.envs if rows is None else [self.envs[row] for row in rows]
         try:
-            computed = self._compute(envs, spaces, actions)
+            computed = self._compute(envs, actions)
         except Exception:  # noqa: BLE001 - the envs' own steps raise it (or not), naming the env
             return None
         if computed is None:
@@ -183,25 +185,29 @@ class _CartPoleSteps:
         return rewards, terminations
 
     @staticmethod
-    def _compute(envs: list[Any], spaces: list[Any], actions: np.ndarray) -> Any:
+    def _compute(envs: list[Any], actions: np.ndarray) -> Any:
         """Each env's next state and termination, and its reward flag, changing nothing; None where
         an env's step would compute otherwise or warn (see the class)."""
         if np.geterr()["under"] != "ignore":  # gymnasium's arithmetic would report underflows
             return None
         states, parameters, suttons = [], [], []
-        for env, space in zip(envs, spaces):
-            state, integrator, beyond, render_mode, own_space, sutton = _CARTPOLE_MODE(env)
+        for env in envs:
+            state, integrator, beyond, render_mode, space, n, start, dtype, sutton = _CARTPOLE_MODE(env)
             values = _CARTPOLE_PARAMETERS(env)
             # Another integrator, a state it would compute with in float32, a terminated env's
-            # warning, rendering, another action space, an attribute that is not a plain number.
+            # warning, rendering, an action space that is not Discrete(2) (replaced or changed in
+            # place), an attribute that is not a plain number. Each test as gymnasium's step makes it.
             if not (
                 state.__class__ is np.ndarray
-                and state.dtype == np.float64
+                and state.dtype is _FLOAT64
                 and state.shape == (4,)
                 and integrator == "euler"
                 and beyond is None
-                and render_mode != "human"
-                and own_space is space
+                and not render_mode == "human"
+                and space.__class__ is Discrete
+                and n == 2
+                and start == 0
+                and dtype is _INT64
                 and _PLAIN_NUMBERS.issuperset(map(type, values))
             ):
                 return None
@@ -209,7 +215,8 @@ class _CartPoleSteps:
             if not math.isfinite(sum(state)):  # numpy would warn of an angle that is not finite
                 return None
             states.append(state)
-            parameters.append(tuple(map(float, values)))
+            # gymnasium negates force_mag before any float64 meets it: an int 0 has no sign, -0.0 has
+            parameters.append((float(-values[0]), *map(float, values)))
             suttons.append(bool(sutton))
         thetas = np.array([state[2] for state in states])
         stepped, terminations = [], []
@@ -218,10 +225,19 @@ class _CartPoleSteps:
         ):
             if action != 0 and action != 1:
                 return None  # not in the action space: the env's step asserts it
-            force_mag, polemass_length, total_mass, gravity, length, masspole, tau, x_threshold, theta_threshold = (
-                values
-            )
-            force = force_mag if action == 1 else -force_mag
+            (
+                negated_force,
+                force_mag,
+                polemass_length,
+                total_mass,
+                gravity,
+                length,
+                masspole,
+                tau,
+                x_threshold,
+                theta_threshold,
+            ) = values
+            force = force_mag if action == 1 else negated_force
             temp = (force + polemass_length * (theta_dot * theta_dot) * sintheta) / total_mass
             inertia = length * (4.0 / 3.0 - masspole * (costheta * costheta) / total_mass)
             thetaacc = (gravity * sintheta - costheta * temp) / inertia

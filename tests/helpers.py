@@ -476,6 +476,21 @@ def shrink_action_space(ctx, row: int) -> None:
     ctx.envs[row].unwrapped.action_space = spaces.Discrete(1)
 
 
+def shrink_action_space_in_place(ctx, row: int) -> None:
+    """The same ``Discrete`` object, holding ``0`` only from now on."""
+    ctx.envs[row].unwrapped.action_space.n = np.int64(1)
+
+
+def narrow_action_space_in_place(ctx, row: int) -> None:
+    """The same ``Discrete`` object, of int32 from now on: an int64 action no longer casts to it."""
+    ctx.envs[row].unwrapped.action_space.dtype = np.dtype(np.int32)
+
+
+def remove_time_limit_count(ctx, row: int) -> None:
+    """A ``TimeLimit`` whose limit is None: its step's comparison raises ``TypeError``."""
+    ctx.envs[row]._max_episode_steps = None
+
+
 def fallen_and_stepped_again(env: gym.Env) -> None:
     """CartPole with its pole down and one step taken since it fell: its next step warns, rewards 0."""
     env.unwrapped.state = np.array([0.0, 0.0, 0.25, 0.0])

@@ -212,7 +212,9 @@ class EnvSlot(Slot):
 
     def _run_together(self, actions: np.ndarray, rows: list[int] | None) -> list[int] | None:
         """Steps the envs at ``rows`` (None: all) that are not due to reset with ``_step_together``;
-        returns the rows left to run one by one (None: all of them, where it declined)."""
+        returns the rows left to run one by one (None: all of them, where it declined). The resets
+        due run after the others step: a reset that raises breaks the pool, so the order shows only
+        in envs the caller holds references to."""
         needs_reset, count = self._needs_reset, len(self.envs)
         together: list[int] | None = None  # None: every env
         left: list[int] = []
@@ -221,6 +223,18 @@ class EnvSlot(Slot):
             left = [row for row in (range(count) if rows is None else rows) if needs_reset[row]]
             if not together:
                 return left
+        stepping = range(count) if together is None else together
+        # TimeLimit.step's own work (see inner_step), worked out before any env steps: where it raises
+        # (a limit someone set to None, say), the envs go one by one and the error names the env.
+        limits = [self._limits[row] for row in stepping]
+        try:
+            counts = [0 if limit is None else limit._elapsed_steps + 1 for limit in limits]
+            cut = [
+                limit is not None and (True if elapsed >= limit._max_episode_steps else False)
+                for limit, elapsed in zip(limits, counts)
+            ]
+        except Exception:  # noqa: BLE001 - raised again, naming the env, where the env steps by itself
+            return rows
         assert self._step_together is not None and self._obs_writer.exact is not None
         results = self._step_together(
             together, actions if together is None else actions[together], self._obs_writer.exact[0]
@@ -228,21 +242,17 @@ class EnvSlot(Slot):
         if results is None:
             return rows
         rewards, terminations = results
-        limits, truncations, stepped, step_infos = self._limits, self._truncation_row, self._stepped, self._step_infos
+        for limit, elapsed in zip(limits, counts):
+            if limit is not None:
+                limit._elapsed_steps = elapsed
+        truncations, stepped, step_infos = self._truncation_row, self._stepped, self._step_infos
         if together is None:
-            self._reward_row[:], self._termination_row[:] = rewards, terminations
+            self._reward_row[:], self._termination_row[:], truncations[:] = rewards, terminations, cut
             stepped[:], step_infos[:] = [True] * count, [None] * count
         else:
-            for row, reward, terminated in zip(together, rewards, terminations):
-                self._reward_row[row], self._termination_row[row] = reward, terminated
+            for row, reward, terminated, truncated in zip(together, rewards, terminations, cut):
+                self._reward_row[row], self._termination_row[row], truncations[row] = reward, terminated, truncated
                 stepped[row], step_infos[row] = True, None
-        for row in range(count) if together is None else together:  # TimeLimit.step's own work (see inner_step)
-            limit = limits[row]
-            if limit is None:
-                truncations[row] = False
-            else:
-                elapsed = limit._elapsed_steps = limit._elapsed_steps + 1
-                truncations[row] = elapsed >= limit._max_episode_steps
         return left
 
     def _account(self, changed: bool) -> int:
