@@ -123,7 +123,7 @@ def test_a_derived_cartpole_value_declared_beside_what_it_is_derived_from_is_ref
 # What each env's own CartPole step computes with, changed midway on a pool's envs and on Sync's alike
 # (step -> attribute -> one value per env): the slot steps its CartPoles together where every env's step
 # is gymnasium's plain one, and each one by one where one is not: another integrator, an attribute that
-# computes in more than float64 (a long double). Every change lasts until the next.
+# computes in more than float64 (a long double), values numpy warns of. Every change lasts until the next.
 CARTPOLE_CHANGES: dict[int, dict[str, list[object]]] = {
     10: {"_sutton_barto_reward": [False, True, False, True, False, True]},
     20: {"force_mag": [10.0, np.float32(7.3), 12, np.float64(9.1), True, 10.0]},
@@ -141,8 +141,8 @@ CARTPOLE_CHANGES: dict[int, dict[str, list[object]]] = {
 # Env 1 fallen and stepped once since, set by a hook at this step: its next step warns and rewards 0.
 FALLEN_AT = 97
 # States a hook sets in the worker (no control call, so the slot has been stepping its envs together):
-# a float32 one, which gymnasium's step computes with in float32, and an angle that is not finite
-# (numpy warns of it).
+# signed zeros, a float32 state (gymnasium's step computes with it in float32), an angle that is not
+# finite and a velocity beyond float32's range (numpy warns of both).
 CARTPOLE_STATES: dict[int, list[np.ndarray]] = {
     58: [np.array([0.0, -0.0, -0.0, -0.0])] * 6,
     64: [np.array([0.01, 0.2, -0.03, 0.1], dtype=np.float32), *(np.array([0.0, 0.1, 0.02, -0.1]),) * 5],
@@ -215,7 +215,7 @@ def test_cartpoles_stepped_together_match_sync_as_what_each_steps_with_changes(
                     for a, b in zip(pool.get_attr(name), sync.get_attr(name)):
                         assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), f"step {t} {name}: {a} != {b}"
         assert ended >= 5 and truncated >= 5, "episodes should end in every way the run sets up"
-        assert warned, "numpy should have warned of the state that is not finite"
+        assert warned, "numpy should have warned of the values the run sets up"
     reference.close()
 
 
