@@ -202,7 +202,9 @@ def test_cartpoles_stepped_together_match_sync_as_what_each_steps_with_changes(
                 ], f"step {t}"
             for label, a, b in zip(("observations", "rewards", "terminations", "truncations"), ours, theirs):
                 assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), f"step {t} {label}: {a} != {b}"  # -0.0 too
-            if "episode" in theirs[4]:  # each env's episode statistics, counted as Sync's wrapper counts
+            # each env's episode statistics, counted as Sync's wrapper counts (gymnasium 1.2's misses a step
+            # under same-step autoreset)
+            if "episode" in theirs[4] and not (helpers.OLD_GYMNASIUM and mode == gym.vector.AutoresetMode.SAME_STEP):
                 np.testing.assert_array_equal(ours[4]["_episode"], theirs[4]["_episode"], err_msg=f"step {t}")
                 for key in ("r", "l"):
                     np.testing.assert_array_equal(
