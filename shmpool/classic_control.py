@@ -63,17 +63,25 @@ class CartPole(ClassicControl):
 
         return refresh
 
-    def batch_stepper(self, steppers: list[Callable[[Any], Any]]) -> BatchStep | None:
+    def batch_stepper(
+        self, steppers: list[Callable[[Any], Any]], observations: np.ndarray, action_dtype: Any
+    ) -> BatchStep | None:
         """``CartPoleEnv.step`` of several envs at once (``_CartPoleSteps``), where each stepper is
         gymnasium's own ``step`` (of a release whose step it reproduces) of a plain ``CartPoleEnv`` (not
-        a subclass's: it may read its attributes otherwise).
+        a subclass's: it may read its attributes otherwise), into float32 observations of 4 from int64
+        actions (gymnasium's observation is float32; its action space holds int64s).
 
         Why: gymnasium's step is some 30 numpy scalar calls, a third of its 5 µs in the action
         space's ``contains``; stepped together, the steps of 8 envs cost about half as much
         (``docs/benchmarks.md``, "CartPole's envs stepped together").
         """
         cartpole = _gymnasium_cartpole()
-        if cartpole is None:
+        if (
+            cartpole is None
+            or observations.dtype != np.float32
+            or observations.shape[1:] != (4,)
+            or action_dtype != np.int64
+        ):
             return None
         envs: list[Any] = [getattr(stepper, "__self__", None) for stepper in steppers]
         if not envs or any(
@@ -81,7 +89,7 @@ class CartPole(ClassicControl):
             for stepper, env in zip(steppers, envs)
         ):
             return None
-        return _CartPoleSteps(envs).step
+        return _CartPoleSteps(envs, observations).step
 
 
 #: The gymnasium releases whose ``CartPoleEnv.step`` ``_CartPoleSteps`` reproduces (the same code from
@@ -156,13 +164,11 @@ class _CartPoleSteps:
     forward, which leaves numpy's code out of the caches, and there some 35 array operations on 8 envs
     took as long as the envs' own steps, where the interpreter's loop stays in the caches."""
 
-    def __init__(self, envs: list[Any]) -> None:
-        self.envs = envs
+    def __init__(self, envs: list[Any], observations: np.ndarray) -> None:
+        self.envs, self.observations = envs, observations
 
-    def step(self, rows: list[int] | None, actions: np.ndarray, observations: np.ndarray) -> Any:
+    def step(self, rows: list[int] | None, actions: np.ndarray) -> Any:
         """See ``shmpool.env_families.BatchStep``."""
-        if actions.dtype != np.int64 or observations.dtype != np.float32 or observations.shape[1:] != (4,):
-            return None  # gymnasium's observation is float32; its action space holds int64s
         envs = self.envs if rows is None else [self.envs[row] for row in rows]
         try:
             computed = self._compute(envs, actions)
@@ -174,7 +180,7 @@ class _CartPoleSteps:
         matrix = np.array(stepped)
         for env, state in zip(envs, matrix):  # a new array each step, as gymnasium's (a row of one)
             env.state = state
-        observations[slice(None) if rows is None else rows] = matrix
+        self.observations[slice(None) if rows is None else rows] = matrix
         rewards = []
         for env, ended, sutton in zip(envs, terminations, suttons):
             if ended:  # the pole just fell

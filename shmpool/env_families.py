@@ -13,12 +13,13 @@ from typing import Any
 FAMILIES = ("shmpool.classic_control", "shmpool.mujoco", "shmpool.kernels")
 
 
-#: ``EnvAdapter.batch_stepper``'s function: ``step(rows, actions, observations)`` steps the envs at
-#: ``rows`` (None: all) of the steppers it was made for, with ``actions`` (one per row), writes their
-#: observations to ``observations[rows]`` and returns their rewards and terminations (lists, in row
-#: order); or it changes nothing and returns None, wherever it would not give what each env's own step
-#: gives, warnings and errors included (the caller then steps each env itself).
-BatchStep = Callable[[list[int] | None, Any, Any], tuple[list[float], list[bool]] | None]
+#: ``EnvAdapter.batch_stepper``'s function: ``step(rows, actions)`` steps the envs at ``rows`` (None:
+#: all) of the steppers it was made for, with ``actions`` (one per row), writes their observations to
+#: the rows ``rows`` of the observation view it was made with, and returns their rewards and
+#: terminations (lists, in row order); or it changes nothing and returns None, wherever it would not
+#: give what each env's own step gives, warnings and errors included (the caller then steps each env
+#: itself).
+BatchStep = Callable[[list[int] | None, Any], tuple[list[float], list[bool]] | None]
 
 
 class EnvAdapter:
@@ -54,11 +55,14 @@ class EnvAdapter:
         (``refresh_outputs`` and ``refresh_inputs``; None: from any)."""
         return self.refresh_outputs, self.refresh_inputs
 
-    def batch_stepper(self, steppers: list[Callable[[Any], Any]]) -> BatchStep | None:
+    def batch_stepper(
+        self, steppers: list[Callable[[Any], Any]], observations: Any, action_dtype: Any
+    ) -> BatchStep | None:
         """One function that steps several envs of this family at once, with the results and the env
-        state their own ``step`` would give; None if the family has none, or if one of ``steppers``
-        (what a slot steps for each of its envs, see ``workers/inner_step.py``) is not its env's own
-        ``step``. Called when a slot's steppers change."""
+        state their own ``step`` would give, writing their observations into ``observations`` (the
+        slot's view, one row per env) from actions of ``action_dtype``; None if the family has none, or
+        if one of ``steppers`` (what a slot steps for each of its envs, see ``workers/inner_step.py``) is
+        not its env's own ``step``. Called when a slot's steppers change."""
         return None
 
     def kicker(self, env: Any) -> Callable[[Any], None] | None:

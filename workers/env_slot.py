@@ -208,7 +208,8 @@ class EnvSlot(Slot):
                 self._steppers[index], self._limits[index] = found
                 self._through_wrappers.discard(index)
         if not self._through_wrappers and self._obs_writer.exact is not None and self._act_is_leaf:
-            self._step_together = adapter_for(self.envs[0]).batch_stepper(self._steppers)
+            observations, action_dtype = self._obs_writer.exact[0], self._actions[0].dtype
+            self._step_together = adapter_for(self.envs[0]).batch_stepper(self._steppers, observations, action_dtype)
 
     def _run_together(self, actions: np.ndarray, rows: list[int] | None) -> list[int] | None:
         """Steps the envs at ``rows`` (None: all) that are not due to reset with ``_step_together``;
@@ -219,8 +220,9 @@ class EnvSlot(Slot):
         together: list[int] | None = None  # None: every env
         left: list[int] = []
         if rows is not None or True in needs_reset:
-            together = [row for row in (range(count) if rows is None else rows) if not needs_reset[row]]
-            left = [row for row in (range(count) if rows is None else rows) if needs_reset[row]]
+            candidates = range(count) if rows is None else rows
+            together = [row for row in candidates if not needs_reset[row]]
+            left = [row for row in candidates if needs_reset[row]]
             if not together:
                 return left
         stepping = range(count) if together is None else together
@@ -235,10 +237,8 @@ class EnvSlot(Slot):
             ]
         except Exception:  # noqa: BLE001 - raised again, naming the env, where the env steps by itself
             return rows
-        assert self._step_together is not None and self._obs_writer.exact is not None
-        results = self._step_together(
-            together, actions if together is None else actions[together], self._obs_writer.exact[0]
-        )
+        assert self._step_together is not None
+        results = self._step_together(together, actions if together is None else actions[together])
         if results is None:
             return rows
         rewards, terminations = results
