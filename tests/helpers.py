@@ -501,6 +501,41 @@ def make_fallen_and_stepped_again(ctx, row: int) -> None:
     fallen_and_stepped_again(ctx.envs[row])
 
 
+def doubled_rewards(step: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``step`` with its reward doubled."""
+
+    def doubled(action: Any) -> Any:
+        observation, reward, terminated, truncated, info = step(action)
+        return observation, 2.0 * reward, terminated, truncated, info
+
+    return doubled
+
+
+def double_rewards_inside(envs: list[gym.Env], row: int) -> None:
+    """Patches the innermost env's ``step``, on the instance."""
+    envs[row].unwrapped.step = doubled_rewards(envs[row].unwrapped.step)
+
+
+def double_rewards_outside(envs: list[gym.Env], row: int) -> None:
+    """Patches the outermost wrapper's ``step``, on the instance."""
+    envs[row].step = doubled_rewards(envs[row].step)
+
+
+def double_rewards_by_a_wrapper(envs: list[gym.Env], row: int) -> None:
+    """Puts the env in a wrapper of its own, in its place in ``envs``."""
+    envs[row] = gym.wrappers.TransformReward(envs[row], lambda reward: 2.0 * reward)
+
+
+class OnEnvs:
+    """A ``ChangesEnv`` change that calls ``change(ctx.envs, row)``: what a test also does to Sync's envs."""
+
+    def __init__(self, change: Callable[[list[gym.Env], int], None]) -> None:
+        self.change = change
+
+    def __call__(self, ctx, row: int) -> None:
+        self.change(ctx.envs, row)
+
+
 def cartpole_with_float64_observations() -> gym.Env:
     """CartPole whose observation space is float64: gymnasium's float32 observations cast up into it."""
     env = gym.make("CartPole-v1")

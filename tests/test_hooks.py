@@ -373,6 +373,41 @@ def test_hooks_see_param_writes_of_the_same_step(pool_name: str) -> None:
             assert pool.step(np.zeros(4, int))[1].tolist() == [value] * 4
 
 
+@pytest.mark.parametrize("trainer_slot", [False, True])
+@pytest.mark.parametrize(
+    "change", [helpers.double_rewards_inside, helpers.double_rewards_outside, helpers.double_rewards_by_a_wrapper]
+)
+@pytest.mark.parametrize("at", [1, 5])  # step 1: gymnasium's checker still checks it, the slot steps the wrappers
+def test_a_step_a_hook_patched_or_wrapped_is_what_steps(
+    at: int, change: object, trainer_slot: bool, pool_name: str
+) -> None:
+    """A hook of the user's that patches an env's ``step`` (inside its wrappers or outside them), or puts
+    the env in a new wrapper, with no control call: that env steps through it from that step on, as in
+    Sync with the same change, and the others as before."""
+    env_id = 2
+    sync = SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(4)], autoreset_mode=AutoresetMode.SAME_STEP)
+    rng = np.random.default_rng(0)
+    with shmpool.launch(
+        "CartPole-v1",
+        4,
+        num_workers=1,
+        trainer_slot=trainer_slot,
+        autoreset_mode=AutoresetMode.SAME_STEP,
+        hooks=[helpers.ChangesEnv(at, env_id, helpers.OnEnvs(change))],
+        name=pool_name,
+    ) as pool:
+        np.testing.assert_array_equal(pool.reset(seed=1)[0], sync.reset(seed=1)[0])
+        for t in range(40):
+            if t == at:
+                change(sync.envs, env_id)
+            actions = rng.integers(0, 2, 4)
+            ours, theirs = pool.step(actions), sync.step(actions)
+            for label, a, b in zip(("observations", "rewards", "terminations", "truncations"), ours, theirs):
+                np.testing.assert_array_equal(a, b, err_msg=f"step {t} {label}")
+        assert ours[1][env_id] == 2.0 and ours[1][0] == 1.0
+    sync.close()
+
+
 def test_hook_error_names_hook_worker_and_envs(pool_name: str) -> None:
     with shmpool.launch("CartPole-v1", 4, num_workers=2, name=pool_name, hooks=[helpers.Explodes(at=2)]) as pool:
         pool.reset(seed=0)

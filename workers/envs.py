@@ -156,6 +156,8 @@ class Slot:
         if hooks is not None:
             hooks.begin_step(self.global_step)
             hooks.before_step(batch, needs_reset, lengths)
+            if hooks.runs_user_code:  # since the last step, one may have patched a step or wrapped an env
+                self.look_again()
         actions = self._per_env_actions(batch)
         if params is not None:
             params.before_step(needs_reset if rows is None else np.asarray(needs_reset) | ~stepping, lengths)
@@ -167,6 +169,11 @@ class Slot:
         episodes_ended = self._account(changed)
         self.global_step += 1
         return episodes_ended
+
+    def look_again(self) -> None:
+        """Steps from now on what stepping each env runs, where that changed: called before every step
+        of a slot whose hooks run the user's code. An engine that steps the physics itself has nothing
+        to look at."""
 
     def _read_actions(self) -> Any:
         """A private copy of the slot's actions (an env may keep its action; hooks may edit it)."""

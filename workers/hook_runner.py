@@ -78,6 +78,8 @@ class HookRunner:
         self._slot = slot
         self._hooks = hooks
         self._users: set[int] = set()  # under engine="mujoco": the indices of the user's hooks
+        #: Whether any hook runs the user's code, which may change what steps an env (``Slot.step``).
+        self.runs_user_code = not all(library_code(hook) for hook in hooks)
         self._unwrapped: list[Any] = []
         self._per_simulation: set[str] = set()  # the batch's model fields made per simulation, as they grow
         self._calls = {

@@ -37,9 +37,11 @@ class HookContext:
 
     Attributes:
         env_ids: the pool-wide ids of the slot's envs (row ``i`` of every array is env ``env_ids[i]``).
-        envs: the slot's gymnasium envs, for physics-level hooks. With ``engine="mujoco"`` a batch
-            holds their physics: a hook of the user's that touches an env's ``unwrapped.data`` during
-            a step raises (change the physics through ``shmpool.mujoco``'s bindings and ``Push``).
+        envs: the slot's gymnasium envs, for physics-level hooks. With ``engine="python"`` a hook may
+            patch an env's ``step`` or put an env in a new wrapper in this list: the env's next step
+            runs through the change. With ``engine="mujoco"`` a batch holds their physics: a hook of
+            the user's that touches an env's ``unwrapped.data`` during a step raises (change the
+            physics through ``shmpool.mujoco``'s bindings and ``Push``).
         actions: in ``before_step``, the slot's actions (a writable copy; structured like the action
             space for Dict/Tuple spaces); None in the other phases.
         observations, rewards, terminations, truncations: the slot's rows of the results, changed in
