@@ -526,6 +526,39 @@ def double_rewards_by_a_wrapper(envs: list[gym.Env], row: int) -> None:
     envs[row] = gym.wrappers.TransformReward(envs[row], lambda reward: 2.0 * reward)
 
 
+def doubled_rewards_method(step: Callable[..., Any]) -> Callable[..., Any]:
+    """The method ``step`` with its reward doubled, to patch on a class."""
+
+    def doubled(self: Any, action: Any) -> Any:
+        observation, reward, terminated, truncated, info = step(self, action)
+        return observation, 2.0 * reward, terminated, truncated, info
+
+    return doubled
+
+
+#: The classes a test patches ``step`` on: gymnasium's three wrappers that ``make`` puts on every env, and CartPole.
+STEPPING_CLASSES = {
+    kind.__name__: kind
+    for kind in (gym.wrappers.TimeLimit, gym.wrappers.OrderEnforcing, gym.wrappers.PassiveEnvChecker)
+} | {"CartPoleEnv": CartPoleEnv}
+
+
+class DoublesRewardsOfClass:
+    """A ``ChangesEnv`` change that patches ``step`` on the class named ``name`` (in the worker's process)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, ctx, row: int) -> None:
+        kind = STEPPING_CLASSES[self.name]
+        kind.step = doubled_rewards_method(kind.step)
+
+
+def put_a_non_env(envs: list[gym.Env], row: int) -> None:
+    """Puts something without a ``step`` in the env's place."""
+    envs[row] = object()
+
+
 class OnEnvs:
     """A ``ChangesEnv`` change that calls ``change(ctx.envs, row)``: what a test also does to Sync's envs."""
 

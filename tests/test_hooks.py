@@ -408,6 +408,50 @@ def test_a_step_a_hook_patched_or_wrapped_is_what_steps(
     sync.close()
 
 
+@pytest.mark.parametrize("trainer_slot", [False, True])
+def test_an_env_a_hook_broke_is_named_before_it_steps(trainer_slot: bool, pool_name: str) -> None:
+    """What a hook put in an env's place that the slot cannot step fails the step, naming the env."""
+    hook = helpers.ChangesEnv(3, 2, helpers.OnEnvs(helpers.put_a_non_env))
+    with shmpool.launch(
+        "CartPole-v1", 4, num_workers=1, trainer_slot=trainer_slot, hooks=[hook], name=pool_name
+    ) as pool:
+        pool.reset(seed=0)
+        for _ in range(3):
+            pool.step(np.zeros(4, dtype=np.int64))
+        with pytest.raises(shmpool.WorkerError, match=r"(?s)env 2 \(CartPole-v1\).*AttributeError.*step"):
+            pool.step(np.zeros(4, dtype=np.int64))
+
+
+@pytest.mark.parametrize("name", list(helpers.STEPPING_CLASSES))
+def test_a_step_a_hook_patched_on_a_class_is_what_steps(name: str, monkeypatch, pool_name: str) -> None:
+    """A hook of the user's that patches ``step`` on a class, one of the wrappers the slot steps beneath
+    or the env's own: every env steps through it from that step on, as Sync's do with the same patch.
+    In a worker process, where the patch stays."""
+    at = 5
+    sync = SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(4)], autoreset_mode=AutoresetMode.SAME_STEP)
+    rng = np.random.default_rng(0)
+    with shmpool.launch(
+        "CartPole-v1",
+        4,
+        num_workers=1,
+        trainer_slot=False,
+        autoreset_mode=AutoresetMode.SAME_STEP,
+        hooks=[helpers.ChangesEnv(at, 0, helpers.DoublesRewardsOfClass(name))],
+        name=pool_name,
+    ) as pool:
+        np.testing.assert_array_equal(pool.reset(seed=1)[0], sync.reset(seed=1)[0])
+        for t in range(30):
+            if t == at:
+                kind = helpers.STEPPING_CLASSES[name]
+                monkeypatch.setattr(kind, "step", helpers.doubled_rewards_method(kind.step))
+            actions = rng.integers(0, 2, 4)
+            ours, theirs = pool.step(actions), sync.step(actions)
+            for label, a, b in zip(("observations", "rewards", "terminations", "truncations"), ours, theirs):
+                np.testing.assert_array_equal(a, b, err_msg=f"step {t} {label}")
+        assert ours[1].tolist() == [2.0] * 4
+    sync.close()
+
+
 def test_hook_error_names_hook_worker_and_envs(pool_name: str) -> None:
     with shmpool.launch("CartPole-v1", 4, num_workers=2, name=pool_name, hooks=[helpers.Explodes(at=2)]) as pool:
         pool.reset(seed=0)

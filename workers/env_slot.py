@@ -110,15 +110,20 @@ class EnvSlot(Slot):
         runs: a hook patched a ``step`` (on the env, a wrapper or a class) or wrapped the env, with no
         control call (``after_call``). Only where hooks run the user's code, so the others skip the walk
         (some 0.7 µs per env)."""
-        for local, env in enumerate(self.envs):
-            stepper = self._steppers[local]
-            if local in self._through_wrappers:
-                if env.step != stepper:  # a new bound method each time, equal while self and function are
+        local = 0
+        try:  # what fails here (an env a hook broke) is named as in _run_envs
+            for local, env in enumerate(self.envs):
+                stepper = self._steppers[local]
+                if local in self._through_wrappers:
+                    if env.step != stepper:  # a new bound method each time, equal while self and function are
+                        self._step_through_wrappers(local, env)
+                    continue
+                found = inner_step(env)
+                if found is None or found[0] != stepper or found[1] is not self._limits[local]:
                     self._step_through_wrappers(local, env)
-                continue
-            found = inner_step(env)
-            if found is None or found[0] != stepper or found[1] is not self._limits[local]:
-                self._step_through_wrappers(local, env)
+        except BaseException:
+            self.current_env = self.start + local
+            raise
 
     def close(self) -> None:
         """Closes every env, ignoring errors (the worker is exiting)."""

@@ -3,11 +3,32 @@ beneath them, with the same results and the same wrapper state (``inner_step``).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import gymnasium
 from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker, TimeLimit
+
+
+def _own_step(kind: type) -> Any:
+    """``kind``'s ``step`` where it is the function gymnasium defines (its name and source file), else
+    None: one patched on the class before this import is the patch's to run."""
+    step = vars(kind).get("step")
+    code = getattr(step, "__code__", None)
+    module = sys.modules.get(kind.__module__)
+    if (
+        getattr(step, "__qualname__", None) == f"{kind.__name__}.step"
+        and code is not None
+        and code.co_filename == getattr(module, "__file__", None)
+    ):
+        return step
+    return None
+
+
+#: The step of each wrapper passed over, as gymnasium defines it: where the class's is another (patched
+#: on the class), the walk stops there and steps it.
+_OWN_STEPS = {kind: _own_step(kind) for kind in (TimeLimit, OrderEnforcing, PassiveEnvChecker)}
 
 
 def inner_step(env: gymnasium.Env) -> tuple[Callable[[Any], Any], TimeLimit | None] | None:
@@ -27,6 +48,8 @@ def inner_step(env: gymnasium.Env) -> tuple[Callable[[Any], Any], TimeLimit | No
         state = getattr(layer, "__dict__", {})
         if "step" in state:  # patched on the instance: what it does is its own
             return layer.step, limit
+        if kind in _OWN_STEPS and vars(kind).get("step") is not _OWN_STEPS[kind]:
+            return layer.step, limit  # patched on the class (before this import too: then None is kept)
         if kind is TimeLimit and limit is None:
             if "_elapsed_steps" not in state or "_max_episode_steps" not in state:
                 return env.step, None  # an unknown layout: through every wrapper
