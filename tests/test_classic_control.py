@@ -251,6 +251,7 @@ def test_a_partial_step_of_cartpoles_steps_only_those_envs_as_their_own_steps(
         (helpers.narrow_action_space_in_place, r"AssertionError: np\.int64\(1\)"),
         (helpers.remove_time_limit_count, "TypeError"),
         (helpers.delete_tau, "AttributeError.*tau"),
+        (helpers.OnEnvs(helpers.put_a_non_env), "AttributeError.*step"),
     ],
 )
 def test_a_cartpole_step_that_fails_names_the_env_as_its_own_step_would(
@@ -259,7 +260,7 @@ def test_a_cartpole_step_that_fails_names_the_env_as_its_own_step_would(
     """A hook's action outside the action space, an action space that no longer holds the action (another
     one, or the same one changed), an attribute the step needs gone, a time limit that cannot count:
     gymnasium's own step raises for that env, and so does the pool, naming it, where the slot was
-    stepping its envs together."""
+    stepping its envs together. So does something put in the env's place that has no ``step``."""
     hook = helpers.ChangesEnv(5, 2, change)
     with shmpool.launch(
         "CartPole-v1", 4, num_workers=1, trainer_slot=trainer_slot, hooks=[hook], name=pool_name

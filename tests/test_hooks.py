@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import gymnasium as gym
@@ -373,18 +374,11 @@ def test_hooks_see_param_writes_of_the_same_step(pool_name: str) -> None:
             assert pool.step(np.zeros(4, int))[1].tolist() == [value] * 4
 
 
-@pytest.mark.parametrize("trainer_slot", [False, True])
-@pytest.mark.parametrize(
-    "change", [helpers.double_rewards_inside, helpers.double_rewards_outside, helpers.double_rewards_by_a_wrapper]
-)
-@pytest.mark.parametrize("at", [1, 5])  # step 1: gymnasium's checker still checks it, the slot steps the wrappers
-def test_a_step_a_hook_patched_or_wrapped_is_what_steps(
-    at: int, change: object, trainer_slot: bool, pool_name: str
-) -> None:
-    """A hook of the user's that patches an env's ``step`` (inside its wrappers or outside them), or puts
-    the env in a new wrapper, with no control call: that env steps through it from that step on, as in
-    Sync with the same change, and the others as before."""
-    env_id = 2
+def steps_beside_sync(
+    hook: object, at: int, change_sync: Callable[[SyncVectorEnv], None], pool_name: str, trainer_slot: bool = False
+) -> np.ndarray:
+    """Steps 4 CartPoles with ``hook`` and Sync's, which ``change_sync`` changes before step ``at``, with the
+    same random actions for 40 steps, asserting the same results at each; returns the last rewards."""
     sync = SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(4)], autoreset_mode=AutoresetMode.SAME_STEP)
     rng = np.random.default_rng(0)
     with shmpool.launch(
@@ -393,33 +387,35 @@ def test_a_step_a_hook_patched_or_wrapped_is_what_steps(
         num_workers=1,
         trainer_slot=trainer_slot,
         autoreset_mode=AutoresetMode.SAME_STEP,
-        hooks=[helpers.ChangesEnv(at, env_id, helpers.OnEnvs(change))],
+        hooks=[hook],
         name=pool_name,
     ) as pool:
         np.testing.assert_array_equal(pool.reset(seed=1)[0], sync.reset(seed=1)[0])
         for t in range(40):
             if t == at:
-                change(sync.envs, env_id)
+                change_sync(sync)
             actions = rng.integers(0, 2, 4)
             ours, theirs = pool.step(actions), sync.step(actions)
             for label, a, b in zip(("observations", "rewards", "terminations", "truncations"), ours, theirs):
                 np.testing.assert_array_equal(a, b, err_msg=f"step {t} {label}")
-        assert ours[1][env_id] == 2.0 and ours[1][0] == 1.0
     sync.close()
+    return ours[1]
 
 
 @pytest.mark.parametrize("trainer_slot", [False, True])
-def test_an_env_a_hook_broke_is_named_before_it_steps(trainer_slot: bool, pool_name: str) -> None:
-    """What a hook put in an env's place that the slot cannot step fails the step, naming the env."""
-    hook = helpers.ChangesEnv(3, 2, helpers.OnEnvs(helpers.put_a_non_env))
-    with shmpool.launch(
-        "CartPole-v1", 4, num_workers=1, trainer_slot=trainer_slot, hooks=[hook], name=pool_name
-    ) as pool:
-        pool.reset(seed=0)
-        for _ in range(3):
-            pool.step(np.zeros(4, dtype=np.int64))
-        with pytest.raises(shmpool.WorkerError, match=r"(?s)env 2 \(CartPole-v1\).*AttributeError.*step"):
-            pool.step(np.zeros(4, dtype=np.int64))
+@pytest.mark.parametrize(
+    "change", [helpers.double_rewards_inside, helpers.double_rewards_outside, helpers.double_rewards_by_a_wrapper]
+)
+@pytest.mark.parametrize("at", [1, 5])  # step 1: gymnasium's checker still checks it, the slot steps the wrappers
+def test_a_step_a_hook_patched_or_wrapped_is_what_steps(
+    at: int, change: Callable[[list, int], None], trainer_slot: bool, pool_name: str
+) -> None:
+    """A hook of the user's that patches an env's ``step`` (inside its wrappers or outside them), or puts
+    the env in a new wrapper, with no control call: that env steps through it from that step on, as in
+    Sync with the same change, and the others as before."""
+    hook = helpers.ChangesEnv(at, 2, helpers.OnEnvs(change))
+    rewards = steps_beside_sync(hook, at, lambda sync: change(sync.envs, 2), pool_name, trainer_slot)
+    assert rewards.tolist() == [1.0, 1.0, 2.0, 1.0]
 
 
 @pytest.mark.parametrize("name", list(helpers.STEPPING_CLASSES))
@@ -427,29 +423,12 @@ def test_a_step_a_hook_patched_on_a_class_is_what_steps(name: str, monkeypatch, 
     """A hook of the user's that patches ``step`` on a class, one of the wrappers the slot steps beneath
     or the env's own: every env steps through it from that step on, as Sync's do with the same patch.
     In a worker process, where the patch stays."""
-    at = 5
-    sync = SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(4)], autoreset_mode=AutoresetMode.SAME_STEP)
-    rng = np.random.default_rng(0)
-    with shmpool.launch(
-        "CartPole-v1",
-        4,
-        num_workers=1,
-        trainer_slot=False,
-        autoreset_mode=AutoresetMode.SAME_STEP,
-        hooks=[helpers.ChangesEnv(at, 0, helpers.DoublesRewardsOfClass(name))],
-        name=pool_name,
-    ) as pool:
-        np.testing.assert_array_equal(pool.reset(seed=1)[0], sync.reset(seed=1)[0])
-        for t in range(30):
-            if t == at:
-                kind = helpers.STEPPING_CLASSES[name]
-                monkeypatch.setattr(kind, "step", helpers.doubled_rewards_method(kind.step))
-            actions = rng.integers(0, 2, 4)
-            ours, theirs = pool.step(actions), sync.step(actions)
-            for label, a, b in zip(("observations", "rewards", "terminations", "truncations"), ours, theirs):
-                np.testing.assert_array_equal(a, b, err_msg=f"step {t} {label}")
-        assert ours[1].tolist() == [2.0] * 4
-    sync.close()
+    kind = helpers.STEPPING_CLASSES[name]
+    hook = helpers.ChangesEnv(5, 0, helpers.DoublesRewardsOfClass(name))
+    rewards = steps_beside_sync(
+        hook, 5, lambda sync: monkeypatch.setattr(kind, "step", helpers.doubled_rewards_method(kind.step)), pool_name
+    )
+    assert rewards.tolist() == [2.0] * 4
 
 
 def test_hook_error_names_hook_worker_and_envs(pool_name: str) -> None:
