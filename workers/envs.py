@@ -171,9 +171,9 @@ class Slot:
         return episodes_ended
 
     def look_again(self) -> None:
-        """Steps from now on what stepping each env runs, where that changed: called before every step
-        of a slot whose hooks run the user's code. An engine that steps the physics itself has nothing
-        to look at."""
+        """Makes each env's next step run what its ``step`` now runs, where a hook changed that: called
+        before every step of a slot whose hooks run the user's code. An engine that steps the physics
+        itself has nothing to look at."""
 
     def _read_actions(self) -> Any:
         """A private copy of the slot's actions (an env may keep its action; hooks may edit it)."""
