@@ -228,7 +228,9 @@ class ActionChecker:
             row = (
                 _first_numpy_bool(part, array) if discrete and (part is not array or array.dtype.kind == "b") else None
             )
-            if row is not None:
+            out_of_range = range_check(array) if row is not None and range_check is not None else None
+            # Sync fails at the first env whose action it refuses: an earlier one out of range is named below.
+            if row is not None and (out_of_range is None or _first_bad_env(out_of_range) >= row):
                 env_id = row if env_ids is None else int(env_ids[row])
                 given = part[row] if isinstance(part, (list, tuple)) else array[row].tolist()
                 raise ValueError(

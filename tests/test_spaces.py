@@ -110,6 +110,11 @@ def test_numpy_bool_actions_for_a_discrete_space_are_refused_as_sync_refuses_the
         for actions in ([1, np.True_, 0], (1, np.array(True), 0)):  # numpy makes them ints: found in the list
             with pytest.raises(ValueError, match=r"CartPole-v1 env 1: action \S*True\S* in actions is a numpy bool"):
                 pool.step(actions)
+        # An action out of range before the numpy bool: named first, where Sync fails first
+        with pytest.raises(ValueError, match=r"CartPole-v1 env 0: action 5 in actions is outside Discrete\(2\)"):
+            pool.step([5, np.True_, 0])
+        with pytest.raises(ValueError, match=r"CartPole-v1 env 0: action \S*True\S* in actions is a numpy bool"):
+            pool.step([np.True_, 5, 0])
         with pytest.raises(AssertionError):  # last: Sync has stepped env 0 when env 1 refuses
             reference.step([1, np.True_, 0])
     reference.close()
