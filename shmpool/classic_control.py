@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from gymnasium.spaces import Discrete
 
-from .env_families import BatchStep, EnvAdapter
+from .env_families import BatchStep, EnvAdapter, defined_in
 
 
 class ClassicControl(EnvAdapter):
@@ -107,14 +107,9 @@ def _gymnasium_cartpole() -> Any:
         release = tuple(int(part) for part in gymnasium.__version__.split(".")[:2])
     except ValueError:
         return None
-    step = cartpole.CartPoleEnv.step
-    code = getattr(step, "__code__", None)
     if not (
         _CARTPOLE_RELEASES[0] <= release <= _CARTPOLE_RELEASES[1]
-        and getattr(step, "__module__", None) == cartpole.__name__
-        and getattr(step, "__qualname__", None) == "CartPoleEnv.step"
-        and code is not None
-        and code.co_filename == cartpole.__file__
+        and defined_in(cartpole.CartPoleEnv.step, cartpole, "CartPoleEnv.step")
     ):
         return None
     return cartpole.CartPoleEnv

@@ -6,7 +6,9 @@ Why and how: ``docs/internals.md``, "shmpool/env_families.py".
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 #: The modules that declare shmpool's own adapters (each as a module-level ``ADAPTERS`` list).
@@ -130,4 +132,18 @@ def adapter_for(env: Any) -> EnvAdapter:
     return adapter
 
 
-__all__ = ["FAMILIES", "GENERIC", "BatchStep", "EnvAdapter", "adapter_for", "class_key", "register"]
+def defined_in(function: Any, module: ModuleType, qualname: str) -> bool:
+    """Whether ``function`` is the one ``module``'s source defines as ``qualname``: its names and its
+    code's file, with or without the file's extension (an install of compiled files only). A function
+    patched in with ``functools.wraps`` carries the names, not the code."""
+    code, source = getattr(function, "__code__", None), getattr(module, "__file__", None)
+    return (
+        getattr(function, "__module__", None) == module.__name__
+        and getattr(function, "__qualname__", None) == qualname
+        and code is not None
+        and source is not None
+        and os.path.splitext(code.co_filename)[0] == os.path.splitext(source)[0]
+    )
+
+
+__all__ = ["FAMILIES", "GENERIC", "BatchStep", "EnvAdapter", "adapter_for", "class_key", "defined_in", "register"]

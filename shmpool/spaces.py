@@ -237,7 +237,9 @@ class ActionChecker:
                     f"{self._label} env {env_id}: action {given!r} in {where} is a numpy bool, which "
                     f"{leaf.space} does not contain, as in gymnasium; give integers (np.asarray(actions, np.int64))"
                 )
-            bad, outside = range_check(array) if range_check is not None else None, "is outside"
+            # (with a numpy bool, out_of_range holds the range check, made above)
+            bad = out_of_range if row is not None else range_check(array) if range_check is not None else None
+            outside = "is outside"
             if range_check is None and array.dtype != leaf.dtype:
                 if array.dtype not in narrowing:
                     narrowing[array.dtype] = _narrowing_bounds(array.dtype, leaf.dtype)

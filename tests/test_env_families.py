@@ -3,8 +3,10 @@ registers and reaches the workers, and the table imports MuJoCo only for MuJoCo 
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
+import types
 
 import gymnasium as gym
 import helpers
@@ -79,3 +81,23 @@ def test_adapters_import_mujoco_only_for_mujoco_envs() -> None:
     result = subprocess.run([sys.executable, "-c", IMPORTS], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["CartPole", "False"]
+
+
+def test_a_function_is_known_as_its_modules_own_by_names_and_code_file() -> None:
+    """``defined_in``: gymnasium's own ``CartPoleEnv.step`` is; one patched in with ``functools.wraps``
+    (the names, other code) is not; nor one of another name; a module installed as compiled files
+    only (``__file__`` a .pyc beside no .py) still knows its own."""
+    from gymnasium.envs.classic_control import cartpole
+
+    own = cartpole.CartPoleEnv.step
+    assert env_families.defined_in(own, cartpole, "CartPoleEnv.step")
+    assert not env_families.defined_in(
+        functools.wraps(own)(lambda self, action: own(self, action)), cartpole, "CartPoleEnv.step"
+    )
+    assert not env_families.defined_in(cartpole.CartPoleEnv.reset, cartpole, "CartPoleEnv.step")
+    compiled_only = types.ModuleType("compiled_only")
+    compiled_only.__file__ = "/site/compiled_only.pyc"
+    exec(compile("def step(action):\n    return action\n", "/site/compiled_only.py", "exec"), compiled_only.__dict__)
+    assert env_families.defined_in(compiled_only.step, compiled_only, "step")
+    compiled_only.__file__ = "/elsewhere/compiled_only.pyc"
+    assert not env_families.defined_in(compiled_only.step, compiled_only, "step")

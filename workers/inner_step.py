@@ -10,25 +10,28 @@ from typing import Any
 import gymnasium
 from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker, TimeLimit
 
+from shmpool.env_families import defined_in
+
 
 def _own_step(kind: type) -> Any:
-    """``kind``'s ``step`` where it is the function gymnasium defines (its name and source file), else
-    None: one patched on the class before this import is the patch's to run."""
+    """``kind``'s ``step`` where it is the function gymnasium defines, else None (patched on the class)."""
     step = vars(kind).get("step")
-    code = getattr(step, "__code__", None)
-    module = sys.modules.get(kind.__module__)
-    if (
-        getattr(step, "__qualname__", None) == f"{kind.__name__}.step"
-        and code is not None
-        and code.co_filename == getattr(module, "__file__", None)
-    ):
-        return step
-    return None
+    return step if defined_in(step, sys.modules[kind.__module__], f"{kind.__name__}.step") else None
 
 
 #: The step of each wrapper passed over, as gymnasium defines it: where the class's is another (patched
-#: on the class), the walk stops there and steps it.
-_OWN_STEPS = {kind: _own_step(kind) for kind in (TimeLimit, OrderEnforcing, PassiveEnvChecker)}
+#: on the class), the walk stops there and steps it. None where it was patched when first looked at.
+_OWN_STEPS: dict[type, Any] = {kind: _own_step(kind) for kind in (TimeLimit, OrderEnforcing, PassiveEnvChecker)}
+
+
+def _patched_on_the_class(kind: type) -> bool:
+    """Whether one of the wrappers passed over has a ``step`` on its class that gymnasium did not define."""
+    if vars(kind).get("step") is _OWN_STEPS[kind]:
+        return False
+    if _OWN_STEPS[kind] is None:  # patched when first looked at (before a slot was built, say): restored since?
+        _OWN_STEPS[kind] = _own_step(kind)
+        return _OWN_STEPS[kind] is None
+    return True
 
 
 def inner_step(env: gymnasium.Env) -> tuple[Callable[[Any], Any], TimeLimit | None] | None:
@@ -48,8 +51,8 @@ def inner_step(env: gymnasium.Env) -> tuple[Callable[[Any], Any], TimeLimit | No
         state = getattr(layer, "__dict__", {})
         if "step" in state:  # patched on the instance: what it does is its own
             return layer.step, limit
-        if kind in _OWN_STEPS and vars(kind).get("step") is not _OWN_STEPS[kind]:
-            return layer.step, limit  # patched on the class (before this import too: then None is kept)
+        if kind in _OWN_STEPS and _patched_on_the_class(kind):
+            return layer.step, limit
         if kind is TimeLimit and limit is None:
             if "_elapsed_steps" not in state or "_max_episode_steps" not in state:
                 return env.step, None  # an unknown layout: through every wrapper
