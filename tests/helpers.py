@@ -559,6 +559,21 @@ def put_a_non_env(envs: list[gym.Env], row: int) -> None:
     envs[row] = object()
 
 
+class ChangesHeldEnvs:
+    """A hook that holds the slot's envs from ``on_launch`` and calls ``change(envs, row)`` on them before
+    global step ``at``, without reading ``ctx.envs`` again."""
+
+    def __init__(self, at: int, row: int, change: Callable[[list[gym.Env], int], None]) -> None:
+        self.at, self.row, self.change = at, row, change
+
+    def on_launch(self, ctx) -> None:
+        self.envs = ctx.envs
+
+    def before_step(self, ctx) -> None:
+        if ctx.global_step == self.at:
+            self.change(self.envs, self.row)
+
+
 class OnEnvs:
     """A ``ChangesEnv`` change that calls ``change(ctx.envs, row)``: what a test also does to Sync's envs."""
 

@@ -418,6 +418,13 @@ def test_a_step_a_hook_patched_or_wrapped_is_what_steps(
     assert rewards.tolist() == [1.0, 1.0, 2.0, 1.0]
 
 
+def test_a_step_a_hook_patched_through_envs_it_held_since_launch_is_what_steps(pool_name: str) -> None:
+    """A hook that took ``ctx.envs`` at launch and patches a step later, without reading them again."""
+    hook = helpers.ChangesHeldEnvs(7, 2, helpers.double_rewards_inside)
+    rewards = steps_beside_sync(hook, 7, lambda sync: helpers.double_rewards_inside(sync.envs, 2), pool_name)
+    assert rewards.tolist() == [1.0, 1.0, 2.0, 1.0]
+
+
 @pytest.mark.parametrize("name", list(helpers.STEPPING_CLASSES))
 def test_a_step_a_hook_patched_on_a_class_is_what_steps(name: str, monkeypatch, pool_name: str) -> None:
     """A hook of the user's that patches ``step`` on a class, one of the wrappers the slot steps beneath

@@ -51,8 +51,8 @@ def inner_step(env: gymnasium.Env) -> tuple[Callable[[Any], Any], TimeLimit | No
         state = getattr(layer, "__dict__", {})
         if "step" in state:  # patched on the instance: what it does is its own
             return layer.step, limit
-        if kind in _OWN_STEPS and _patched_on_the_class(kind):
-            return layer.step, limit
+        if kind in _OWN_STEPS and kind.step is not _OWN_STEPS[kind] and _patched_on_the_class(kind):
+            return layer.step, limit  # (the identity inline: a call per layer would double the walk's cost)
         if kind is TimeLimit and limit is None:
             if "_elapsed_steps" not in state or "_max_episode_steps" not in state:
                 return env.step, None  # an unknown layout: through every wrapper
