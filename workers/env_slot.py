@@ -113,7 +113,7 @@ class EnvSlot(Slot):
         runs: a hook patched a ``step`` (on the env, a wrapper or a class) or wrapped the env, with no
         control call (``after_call``). An env is reached through ``ctx.envs`` (``envs_read``: a hook has
         read it), a class from anywhere: without the first, only the classes' steps are compared (a few
-        identity tests a step, where walking every env costs some 1.3 µs per env)."""
+        identity tests a step, where walking every env costs some 2 µs per env)."""
         class_steps = self._class_steps
         if not envs_read and class_steps is not None and all(kind.step is step for kind, step in class_steps):
             return
