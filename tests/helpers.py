@@ -536,10 +536,11 @@ def doubled_rewards_method(step: Callable[..., Any]) -> Callable[..., Any]:
     return doubled
 
 
-#: The classes a test patches ``step`` on: gymnasium's three wrappers that ``make`` puts on every env, and CartPole.
+#: The classes a test patches ``step`` on: gymnasium's three wrappers that ``make`` puts on every env, the
+#: ``Wrapper`` whose step ``OrderEnforcing``'s calls (``super().step``), and CartPole.
 STEPPING_CLASSES = {
     kind.__name__: kind
-    for kind in (gym.wrappers.TimeLimit, gym.wrappers.OrderEnforcing, gym.wrappers.PassiveEnvChecker)
+    for kind in (gym.wrappers.TimeLimit, gym.wrappers.OrderEnforcing, gym.wrappers.PassiveEnvChecker, gym.Wrapper)
 } | {"CartPoleEnv": CartPoleEnv}
 
 

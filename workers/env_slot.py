@@ -61,9 +61,6 @@ class EnvSlot(Slot):
         #: The envs' family's step of them all at once, once every env's stepper is its env's own
         #: ``step`` and the family has one (``EnvAdapter.batch_stepper``); else None.
         self._step_together: BatchStep | None = None
-        #: The ``step`` of each class on the envs' wrapper chains when ``look_again`` last walked them
-        #: (None: not yet): a patch on a class reaches every env without a hook reading ``ctx.envs``.
-        self._class_steps: list[tuple[Any, Any]] | None = None
 
     def build(self) -> None:
         """Makes the slot's envs and checks their spaces against the pool's."""
@@ -108,15 +105,11 @@ class EnvSlot(Slot):
         for local, env in enumerate(self.envs):
             self._step_through_wrappers(local, env)
 
-    def look_again(self, envs_read: bool) -> None:
+    def look_again(self) -> None:
         """Steps through all its wrappers again each env whose stepper is no longer what stepping it
         runs: a hook patched a ``step`` (on the env, a wrapper or a class) or wrapped the env, with no
-        control call (``after_call``). An env is reached through ``ctx.envs`` (``envs_read``: a hook has
-        read it), a class from anywhere: without the first, only the classes' steps are compared (a few
-        identity tests a step, where walking every env costs some 2 µs per env)."""
-        class_steps = self._class_steps
-        if not envs_read and class_steps is not None and all(kind.step is step for kind, step in class_steps):
-            return
+        control call (``after_call``). Every env, every step, some 2 µs per env: a hook may reach an env
+        by other ways than ``ctx.envs`` (the user's factory may keep them), and a class from anywhere."""
         local = 0
         try:  # what fails here (an env a hook broke) is named as in _run_envs
             for local, env in enumerate(self.envs):
@@ -128,7 +121,6 @@ class EnvSlot(Slot):
                 found = inner_step(env)
                 if found is None or found[0] != stepper or found[1] is not self._limits[local]:
                     self._step_through_wrappers(local, env)
-            self._class_steps = [(kind, kind.step) for kind in _chain_classes(self.envs)]
         except BaseException:
             self.current_env = self.start + local
             raise
@@ -328,15 +320,3 @@ class EnvSlot(Slot):
         if self.hooks is not None:
             self.hooks.on_reset(same_step_resets, lengths)
         return episodes_ended
-
-
-def _chain_classes(envs: list[Any]) -> set[Any]:
-    """The classes of every layer of ``envs``, from each env down through its wrappers."""
-    kinds: set[Any] = set()
-    for env in envs:
-        layer = env
-        while isinstance(layer, gymnasium.Wrapper):
-            kinds.add(type(layer))
-            layer = layer.env
-        kinds.add(type(layer))
-    return kinds

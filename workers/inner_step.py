@@ -21,7 +21,10 @@ def _own_step(kind: type) -> Any:
 
 #: The step of each wrapper passed over, as gymnasium defines it: where the class's is another (patched
 #: on the class), the walk stops there and steps it. None where it was patched when first looked at.
-_OWN_STEPS: dict[type, Any] = {kind: _own_step(kind) for kind in (TimeLimit, OrderEnforcing, PassiveEnvChecker)}
+#: ``Wrapper``'s too: ``OrderEnforcing.step`` calls it (``super().step``), the others call ``self.env.step``.
+_OWN_STEPS: dict[type, Any] = {
+    kind: _own_step(kind) for kind in (TimeLimit, OrderEnforcing, PassiveEnvChecker, gymnasium.Wrapper)
+}
 
 
 def _patched_on_the_class(kind: type) -> bool:
@@ -60,6 +63,8 @@ def inner_step(env: gymnasium.Env) -> tuple[Callable[[Any], Any], TimeLimit | No
                 return None
             limit = layer
         elif kind is OrderEnforcing:
+            if gymnasium.Wrapper.step is not _OWN_STEPS[gymnasium.Wrapper] and _patched_on_the_class(gymnasium.Wrapper):
+                return layer.step, limit
             if not isinstance(state.get("_has_reset"), bool):
                 return env.step, None  # an unknown layout: through every wrapper
             if not state["_has_reset"]:

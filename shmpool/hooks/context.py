@@ -42,8 +42,6 @@ class HookContext:
             runs through the change. With ``engine="mujoco"`` a batch holds their physics: a hook of
             the user's that touches an env's ``unwrapped.data`` during a step raises (change the
             physics through ``shmpool.mujoco``'s bindings and ``Push``).
-        envs_read: whether a hook has read ``envs`` yet: from then on, where hooks run the user's code,
-            the worker looks before each step at what each env's step runs.
         actions: in ``before_step``, the slot's actions (a writable copy; structured like the action
             space for Dict/Tuple spaces); None in the other phases.
         observations, rewards, terminations, truncations: the slot's rows of the results, changed in
@@ -69,7 +67,7 @@ class HookContext:
     """
 
     env_ids: np.ndarray
-    envs_read = False
+    envs: list[Any]
     actions: Any
     observations = _ChangedInPlace()
     rewards = _ChangedInPlace()
@@ -98,16 +96,6 @@ class HookContext:
         self.begin_phase([], [], [])
         self._steps = 0  # the slot's steps so far: what ``due_every``'s schedules count in
         self._schedules: dict[int, tuple[int, int]] = {}  # every -> (step looked at, first step any can be due)
-
-    @property
-    def envs(self) -> list[Any]:
-        """The slot's gymnasium envs (see the class's attributes)."""
-        self.envs_read = True
-        return self._envs
-
-    @envs.setter
-    def envs(self, envs: list[Any]) -> None:
-        self._envs = envs
 
     def bind_results(
         self, observations: Any, rewards: np.ndarray, terminations: np.ndarray, truncations: np.ndarray
