@@ -228,18 +228,15 @@ class ActionChecker:
             row = (
                 _first_numpy_bool(part, array) if discrete and (part is not array or array.dtype.kind == "b") else None
             )
-            out_of_range = range_check(array) if row is not None and range_check is not None else None
+            bad, outside = range_check(array) if range_check is not None else None, "is outside"
             # Sync fails at the first env whose action it refuses: an earlier one out of range is named below.
-            if row is not None and (out_of_range is None or _first_bad_env(out_of_range) >= row):
+            if row is not None and (bad is None or _first_bad_env(bad) >= row):
                 env_id = row if env_ids is None else int(env_ids[row])
                 given = part[row] if isinstance(part, (list, tuple)) else array[row].tolist()
                 raise ValueError(
                     f"{self._label} env {env_id}: action {given!r} in {where} is a numpy bool, which "
                     f"{leaf.space} does not contain, as in gymnasium; give integers (np.asarray(actions, np.int64))"
                 )
-            # (with a numpy bool, out_of_range holds the range check, made above)
-            bad = out_of_range if row is not None else range_check(array) if range_check is not None else None
-            outside = "is outside"
             if range_check is None and array.dtype != leaf.dtype:
                 if array.dtype not in narrowing:
                     narrowing[array.dtype] = _narrowing_bounds(array.dtype, leaf.dtype)

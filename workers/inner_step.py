@@ -28,9 +28,7 @@ _OWN_STEPS: dict[type, Any] = {
 
 
 def _patched_on_the_class(kind: type) -> bool:
-    """Whether one of the wrappers passed over has a ``step`` on its class that gymnasium did not define."""
-    if vars(kind).get("step") is _OWN_STEPS[kind]:
-        return False
+    """Whether ``kind``, whose ``step`` is not the one ``_OWN_STEPS`` holds, has one gymnasium did not define."""
     if _OWN_STEPS[kind] is None:  # patched when first looked at (before a slot was built, say): restored since?
         _OWN_STEPS[kind] = _own_step(kind)
         return _OWN_STEPS[kind] is None
